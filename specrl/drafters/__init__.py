@@ -1,0 +1,1 @@
+"""specrl.drafters"""
