@@ -1,0 +1,158 @@
+"""GRPO mathematics as pure tensor functions: no model, no optimizer, no I/O.
+
+This module owns group-normalised advantages (with the option to skip the std division, as in Dr. GRPO),
+per-token log-probabilities from logits, the token-level clipped surrogate with separate low/high clip ranges
+(DAPO), the k3 KL estimator to a reference policy, masking of padded tokens, and the `token_mult_prob_error`
+diagnostic that compares the rollout engine's log-probabilities with the trainer's recomputation. Everything
+here is deterministic and unit-tested against hand-computed values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specrl.errors import SpecRLError
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """Advantage of each sample relative to its group: (r - mean_group) [/ (std_group + eps)].
+
+    `rewards` is flat [num_prompts * group_size] with the samples of one prompt contiguous. The std is the
+    unbiased sample std (as in TRL / NeMo-RL). A group whose rewards are all equal gets zero advantage.
+    """
+    if rewards.dim() != 1:
+        raise SpecRLError(f"rewards must be a 1-D tensor, got shape {tuple(rewards.shape)}")
+    if group_size < 2:
+        raise SpecRLError(f"group_size must be >= 2 (GRPO compares samples within a group), got {group_size}")
+    if rewards.numel() % group_size != 0:
+        raise SpecRLError(
+            f"number of rewards ({rewards.numel()}) must be a multiple of group_size ({group_size})"
+        )
+    grouped = rewards.float().view(-1, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if normalize_std:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    return centred.reshape(-1)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) under log_softmax(logits / temperature); logits [B,T,V], targets [B,T] -> [B,T].
+
+    Dividing by the sampling temperature makes the trainer's numbers comparable to the rollout engine's,
+    which reports the log-probability of each sampled token under the tempered distribution.
+    """
+    if temperature <= 0:
+        raise SpecRLError(f"temperature must be > 0 to compute log-probabilities, got {temperature}")
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logz = torch.logsumexp(logits, dim=-1)
+    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - logz
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum of x over positions where mask is true (mask is bool or 0/1)."""
+    return (x * mask.to(x.dtype)).sum()
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over masked positions; 0 when the mask is empty."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp_min(1.0)
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref): exp(r) - r - 1 with r = ref_logp - logp (>= 0, unbiased)."""
+    r = ref_logp - logp
+    return torch.exp(r) - r - 1.0
+
+
+@dataclass
+class LossOutput:
+    """The scalar loss to backpropagate and detached per-batch statistics (sums, for exact aggregation)."""
+
+    loss: torch.Tensor
+    num_tokens: float
+    clipped_tokens: float
+    kl_sum: float
+    ratio_sum: float
+    pg_loss_sum: float
+
+
+def clipped_surrogate_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    normalizer: float | None = None,
+) -> LossOutput:
+    """Token-level clipped surrogate (DAPO) plus optional k3 KL penalty.
+
+    Per token: ratio = exp(logp - old_logp); pg = -min(ratio*A, clip(ratio, 1-clip_low, 1+clip_high)*A);
+    loss = sum_tokens(pg + kl_coef*kl) / normalizer, where normalizer defaults to the number of unmasked
+    tokens here. Pass the token count of the whole batch as `normalizer` when accumulating micro-batches so
+    every token of the batch weighs the same (token-level, not sequence-level, averaging).
+    `logp`, `old_logp`, `ref_logp`, `mask`: [B,T]; `advantages`: [B] (one per sequence) or [B,T].
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise SpecRLError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise SpecRLError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} "
+            "must have the same [batch, tokens] shape"
+        )
+    if kl_coef > 0 and ref_logp is None:
+        raise SpecRLError("kl_coef > 0 needs ref_logp (reference-policy log-probabilities)")
+    adv = advantages.to(logp.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(1).expand_as(logp)
+    m = mask.to(logp.dtype)
+    n_tokens = float(m.sum().item())
+    norm = float(normalizer) if normalizer is not None else max(n_tokens, 1.0)
+    if norm <= 0:
+        raise SpecRLError(f"normalizer must be > 0, got {normalizer}")
+
+    ratio = torch.exp(logp - old_logp.detach())
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    surr1 = ratio * adv
+    surr2 = clipped_ratio * adv
+    pg = -torch.minimum(surr1, surr2)
+    per_token = pg
+    kl_sum = 0.0
+    if ref_logp is not None and kl_coef > 0:
+        kl = kl_k3(logp, ref_logp.detach())
+        per_token = per_token + kl_coef * kl
+        kl_sum = float(masked_sum(kl.detach(), m).item())
+    loss = (per_token * m).sum() / norm
+    with torch.no_grad():
+        was_clipped = (surr2 < surr1).to(logp.dtype)
+    return LossOutput(
+        loss=loss,
+        num_tokens=n_tokens,
+        clipped_tokens=float(masked_sum(was_clipped, m).item()),
+        kl_sum=kl_sum,
+        ratio_sum=float(masked_sum(ratio.detach(), m).item()),
+        pg_loss_sum=float(masked_sum(pg.detach(), m).item()),
+    )
+
+
+def token_mult_prob_error(gen_logp: torch.Tensor, train_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over unmasked tokens of exp(|logp_gen - logp_train|); 1.0 means the two agree exactly."""
+    if gen_logp.shape != train_logp.shape or gen_logp.shape != mask.shape:
+        raise SpecRLError(
+            f"gen_logp {tuple(gen_logp.shape)}, train_logp {tuple(train_logp.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same shape"
+        )
+    if not bool(mask.any()):
+        return 1.0
+    err = torch.exp((gen_logp.double() - train_logp.double()).abs())
+    return float(masked_mean(err, mask).item())
