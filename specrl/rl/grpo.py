@@ -67,7 +67,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(pi || pi_ref): exp(r) - r - 1 with r = ref_logp - logp (>= 0, unbiased)."""
+    """Per-token k3 estimator of KL(pi || pi_ref): exp(r) - r - 1 with r = ref_logp - logp (>= 0)."""
     r = ref_logp - logp
     return torch.exp(r) - r - 1.0
 

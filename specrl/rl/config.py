@@ -1,0 +1,359 @@
+"""The training config: pydantic models, YAML loading, `--set key=value` overrides and friendly errors.
+
+This module owns the vocabulary of `specrl train` (NeMo-RL / TRL names such as `grpo.num_prompts_per_step`,
+`grpo.num_generations`, `policy.learning_rate`, `generation.temperature`, `speculative.num_draft_tokens`) and
+its validation. Every model forbids unknown keys; `load_config` turns pydantic's errors into one
+`SpecRLError` that names each bad key by its full dotted path, lists the allowed values, and for misspelled
+keys suggests the closest valid one. Cross-field checks (groups of at least two, micro-batches that divide
+the batch, prompt + response fitting the context) live on `TrainConfig`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from specrl.errors import SpecRLError
+
+DRAFTER_KINDS = ("none", "ngram", "suffix", "eagle", "mtp", "draft-model")
+_NEEDS_ARG = ("eagle", "mtp", "draft-model")
+# Names other libraries (TRL, NeMo-RL, vLLM) use for our keys, so a habit gets pointed at the right key.
+SYNONYMS = {
+    "lr": "learning_rate",
+    "num_samples": "num_generations",
+    "num_generations_per_prompt": "num_generations",
+    "batch_size": "num_prompts_per_step",
+    "epsilon": "clip_low",
+    "epsilon_high": "clip_high",
+    "ratio_clip_min": "clip_low",
+    "ratio_clip_max": "clip_high",
+    "beta": "kl_coef",
+    "reference_policy_kl_penalty": "kl_coef",
+    "scale_rewards": "normalize_rewards",
+    "max_completion_length": "max_new_tokens",
+    "max_tokens": "max_new_tokens",
+    "max_grad_norm_clip": "max_grad_norm",
+    "per_device_train_batch_size": "train_micro_batch_size",
+    "num_speculative_tokens": "num_draft_tokens",
+    "k": "num_draft_tokens",
+    "max_steps": "steps",
+    "num_steps": "steps",
+}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    name: str = "smollm2-135m"
+    """A preset name (smollm2-135m) or a path to an HF checkpoint directory."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Trainer (policy) weights and optimizer dtype."""
+    rollout_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    """Dtype of the rollout engine's copy of the policy (bf16 is the fast path on CPU)."""
+    max_seq_len: int = Field(1024, ge=16)
+    """Context budget of one sequence (prompt + response) in the rollout engine and trainer."""
+
+
+class TaskConfig(_Section):
+    name: str = "chain_sum"
+    difficulty: str = "easy"
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Raw reasoning-gym generator fields, applied over the difficulty preset."""
+    train_size: int = Field(10000, ge=1)
+    val_size: int = Field(64, ge=0)
+    seed: int = 0
+    format_weight: float = Field(0.0, ge=0.0)
+    """Extra reward for using the <answer> tags (see specrl.rl.tasks.score_response)."""
+    system_prompt: str | None = None
+    """Override of the instruction prompt; None uses specrl.rl.tasks.SYSTEM_PROMPT."""
+
+
+class GRPOConfig(_Section):
+    num_prompts_per_step: int = Field(8, ge=1)
+    num_generations: int = 8
+    """Samples per prompt (the group size); GRPO needs at least 2."""
+    normalize_rewards: bool = True
+    """Divide group-centred rewards by the group std (False = Dr. GRPO style, mean-centring only)."""
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_high: float = Field(0.28, ge=0.0)
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the k3 KL penalty to the initial policy (0 disables it and the reference model)."""
+    val_every: int = Field(5, ge=0)
+    """Validation accuracy every N steps (0 = only at the end)."""
+
+    @field_validator("num_generations")
+    @classmethod
+    def _groups(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"must be >= 2 (GRPO normalises rewards within a group of samples), got {v}")
+        return v
+
+
+class PolicyConfig(_Section):
+    learning_rate: float = 1e-6
+    weight_decay: float = Field(0.0, ge=0.0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    train_micro_batch_size: int = Field(8, ge=1)
+    """Sequences per forward/backward (logprob, train); must divide num_prompts_per_step * num_generations."""
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _lr(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"must be > 0 (e.g. 1e-6), got {v}")
+        return v
+
+
+class GenerationConfig(_Section):
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(128, ge=1)
+    max_batch_size: int = Field(64, ge=1)
+    """Rollout engine slots (sequences decoded together)."""
+
+
+class SpeculativeConfig(_Section):
+    drafter: str = "none"
+    """none | ngram | suffix | eagle:PATH | eagle:default | mtp:PATH | draft-model:PATH"""
+    num_draft_tokens: int | Literal["auto"] = 3
+    verify: Literal["rejection", "seed_exact"] = "rejection"
+
+    @field_validator("drafter")
+    @classmethod
+    def _drafter(cls, v: str) -> str:
+        kind, _, arg = v.partition(":")
+        if kind not in DRAFTER_KINDS:
+            raise ValueError(f"unknown drafter kind {kind!r}; allowed: none, ngram, suffix, eagle:PATH, "
+                             "eagle:default, mtp:PATH, draft-model:PATH")
+        if kind in _NEEDS_ARG and not arg:
+            raise ValueError(f"drafter {kind!r} needs a path, e.g. '{kind}:PATH'"
+                             + (" or 'eagle:default'" if kind == "eagle" else ""))
+        if kind == "none" and arg:
+            raise ValueError("drafter 'none' takes no argument")
+        return v
+
+    @field_validator("num_draft_tokens", mode="before")
+    @classmethod
+    def _k(cls, v: Any) -> int | str:
+        if v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"must be an int >= 0 or 'auto', got {v!r}")
+        return v
+
+    @property
+    def enabled(self) -> bool:
+        return self.drafter != "none" and self.num_draft_tokens != 0
+
+
+class DrafterConfig(_Section):
+    online: bool = False
+    """Train the drafter during RL on the policy's hidden states (captured in the logprob stage)."""
+    loss_weight: float = Field(0.1, ge=0.0)
+    learning_rate: float | None = None
+    """Drafter learning rate; None uses policy.learning_rate * 100 (drafters are small and start far off)."""
+
+    @field_validator("learning_rate", mode="before")
+    @classmethod
+    def _lr(cls, v: Any) -> float | None:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+            raise ValueError(f"must be a number > 0 or null, got {v!r}")
+        return float(v)
+
+
+class RunConfig(_Section):
+    name: str = "default"
+    seed: int = 0
+    steps: int = Field(20, ge=1)
+    checkpoint_every: int = Field(5, ge=0)
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    out_dir: str = "runs"
+    tensorboard: bool = True
+    progress: bool = True
+    """Live terminal display (rich); falls back to one plain line per step when not a TTY."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
+            raise ValueError(f"must be letters, digits, '_', '-', '.' only (it names a directory), got {v!r}")
+        return v
+
+
+class TrainConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _cross(self) -> TrainConfig:
+        batch = self.grpo.num_prompts_per_step * self.grpo.num_generations
+        mb = self.policy.train_micro_batch_size
+        if batch % mb != 0:
+            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+            raise ValueError(
+                f"policy.train_micro_batch_size ({mb}) must divide grpo.num_prompts_per_step * "
+                f"grpo.num_generations = {batch}; valid values: {divisors}"
+            )
+        if self.generation.max_new_tokens >= self.model.max_seq_len:
+            raise ValueError(
+                f"generation.max_new_tokens ({self.generation.max_new_tokens}) leaves no room for the prompt "
+                f"in model.max_seq_len ({self.model.max_seq_len}); lower it or raise model.max_seq_len"
+            )
+        if self.drafter.online and self.speculative.drafter.partition(":")[0] not in ("eagle", "mtp"):
+            raise ValueError(
+                f"drafter.online trains a learned drafter, but speculative.drafter is "
+                f"{self.speculative.drafter!r}; use eagle:PATH / eagle:default / mtp:PATH "
+                "or drafter.online=false"
+            )
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ----------------------------------------------------------------------------- loading and errors
+
+
+def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        out.append(path)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(_valid_keys(ann, path + "."))
+    return out
+
+
+def _section_at(loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] = TrainConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def closest_key(key: str, choices: list[str]) -> str | None:
+    """The valid key a misspelling most likely meant: a known synonym, difflib similarity, or a prefix."""
+    synonym = SYNONYMS.get(key)
+    if synonym in choices:
+        return synonym
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    prefixed = [c for c in choices if c.startswith(key) or key.startswith(c)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.4)
+    return close[0] if close else None
+
+
+def _format_error(err: dict) -> str:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    path = ".".join(str(p) for p in loc) or "config"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if err["type"] == "extra_forbidden":
+        parent = _section_at(loc[:-1])
+        choices = list(parent.model_fields) if parent else []
+        close = closest_key(str(loc[-1]), choices)
+        hint = f"; did you mean '{'.'.join(str(p) for p in loc[:-1] + (close,))}'?" if close else "."
+        return f"{path}: unknown key{hint} Valid keys here: {', '.join(choices)}"
+    if err["type"] == "literal_error":
+        return f"{path}: {msg}, got {err.get('input')!r}"
+    if err["type"] in ("model_type", "dict_type"):
+        return f"{path}: must be a mapping of keys, got {err.get('input')!r}"
+    if err["type"] not in ("value_error", "assertion_error") and "input" in err:
+        return f"{path}: {msg}, got {err['input']!r}"
+    return f"{path}: {msg}"
+
+
+def validate_config(data: dict[str, Any], source: str = "config") -> TrainConfig:
+    """Validate a nested dict into a TrainConfig, or raise SpecRLError listing every problem."""
+    if not isinstance(data, dict):
+        raise SpecRLError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [_format_error(err) for err in e.errors()]
+        raise SpecRLError(f"invalid {source}:\n  " + "\n  ".join(lines)) from None
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `a.b.c=value` override in place; the value is parsed as YAML (so 1e-6, true, [1,2] work)."""
+    if "=" not in assignment:
+        raise SpecRLError(f"--set expects key=value (e.g. grpo.num_generations=4), got {assignment!r}")
+    key, _, raw = assignment.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise SpecRLError(f"--set key {key!r} must be a dotted path like policy.learning_rate")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise SpecRLError(f"--set {key}: cannot parse value {raw!r}: {e}") from None
+    if len(parts) == 1 and parts[0] in TrainConfig.model_fields:
+        raise SpecRLError(f"--set {key}: '{key}' is a section; set one of its keys, e.g. {key}.<key>=value")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise SpecRLError(f"--set {key}: '{'.'.join(parts[:i + 1])}' is a value, not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None, sets: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (or start from defaults when path is None), apply --set overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise SpecRLError(f"config file {str(p)!r} does not exist; pass an existing YAML, e.g. "
+                              "examples/default.yaml")
+        source = str(p)
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise SpecRLError(f"{p}: not valid YAML: {e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise SpecRLError(f"{p}: the top level must be a mapping of sections (model, task, grpo, ...)")
+        data = loaded
+    for s in sets or []:
+        apply_override(data, s)
+    if sets:
+        source += " with --set " + " ".join(sets)
+    return validate_config(data, source)
+
+
+def valid_keys() -> list[str]:
+    """Every dotted key the config accepts (for docs and error messages)."""
+    return _valid_keys(TrainConfig)

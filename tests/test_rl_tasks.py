@@ -1,0 +1,104 @@
+"""Task registry, prompt formatting, answer extraction, rewards and the prompt sampler."""
+
+import pytest
+
+from specrl.errors import SpecRLError
+from specrl.rl.tasks import (
+    PromptFormatter,
+    PromptSampler,
+    extract_answer,
+    generator_options,
+    make_task,
+    score_response,
+)
+
+
+class FakeTokenizer:
+    """Character-level stand-in for a HF tokenizer with a ChatML template."""
+
+    chat_template = "chatml"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
+        return text + ("<|assistant|>" if add_generation_prompt else "")
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+@pytest.mark.parametrize("name", ["countdown", "basic_arithmetic", "chain_sum"])
+def test_curated_tasks_build_and_score_gold(name):
+    train, val = make_task(name, difficulty="easy", train_size=40, val_size=8, seed=3)
+    assert len(val) == 8 and 0 < len(train) <= 40
+    assert not {p.question for p in val} & {p.question for p in train}
+    p = train[0]
+    s = score_response(train, p, f"reasoning... <answer>{p.answer}</answer>")
+    assert s.correct and s.formatted and s.reward == 1.0
+    s = score_response(train, p, "no tags at all: 12345")
+    assert not s.correct and not s.formatted and s.reward == 0.0
+
+
+def test_splits_are_deterministic():
+    a, _ = make_task("chain_sum", "medium", train_size=20, val_size=4, seed=1)
+    b, _ = make_task("chain_sum", "medium", train_size=20, val_size=4, seed=1)
+    c, _ = make_task("chain_sum", "medium", train_size=20, val_size=4, seed=2)
+    assert [p.question for p in a] == [p.question for p in b]
+    assert [p.question for p in a] != [p.question for p in c]
+
+
+def test_format_weight():
+    train, _ = make_task("chain_sum", "easy", train_size=10, val_size=2, seed=0)
+    p = train[0]
+    wrong = str(int(p.answer) + 1)
+    s = score_response(train, p, f"<answer>{wrong}</answer>", format_weight=0.1)
+    assert s.formatted and not s.correct and s.reward == pytest.approx(0.1)
+    s = score_response(train, p, f"<answer>{p.answer}</answer>", format_weight=0.1)
+    assert s.reward == pytest.approx(1.1)
+
+
+def test_unknown_task_lists_valid_ones():
+    with pytest.raises(SpecRLError, match="unknown task 'chainsum'.*Did you mean 'chain_sum'.*countdown"):
+        make_task("chainsum")
+
+
+def test_bad_difficulty_and_options():
+    with pytest.raises(SpecRLError, match="allowed: easy, medium, hard, default"):
+        generator_options("chain_sum", "extreme")
+    with pytest.raises(SpecRLError, match="Did you mean 'max_terms'"):
+        generator_options("chain_sum", "default", {"max_term": 3})
+    with pytest.raises(SpecRLError, match="rejected its options"):
+        make_task("chain_sum", "default", {"min_terms": 5, "max_terms": 2}, train_size=5, val_size=1)
+    with pytest.raises(SpecRLError, match="train_size"):
+        make_task("chain_sum", train_size=0)
+
+
+def test_extract_answer():
+    assert extract_answer("a <answer> 7 </answer> b <answer>-3</answer>") == "-3"
+    assert extract_answer("<answer>\n1+2\n</answer>") == "1+2"
+    assert extract_answer("Answer: 5") is None
+
+
+def test_prompt_formatter_uses_chat_template():
+    tok = FakeTokenizer()
+    fmt = PromptFormatter(tok, system_prompt="SYS")
+    text = fmt.text("What is 1+1?")
+    assert text == "<|system|>SYS\n<|user|>What is 1+1?\n<|assistant|>"
+    assert fmt.decode(fmt.encode("Q")) == fmt.text("Q")
+    tok.chat_template = None
+    with pytest.raises(SpecRLError, match="chat template"):
+        PromptFormatter(tok)
+
+
+def test_prompt_sampler_epochs_and_resume():
+    s = PromptSampler(size=5, seed=7)
+    first = s.next(5)
+    assert sorted(first) == [0, 1, 2, 3, 4]
+    nxt = s.next(3)
+    r = PromptSampler(size=5, seed=7)
+    r.load_state_dict({"cursor": 5, "seed": 7, "size": 5})
+    assert r.next(3) == nxt
+    with pytest.raises(SpecRLError, match="same task config"):
+        r.load_state_dict({"cursor": 5, "seed": 8, "size": 5})
