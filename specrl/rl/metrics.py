@@ -1,0 +1,190 @@
+"""Per-step metrics: the `metrics.jsonl` contract, TensorBoard scalars and the live terminal display.
+
+`STEP_FIELDS` is the list of keys every line of `metrics.jsonl` carries (issue 5, section 4). `MetricsWriter`
+appends one JSON line per step (flushed, so a killed run keeps every finished step), mirrors numeric values
+to TensorBoard (nested dicts become `stage_seconds/gen`, lists become `acceptance_rate_per_position/0`), and
+on resume drops lines past the checkpointed step so the file never holds a step twice. `ProgressDisplay`
+shows step, reward, accuracy, a stage-time bar and acceptance length: a rich live panel on a terminal, one
+plain line per step otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+STAGES = ("data", "prepare", "gen", "logprob", "train")
+
+STEP_FIELDS = (
+    "step", "reward_mean", "reward_std", "accuracy", "response_length_mean", "stage_seconds",
+    "step_seconds", "gen_share", "acceptance_length", "acceptance_rate", "acceptance_rate_per_position",
+    "num_draft_tokens_mean", "token_mult_prob_error", "draft_loss", "generated_tokens",
+    "gen_tokens_per_second",
+)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become None, tuples become lists, numpy/torch scalars become floats."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f if math.isfinite(f) else None
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """All records of a metrics.jsonl (a torn last line from a killed run is ignored)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}/{k}", v, out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _flatten(f"{prefix}/{i}", v, out)
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        out[prefix] = float(value)
+
+
+class MetricsWriter:
+    """Appends step records to `metrics.jsonl` and TensorBoard event files under the run directory."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None,
+                 filename: str = "metrics.jsonl"):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / filename
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        elif self.path.exists():
+            self.path.unlink()
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
+                                     purge_step=(resume_step + 1) if resume_step is not None else None)
+
+    def write(self, record: dict[str, Any]) -> None:
+        missing = [k for k in STEP_FIELDS if k not in record]
+        if missing:
+            raise KeyError(f"step record lacks required metrics.jsonl fields: {missing}")
+        clean = _clean(record)
+        with self.path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+            f.flush()
+        if self._tb is not None:
+            flat: dict[str, float] = {}
+            for k, v in clean.items():
+                if k != "step":
+                    _flatten(k, v, flat)
+            for k, v in flat.items():
+                self._tb.add_scalar(k, v, global_step=int(record["step"]))
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+_STAGE_STYLE = {"data": "cyan", "prepare": "magenta", "gen": "green", "logprob": "yellow", "train": "red"}
+_STAGE_CHAR = {"data": "d", "prepare": "p", "gen": "g", "logprob": "l", "train": "t"}
+
+
+def stage_bar(stage_seconds: dict[str, float], width: int = 40) -> str:
+    """Plain-text stage bar: one letter per stage, each run proportional to the stage's share of the step."""
+    total = sum(stage_seconds.get(s, 0.0) for s in STAGES) or 1.0
+    out = ""
+    for s in STAGES:
+        out += _STAGE_CHAR[s] * round(width * stage_seconds.get(s, 0.0) / total)
+    return out
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+class ProgressDisplay:
+    """Live view of the run: a rich panel on a terminal, a plain line per step elsewhere (logs, CI)."""
+
+    def __init__(self, total_steps: int, enabled: bool = True, title: str = "specrl train"):
+        self.total = total_steps
+        self.enabled = enabled
+        self.title = title
+        self._live = None
+        self._console = None
+        if enabled and sys.stdout.isatty():
+            from rich.console import Console
+            from rich.live import Live
+
+            self._console = Console()
+            self._live = Live(console=self._console, refresh_per_second=4, transient=False)
+            self._live.start()
+
+    def _renderable(self, r: dict) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table.grid(padding=(0, 2))
+        t.add_row("step", f"{r['step']}/{self.total}", "reward", f"{_fmt(r.get('reward_mean'))}",
+                  "accuracy", _fmt(r.get("accuracy")))
+        bar = Text()
+        total = sum(r["stage_seconds"].values()) or 1.0
+        for s in STAGES:
+            sec = r["stage_seconds"].get(s, 0.0)
+            bar.append("█" * round(40 * sec / total), style=_STAGE_STYLE[s])
+        legend = " ".join(f"[{_STAGE_STYLE[s]}]{s}[/] {r['stage_seconds'].get(s, 0):.1f}s" for s in STAGES)
+        t.add_row("stages", bar, "step s", f"{r['step_seconds']:.1f}", "gen share",
+                  _fmt(r.get("gen_share"), ".2f"))
+        t.add_row("", Text.from_markup(legend), "accept len", _fmt(r.get("acceptance_length"), ".2f"),
+                  "gen tok/s", _fmt(r.get("gen_tokens_per_second"), ".0f"))
+        return t
+
+    def line(self, r: dict) -> str:
+        return (f"step {r['step']}/{self.total}  reward {_fmt(r.get('reward_mean'))}  "
+                f"acc {_fmt(r.get('accuracy'))}  len {_fmt(r.get('response_length_mean'), '.1f')}  "
+                f"[{stage_bar(r['stage_seconds'], 30)}] {r['step_seconds']:.1f}s  "
+                f"gen {_fmt(r.get('gen_share'), '.2f')}  AL {_fmt(r.get('acceptance_length'), '.2f')}")
+
+    def update(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        if self._live is not None:
+            self._live.update(self._renderable(record))
+        else:
+            print(self.line(record), flush=True)
+
+    def message(self, text: str) -> None:
+        if self._console is not None:
+            self._console.print(text)
+        elif self.enabled:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None

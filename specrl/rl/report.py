@@ -1,0 +1,268 @@
+"""End-of-run artefacts: `report.md` with PNG plots, and compare mode's `compare.json` / `compare.md`.
+
+This module reads step records (the `metrics.jsonl` contract of specrl.rl.metrics) and writes what a person
+looks at after a run: the reward/accuracy curve, stacked stage-time bars per step and acceptance length over
+steps (matplotlib, Agg backend, no display needed), plus a short markdown summary. For compare mode it
+computes the gen and step speedups of speculative over autoregressive rollouts, the Amdahl-style bound
+1 / (R_gen / AL + 1 - R_gen) with R_gen the autoregressive run's gen share and AL the speculative run's mean
+acceptance length, and records the seed-exact identity checks the trainer made.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from specrl.rl.metrics import STAGES
+
+_STAGE_COLOR = {"data": "#4c9be8", "prepare": "#b07cc6", "gen": "#3aa655", "logprob": "#e6b800",
+                "train": "#d9534f"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            xs.append(int(r["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _mean(vals: list[float]) -> float | None:
+    return sum(vals) / len(vals) if vals else None
+
+
+def plot_reward(records: list[dict], path: Path, title: str = "reward") -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs, ys = _series(records, "reward_mean")
+    _, sd = _series(records, "reward_std")
+    ax.plot(xs, ys, "-o", ms=3, color="#3a6ea5", label="train reward (mean)")
+    if len(sd) == len(ys):
+        ax.fill_between(xs, [y - s for y, s in zip(ys, sd, strict=True)],
+                        [y + s for y, s in zip(ys, sd, strict=True)], color="#3a6ea5", alpha=0.12)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax2 = ax.twinx()
+    axs, acc = _series(records, "accuracy")
+    if acc:
+        ax2.plot(axs, acc, "-s", ms=4, color="#d9534f", label="validation accuracy")
+    ax2.set_ylabel("validation accuracy")
+    ax2.set_ylim(0, 1)
+    lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(lines, [ln.get_label() for ln in lines], loc="upper left", fontsize=8)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_stages(records: list[dict], path: Path, title: str = "stage time per step") -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [int(r["step"]) for r in records]
+    bottom = [0.0] * len(records)
+    for s in STAGES:
+        h = [float(r["stage_seconds"].get(s, 0.0)) for r in records]
+        ax.bar(steps, h, bottom=bottom, color=_STAGE_COLOR[s], label=s, width=0.8)
+        bottom = [b + x for b, x in zip(bottom, h, strict=True)]
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_acceptance(records: list[dict], path: Path, title: str = "acceptance length") -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs, ys = _series(records, "acceptance_length")
+    if ys:
+        ax.plot(xs, ys, "-o", ms=3, color="#3aa655", label="acceptance length (tokens per verify)")
+        kx, ky = _series(records, "num_draft_tokens_mean")
+        if ky:
+            ax.plot(kx, [k + 1 for k in ky], "--", color="gray", label="upper bound k+1")
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "autoregressive run: no drafter, no acceptance length", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens per policy forward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def summarize(records: list[dict]) -> dict[str, Any]:
+    """Run-level numbers for report.md and compare.json."""
+    if not records:
+        return {"steps": 0}
+    _, rewards = _series(records, "reward_mean")
+    _, acc = _series(records, "accuracy")
+    gen = sum(float(r["stage_seconds"].get("gen", 0.0)) for r in records)
+    total = sum(float(r["step_seconds"]) for r in records)
+    k = max(1, len(rewards) // 4)
+    _, al = _series(records, "acceptance_length")
+    return {
+        "steps": len(records),
+        "reward_first": rewards[0] if rewards else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "reward_first_quarter_mean": _mean(rewards[:k]),
+        "reward_last_quarter_mean": _mean(rewards[-k:]),
+        "accuracy_first": acc[0] if acc else None,
+        "accuracy_last": acc[-1] if acc else None,
+        "gen_seconds": gen,
+        "step_seconds": total,
+        "step_seconds_mean": total / len(records),
+        "gen_share": gen / total if total > 0 else None,
+        "acceptance_length_mean": _mean(al),
+        "generated_tokens": sum(int(r.get("generated_tokens") or 0) for r in records),
+    }
+
+
+def _f(v: Any, spec: str = ".3f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def write_report(run_dir: str | Path, records: list[dict], config_text: str = "",
+                 extra: dict[str, Any] | None = None) -> Path:
+    """Write report.md and its three PNG plots into run_dir; return the path of report.md."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plot_reward(records, run_dir / "reward.png")
+    plot_stages(records, run_dir / "stages.png")
+    plot_acceptance(records, run_dir / "acceptance.png")
+    s = summarize(records)
+    lines = [
+        f"# specrl run `{run_dir.name}`",
+        "",
+        f"{s['steps']} GRPO steps.",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| train reward, first quarter of steps → last quarter | {_f(s.get('reward_first_quarter_mean'))} → "
+        f"{_f(s.get('reward_last_quarter_mean'))} |",
+        f"| validation accuracy, first → last evaluation | {_f(s.get('accuracy_first'))} → "
+        f"{_f(s.get('accuracy_last'))} |",
+        f"| mean step time (s) | {_f(s.get('step_seconds_mean'), '.2f')} |",
+        f"| gen share of step time | {_f(s.get('gen_share'), '.2f')} |",
+        f"| mean acceptance length | {_f(s.get('acceptance_length_mean'), '.2f')} |",
+        f"| generated tokens | {s.get('generated_tokens', 0)} |",
+    ]
+    for k, v in (extra or {}).items():
+        lines.append(f"| {k} | {v} |")
+    lines += [
+        "",
+        "## Reward and validation accuracy",
+        "![reward](reward.png)",
+        "",
+        "## Stage time per step (data → prepare → gen → logprob → train)",
+        "![stages](stages.png)",
+        "",
+        "## Acceptance length (tokens emitted per policy forward during generation)",
+        "![acceptance](acceptance.png)",
+        "",
+        "Per-step numbers: `metrics.jsonl`; live curves: `tensorboard --logdir " + str(run_dir) + "`.",
+    ]
+    if config_text:
+        lines += ["", "## Resolved config", "```yaml", config_text.rstrip(), "```"]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def amdahl_bound(gen_share: float | None, acceptance_length: float | None) -> float | None:
+    """Step speedup if generation got AL times faster and nothing else changed: 1/(R/AL + 1 - R)."""
+    if gen_share is None or acceptance_length is None or acceptance_length <= 0:
+        return None
+    return 1.0 / (gen_share / acceptance_length + 1.0 - gen_share)
+
+
+def compare_summary(ar: list[dict], sd: list[dict], checks: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Numbers of compare.json: speedups over the steps both runs completed, the bound and the checks."""
+    n = min(len(ar), len(sd))
+    ar, sd = ar[:n], sd[:n]
+    sa, ss = summarize(ar), summarize(sd)
+    gen_speedup = sa["gen_seconds"] / ss["gen_seconds"] if n and ss["gen_seconds"] > 0 else None
+    step_speedup = sa["step_seconds"] / ss["step_seconds"] if n and ss["step_seconds"] > 0 else None
+    out = {
+        "steps": n,
+        "gen_speedup": gen_speedup,
+        "step_speedup": step_speedup,
+        "gen_share": sa.get("gen_share"),
+        "gen_share_speculative": ss.get("gen_share"),
+        "acceptance_length": ss.get("acceptance_length_mean"),
+        "bound": amdahl_bound(sa.get("gen_share"), ss.get("acceptance_length_mean")),
+        "autoregressive": sa,
+        "speculative": ss,
+        "reward_curve": {
+            "autoregressive": [r.get("reward_mean") for r in ar],
+            "speculative": [r.get("reward_mean") for r in sd],
+        },
+    }
+    out.update(checks or {})
+    return out
+
+
+def write_compare(out_dir: str | Path, ar: list[dict], sd: list[dict],
+                  checks: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    """Write compare.json, compare.md and compare_reward.png (both reward curves overlaid)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = compare_summary(ar, sd, checks)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for recs, label, color in ((ar, "autoregressive", "#3a6ea5"), (sd, "speculative", "#3aa655")):
+        xs, ys = _series(recs, "reward_mean")
+        ax.plot(xs, ys, "-o", ms=3, label=label, color=color, alpha=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("train reward (mean)")
+    ax.set_title("reward: autoregressive vs speculative rollouts")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_dir / "compare_reward.png", dpi=110)
+    plt.close(fig)
+    jpath = out_dir / "compare.json"
+    jpath.write_text(json.dumps(summary, indent=2) + "\n")
+    rows = [
+        "# specrl compare: autoregressive vs speculative rollouts",
+        "",
+        f"Same config and seeds, {summary['steps']} steps each, steps interleaved so machine noise "
+        "hits both.",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| gen speedup (AR gen time / SD gen time) | {_f(summary['gen_speedup'], '.2f')}× |",
+        f"| step speedup | {_f(summary['step_speedup'], '.2f')}× |",
+        f"| gen share R_gen (autoregressive run) | {_f(summary['gen_share'], '.2f')} |",
+        f"| mean acceptance length AL | {_f(summary['acceptance_length'], '.2f')} |",
+        f"| bound 1/(R_gen/AL + 1 − R_gen) | {_f(summary['bound'], '.2f')}× |",
+    ]
+    for k, v in (checks or {}).items():
+        if not isinstance(v, list | dict):
+            rows.append(f"| {k} | {v} |")
+    rows += ["", "![reward curves](compare_reward.png)", ""]
+    mpath = out_dir / "compare.md"
+    mpath.write_text("\n".join(rows) + "\n")
+    return jpath, mpath

@@ -1,0 +1,93 @@
+"""metrics.jsonl / TensorBoard writing, report.md and compare outputs."""
+
+import json
+import math
+
+import pytest
+
+from specrl.rl.metrics import STEP_FIELDS, MetricsWriter, ProgressDisplay, read_metrics, stage_bar
+from specrl.rl.report import amdahl_bound, compare_summary, write_compare, write_report
+
+
+def record(step, reward=0.5, gen=2.0, al=None):
+    stages = {"data": 0.01, "prepare": 0.1, "gen": gen, "logprob": 0.5, "train": 1.0}
+    total = sum(stages.values())
+    return {
+        "step": step, "reward_mean": reward, "reward_std": 0.1, "accuracy": 0.2 if step % 2 == 0 else None,
+        "response_length_mean": 30.0, "stage_seconds": stages, "step_seconds": total,
+        "gen_share": gen / total, "acceptance_length": al, "acceptance_rate": None if al is None else 0.5,
+        "acceptance_rate_per_position": [] if al is None else [0.7, 0.5, 0.3],
+        "num_draft_tokens_mean": None if al is None else 3.0, "token_mult_prob_error": 1.001,
+        "draft_loss": None, "generated_tokens": 100, "gen_tokens_per_second": 100 / gen,
+    }
+
+
+def test_metrics_writer_jsonl_tensorboard_and_resume(tmp_path):
+    w = MetricsWriter(tmp_path, tensorboard=True)
+    for s in range(1, 4):
+        w.write(record(s, al=2.5))
+    w.write({**record(4), "reward_mean": math.nan})
+    w.close()
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    assert recs[3]["reward_mean"] is None
+    assert all(k in recs[0] for k in STEP_FIELDS)
+    assert any((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    # resume from the checkpoint at step 2 forgets steps 3 and 4
+    w = MetricsWriter(tmp_path, tensorboard=False, resume_step=2)
+    w.write(record(3))
+    w.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    with pytest.raises(KeyError, match="reward_mean"):
+        MetricsWriter(tmp_path / "x", tensorboard=False).write({"step": 1})
+
+
+def test_read_metrics_ignores_torn_line(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text(json.dumps(record(1)) + "\n" + '{"step": 2, "rew')
+    assert len(read_metrics(p)) == 1
+
+
+def test_progress_line_and_bar(capsys):
+    assert stage_bar({"gen": 1.0}, width=10) == "g" * 10
+    d = ProgressDisplay(total_steps=5, enabled=True)
+    d.update(record(1, al=2.0))
+    d.close()
+    out = capsys.readouterr().out
+    assert "step 1/5" in out and "reward 0.500" in out and "AL 2.00" in out
+
+
+def test_write_report(tmp_path):
+    recs = [record(s, reward=0.1 * s, al=2.0 + 0.1 * s) for s in range(1, 9)]
+    path = write_report(tmp_path, recs, config_text="run:\n  steps: 8\n")
+    text = path.read_text()
+    for png in ("reward.png", "stages.png", "acceptance.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+        assert png in text
+    assert "0.150 → 0.750" in text  # first-quarter and last-quarter mean reward
+
+
+def test_report_without_drafter(tmp_path):
+    write_report(tmp_path, [record(1), record(2)])
+    assert (tmp_path / "acceptance.png").exists()
+
+
+def test_amdahl_bound():
+    assert amdahl_bound(0.5, 2.0) == pytest.approx(1 / 0.75)
+    assert amdahl_bound(1.0, 3.0) == pytest.approx(3.0)
+    assert amdahl_bound(None, 3.0) is None
+
+
+def test_compare_outputs(tmp_path):
+    ar = [record(s, gen=4.0) for s in range(1, 4)]
+    sd = [record(s, gen=2.0, al=2.5) for s in range(1, 4)]
+    s = compare_summary(ar, sd, {"rollouts_identical": True})
+    assert s["gen_speedup"] == pytest.approx(2.0)
+    assert s["step_speedup"] == pytest.approx(5.61 / 3.61)
+    assert s["bound"] == pytest.approx(amdahl_bound(4.0 / 5.61, 2.5))
+    j, m = write_compare(tmp_path, ar, sd, {"rollouts_identical": True, "weights_identical": True})
+    data = json.loads(j.read_text())
+    for k in ("gen_speedup", "step_speedup", "bound", "gen_share", "rollouts_identical", "weights_identical"):
+        assert k in data
+    assert "rollouts_identical | True" in m.read_text()
+    assert (tmp_path / "compare_reward.png").exists()
