@@ -1,0 +1,195 @@
+"""Atomic, verifiable training checkpoints (policy, optimizer, drafter, RNG states, data cursor, step).
+
+A checkpoint is a directory `checkpoints/step_NNNNNN/` holding one `torch.save` file per part plus
+`manifest.json` (step, metadata, and the size and SHA-256 of every part). It is written into a hidden
+temporary directory, every file is fsynced, the manifest is written last, and only then is the directory
+renamed into place with `os.replace` — so a kill at any moment leaves either the previous checkpoints or the
+complete new one, never a half-written `step_*`. `load_latest` walks checkpoints newest first, verifies each
+against its manifest, reports every corrupt or partial one it skips, and returns the newest good one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specrl.errors import SpecRLError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(SpecRLError):
+    """A checkpoint directory is corrupt, partial or from an incompatible run."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def step_dirname(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None = None,
+                    keep: int | None = None) -> Path:
+    """Atomically write `parts` (name -> torch-serialisable object) as checkpoint `step` under `root`.
+
+    `meta` (JSON-serialisable) goes into the manifest. With `keep`, only the newest `keep` checkpoints remain.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dirname(step)
+    tmp = root / f".tmp-{step_dirname(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    files: dict[str, dict[str, Any]] = {}
+    for name, obj in parts.items():
+        if not name.replace("_", "").isalnum():
+            raise SpecRLError(f"checkpoint part name {name!r} must be alphanumeric (it names a file)")
+        path = tmp / f"{name}.pt"
+        torch.save(obj, path)
+        _fsync_file(path)
+        files[name] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = {"format": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
+    mpath = tmp / MANIFEST
+    mpath.write_text(json.dumps(manifest, indent=2))
+    _fsync_file(mpath)
+    _fsync_dir(tmp)
+    if final.exists():
+        # Re-saving a step (e.g. after resume): move the old one aside first so the swap stays atomic.
+        old = root / f".old-{step_dirname(step)}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    if keep is not None:
+        prune(root, keep)
+    return final
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `step_*` directory under root, newest first (validity not checked)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("step_"):
+            try:
+                out.append((int(p.name[5:]), p))
+            except ValueError:
+                continue
+    return sorted(out, reverse=True)
+
+
+def prune(root: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints and any leftover temporary directories."""
+    root = Path(root)
+    for _, p in list_checkpoints(root)[keep:]:
+        shutil.rmtree(p, ignore_errors=True)
+    for p in root.iterdir():
+        if p.is_dir() and (p.name.startswith(".tmp-") or p.name.startswith(".old-")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Return the manifest if every part is present with the recorded size and SHA-256; else raise."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not mpath.exists():
+        raise CheckpointError(f"{path}: no {MANIFEST} (partial checkpoint: the write did not finish)")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{mpath}: unreadable manifest ({e})") from None
+    if manifest.get("format") != FORMAT_VERSION or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{mpath}: unknown manifest format {manifest.get('format')!r}")
+    for name, info in manifest["files"].items():
+        f = path / info["file"]
+        if not f.exists():
+            raise CheckpointError(f"{path}: part {name!r} ({info['file']}) is missing")
+        if f.stat().st_size != info["bytes"]:
+            raise CheckpointError(f"{path}: part {name!r} has {f.stat().st_size} bytes, the manifest says "
+                                  f"{info['bytes']} (truncated or overwritten)")
+        if _sha256(f) != info["sha256"]:
+            raise CheckpointError(f"{path}: part {name!r} fails its SHA-256 check (corrupt)")
+    return manifest
+
+
+@dataclass
+class LoadedCheckpoint:
+    step: int
+    path: Path
+    parts: dict[str, Any]
+    meta: dict[str, Any]
+    skipped: list[str] = field(default_factory=list)
+    """One line per newer checkpoint that was corrupt or partial and therefore not used."""
+
+
+def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
+    """Verify and load one checkpoint directory."""
+    manifest = verify_checkpoint(path)
+    path = Path(path)
+    parts = {}
+    for name, info in manifest["files"].items():
+        try:
+            parts[name] = torch.load(path / info["file"], map_location="cpu", weights_only=False)
+        except Exception as e:  # any unpickling failure means a bad checkpoint
+            raise CheckpointError(
+                f"{path}: part {name!r} cannot be loaded ({type(e).__name__}: {e})"
+            ) from None
+    return LoadedCheckpoint(int(manifest["step"]), path, parts, manifest.get("meta", {}))
+
+
+def load_latest(root: str | Path) -> LoadedCheckpoint | None:
+    """The newest checkpoint under root that verifies; None if there are none at all.
+
+    Corrupt or partial checkpoints are skipped (and listed in `.skipped`); if checkpoints exist but none
+    verifies, raise CheckpointError naming each one and why.
+    """
+    candidates = list_checkpoints(root)
+    if not candidates:
+        return None
+    skipped: list[str] = []
+    for _, path in candidates:
+        try:
+            loaded = load_checkpoint(path)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        loaded.skipped = skipped
+        return loaded
+    raise CheckpointError("no usable checkpoint under " + str(root) + ":\n  " + "\n  ".join(skipped))
