@@ -1,12 +1,24 @@
 """specrl: RL post-training with lossless speculative rollouts.
 
 The public surface: `load_model` (HF checkpoint directories and the embedded preset), `RolloutEngine`
-(batched autoregressive and speculative generation) and `SamplingParams`.
+(batched autoregressive and speculative generation) and `SamplingParams`. Imported lazily so that
+`import specrl` (and the CLI) start fast.
 """
-
-from specrl.model.checkpoint import load_model
-from specrl.rollout.engine import RolloutEngine, RolloutOutput
-from specrl.rollout.sampling import SamplingParams
 
 __all__ = ["load_model", "RolloutEngine", "RolloutOutput", "SamplingParams"]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "load_model": "specrl.model.checkpoint",
+    "RolloutEngine": "specrl.rollout.engine",
+    "RolloutOutput": "specrl.rollout.engine",
+    "SamplingParams": "specrl.rollout.sampling",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'specrl' has no attribute {name!r}")

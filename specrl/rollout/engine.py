@@ -1,0 +1,339 @@
+"""The batched rollout engine: continuous batching, autoregressive and speculative decoding.
+
+Shaped like gpt-fast's generate.py: `_prefill`, `_ar_step` and `_spec_step` are plain methods beside each
+other over one preallocated, slot-indexed KV cache. Active sequences always occupy slots 0..n-1 (a finished
+sequence's slot is refilled from the waiting queue, or the last active sequence is moved into it), so every
+forward runs on a contiguous view of the cache. Random draws depend only on (seed, request id, position),
+so outputs do not depend on batch composition. Speculative steps ask the drafter for k tokens, score them
+in one target forward and hand the decision to `specrl.rollout.verify` — the single verification point.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specrl.drafters.base import DraftBatch
+from specrl.errors import SpecRLError
+from specrl.rollout.adaptive import DraftLengthController
+from specrl.rollout.metrics import SpecMetrics
+from specrl.rollout.sampling import (
+    STREAM_ACCEPT,
+    STREAM_RESIDUAL,
+    STREAM_SAMPLE,
+    SamplingParams,
+    policy_logprobs,
+    probs_from_logits,
+    sample_inverse_cdf,
+    uniform,
+)
+from specrl.rollout.verify import VERIFY_MODES, verify
+
+
+@dataclass
+class RolloutOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    prompt_index: int = 0
+
+
+@dataclass
+class _Seq:
+    index: int
+    prompt: list[int]
+    params: SamplingParams
+    request_id: int
+    group_id: int
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.out
+
+    def emit(self, tok: int, lp: float) -> bool:
+        """Append one token; return True if the sequence is now finished."""
+        self.out.append(tok)
+        self.logprobs.append(lp)
+        if tok in self.params.stop_token_ids:
+            self.finish_reason = "stop"
+        elif len(self.out) >= self.params.max_new_tokens:
+            self.finish_reason = "length"
+        return self.finish_reason is not None
+
+
+class RolloutEngine:
+    """Batched generation with a fixed number of slots; optional speculative decoding.
+
+    `num_draft_tokens` is an int k (0..k_max) or "auto" (choose k per step from measured costs and
+    acceptance); `verify` is "rejection" (default) or "seed_exact".
+    """
+
+    def __init__(self, model, max_batch_size: int = 32, max_seq_len: int = 2048, drafter=None,
+                 num_draft_tokens: int | str = 3, verify: str = "rejection", k_max: int = 7,
+                 prefill_chunk_tokens: int = 4096):
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise SpecRLError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        if not isinstance(max_seq_len, int) or max_seq_len < 2:
+            raise SpecRLError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
+        if max_seq_len > model.args.max_position_embeddings:
+            raise SpecRLError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings "
+                              f"{model.args.max_position_embeddings}")
+        if verify not in VERIFY_MODES:
+            raise SpecRLError(f"verify={verify!r} is unknown; use one of {list(VERIFY_MODES)}")
+        if not isinstance(k_max, int) or k_max < 1:
+            raise SpecRLError(f"k_max must be an integer >= 1, got {k_max!r}")
+        if num_draft_tokens != "auto" and (not isinstance(num_draft_tokens, int) or not
+                                           0 <= num_draft_tokens <= k_max):
+            raise SpecRLError(f"num_draft_tokens must be an integer in 0..{k_max} (k_max) or 'auto', "
+                              f"got {num_draft_tokens!r}")
+        self.model = model
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.k_max = k_max
+        self.verify_mode = verify
+        self.num_draft_tokens = num_draft_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        # k_max + 1 positions of margin: a verify forward may write up to k positions past the last
+        # token a sequence can keep.
+        self.cache = model.new_cache(max_batch_size, max_seq_len + k_max + 1)
+        self.drafter = drafter
+        if drafter is not None:
+            drafter.bind(self)
+        self.controller = DraftLengthController(k_max, num_draft_tokens) if drafter is not None else None
+        self.last_metrics: dict = {}
+
+    # ------------------------------------------------------------------ public
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 request_ids: list[int] | None = None, group_ids: list[int] | None = None,
+                 progress=None) -> list[RolloutOutput]:
+        """Generate a continuation for each prompt (token id lists). Returns outputs in prompt order."""
+        seqs = self._validate(prompts, params, request_ids, group_ids)
+        metrics = SpecMetrics(self.k_max)
+        t0 = time.perf_counter()
+        waiting = list(seqs)
+        active: list[_Seq] = []
+        while waiting or active:
+            if waiting and len(active) < self.max_batch_size:
+                take = waiting[: self.max_batch_size - len(active)]
+                waiting = waiting[len(take):]
+                self._prefill(active, take, metrics)
+                active.extend(take)
+                active = self._retire(active, metrics, progress)
+                if not active:
+                    continue
+            k = self.controller.choose(len(active), self._ctx_len(active)) if self.controller else 0
+            if k > 0:
+                self._spec_step(active, k, metrics)
+            else:
+                self._ar_step(active, metrics)
+            active = self._retire(active, metrics, progress)
+        metrics.total_seconds = time.perf_counter() - t0
+        self.last_metrics = metrics.as_dict()
+        return [RolloutOutput(s.out, s.logprobs, s.finish_reason or "length", s.index) for s in seqs]
+
+    def load_weights(self, state_dict: dict[str, Tensor]) -> None:
+        """Weight sync: copy a policy state dict (our parameter names) into the rollout model in place."""
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(params))
+        if missing or unexpected:
+            raise SpecRLError(f"load_weights: state dict does not match the rollout model; missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}")
+        with torch.no_grad():
+            for name, p in params.items():
+                src = state_dict[name]
+                if src.shape != p.shape:
+                    raise SpecRLError(f"load_weights: {name} has shape {tuple(src.shape)}, expected "
+                                      f"{tuple(p.shape)}")
+                p.copy_(src)
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, prompts, params, request_ids, group_ids) -> list[_Seq]:
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise SpecRLError("prompts must be a non-empty list of token id lists")
+        n = len(prompts)
+        if isinstance(params, SamplingParams):
+            plist = [params] * n
+        else:
+            plist = list(params)
+            if len(plist) != n or not all(isinstance(p, SamplingParams) for p in plist):
+                raise SpecRLError(f"params must be one SamplingParams or a list of {n} (one per prompt), "
+                                  f"got {len(plist)} items")
+        rids = list(range(n)) if request_ids is None else list(request_ids)
+        gids = list(range(n)) if group_ids is None else list(group_ids)
+        if len(rids) != n or len(gids) != n:
+            raise SpecRLError(f"request_ids/group_ids must have one entry per prompt ({n})")
+        vocab = self.model.args.vocab_size
+        seqs = []
+        for i, (pr, sp) in enumerate(zip(prompts, plist, strict=True)):
+            pr = [int(t) for t in pr]
+            if not pr:
+                raise SpecRLError(f"prompt {i} is empty; every prompt needs at least one token")
+            if min(pr) < 0 or max(pr) >= vocab:
+                raise SpecRLError(f"prompt {i} has token ids outside [0, {vocab}) (the model's vocabulary)")
+            if len(pr) + sp.max_new_tokens > self.max_seq_len:
+                raise SpecRLError(
+                    f"prompt {i} has {len(pr)} tokens; with max_new_tokens={sp.max_new_tokens} it needs "
+                    f"{len(pr) + sp.max_new_tokens} positions but max_seq_len is {self.max_seq_len}: shorten "
+                    f"the prompt to <= {self.max_seq_len - sp.max_new_tokens} tokens, lower max_new_tokens or "
+                    "raise max_seq_len")
+            seqs.append(_Seq(i, pr, sp, int(rids[i]), int(gids[i])))
+        return seqs
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _ctx_len(active: list[_Seq]) -> int:
+        return max(len(s.prompt) + len(s.out) for s in active)
+
+    @staticmethod
+    def _param_tensors(seqs: list[_Seq]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        seeds = torch.tensor([s.params.seed for s in seqs], dtype=torch.long)
+        rids = torch.tensor([s.request_id for s in seqs], dtype=torch.long)
+        temp = torch.tensor([float(s.params.temperature) for s in seqs])
+        top_p = torch.tensor([float(s.params.top_p) for s in seqs])
+        top_k = torch.tensor([s.params.top_k for s in seqs], dtype=torch.long)
+        return seeds, rids, temp, top_p, top_k
+
+    def _sample_rows(self, logits: Tensor, seqs: list[_Seq], positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample one token per row [n, V] at the given positions (the AR rule); return tokens, logprobs."""
+        seeds, rids, temp, top_p, top_k = self._param_tensors(seqs)
+        probs = probs_from_logits(logits, temp, top_p, top_k)
+        tok = sample_inverse_cdf(probs, uniform(seeds, rids, positions, STREAM_SAMPLE))
+        return tok, policy_logprobs(logits, tok, temp)
+
+    def _retire(self, active: list[_Seq], metrics: SpecMetrics, progress) -> list[_Seq]:
+        """Drop finished sequences, keeping the survivors in slots 0..n-1 (move the last into holes)."""
+        if all(s.finish_reason is None for s in active):
+            return active
+        active = list(active)
+        slot = 0
+        while slot < len(active):
+            s = active[slot]
+            if s.finish_reason is None:
+                slot += 1
+                continue
+            metrics.finished += 1
+            if progress is not None:
+                progress.update(1)
+            if self.drafter is not None:
+                self.drafter.on_finished(s.tokens, s.group_id)
+            last = active.pop()
+            if slot < len(active):  # move the last sequence into the hole
+                length = len(last.prompt) + len(last.out)
+                self.cache.move_slot(len(active), slot, length)
+                if self.drafter is not None:
+                    self.drafter.move_slot(len(active), slot)
+                active[slot] = last
+        return active
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill(self, active: list[_Seq], new: list[_Seq], metrics: SpecMetrics) -> None:
+        """Batched prefill of new sequences into slots len(active).. and sample their first token."""
+        t0 = time.perf_counter()
+        start = len(active)
+        i = 0
+        while i < len(new):
+            # chunk so that (sequences x longest prompt) stays bounded
+            j = i + 1
+            longest = len(new[i].prompt)
+            while j < len(new) and max(longest, len(new[j].prompt)) * (j + 1 - i) <= self.prefill_chunk_tokens:
+                longest = max(longest, len(new[j].prompt))
+                j += 1
+            self._prefill_chunk(start + i, new[i:j], metrics)
+            i = j
+        metrics.prefill_seconds += time.perf_counter() - t0
+
+    def _prefill_chunk(self, slot0: int, seqs: list[_Seq], metrics: SpecMetrics) -> None:
+        m = len(seqs)
+        lens = torch.tensor([len(s.prompt) for s in seqs])
+        longest = int(lens.max())
+        tokens = torch.zeros(m, longest, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            tokens[b, : len(s.prompt)] = torch.tensor(s.prompt)
+        pos = torch.arange(longest).expand(m, longest)
+        layers = self.drafter.target_layers if self.drafter is not None else ()
+        cache = self.cache.slots(slot0, slot0 + m)
+        hidden, captured = self.model.forward_hidden(tokens, pos, cache, capture=layers)
+        last = hidden[torch.arange(m), lens - 1]
+        logits = self.model.logits(last)
+        tok, lp = self._sample_rows(logits, seqs, lens)
+        for b, s in enumerate(seqs):
+            s.emit(int(tok[b]), float(lp[b]))
+        metrics.prompt_tokens += int(lens.sum())
+        metrics.generated_tokens += m
+        if self.drafter is not None:
+            captured["final"] = hidden
+            self.drafter.on_prefill(slot0, [s.tokens for s in seqs], captured)
+
+    # ------------------------------------------------------------------ decode steps
+    def _ar_step(self, active: list[_Seq], metrics: SpecMetrics) -> None:
+        t0 = time.perf_counter()
+        n = len(active)
+        tokens = torch.tensor([[s.out[-1]] for s in active], dtype=torch.long)
+        pos = torch.tensor([[len(s.prompt) + len(s.out) - 1] for s in active], dtype=torch.long)
+        layers = self.drafter.target_layers if self.drafter is not None else ()
+        batch = self._draft_batch(active) if self.drafter is not None else None
+        hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n), capture=layers)
+        logits = self.model.logits(hidden[:, -1])
+        tok, lp = self._sample_rows(logits, active, pos[:, 0] + 1)
+        for b, s in enumerate(active):
+            s.emit(int(tok[b]), float(lp[b]))
+        dt = time.perf_counter() - t0
+        metrics.record_ar(n, dt)
+        if self.controller is not None:
+            self.controller.observe_target(n, 1, self._ctx_len(active), dt)
+        if batch is not None:
+            captured["final"] = hidden
+            self.drafter.on_verified(batch, None, torch.ones(n, dtype=torch.long), captured)
+
+    def _draft_batch(self, active: list[_Seq]) -> DraftBatch:
+        seeds, rids, temp, top_p, top_k = self._param_tensors(active)
+        positions = torch.tensor([len(s.prompt) + len(s.out) for s in active], dtype=torch.long)
+        return DraftBatch(tokens=[s.tokens for s in active], positions=positions, seeds=seeds, request_ids=rids,
+                          group_ids=[s.group_id for s in active], temperature=temp, top_p=top_p, top_k=top_k,
+                          verify_mode=self.verify_mode)
+
+    def _spec_step(self, active: list[_Seq], k: int, metrics: SpecMetrics) -> None:
+        n = len(active)
+        batch = self._draft_batch(active)
+        t0 = time.perf_counter()
+        proposal = self.drafter.propose(batch, k)
+        t1 = time.perf_counter()
+        last = torch.tensor([[s.out[-1]] for s in active], dtype=torch.long)
+        tokens = torch.cat([last, proposal.tokens], dim=1)  # [n, k+1]
+        pos0 = batch.positions  # position of the first drafted token
+        pos = (pos0 - 1)[:, None] + torch.arange(k + 1)[None, :]
+        hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n),
+                                                     capture=self.drafter.target_layers)
+        logits = self.model.logits(hidden)  # [n, k+1, V]
+        probs = probs_from_logits(logits, batch.temperature[:, None].expand(n, k + 1),
+                                  batch.top_p[:, None].expand(n, k + 1), batch.top_k[:, None].expand(n, k + 1))
+        out_pos = pos0[:, None] + torch.arange(k + 1)[None, :]
+        seeds, rids = batch.seeds[:, None], batch.request_ids[:, None]
+        res = verify(self.verify_mode, probs, proposal.tokens, proposal.probs,
+                     uniform(seeds, rids, out_pos, STREAM_SAMPLE),
+                     uniform(seeds, rids, out_pos[:, :k], STREAM_ACCEPT),
+                     uniform(seeds, rids, out_pos[:, :k], STREAM_RESIDUAL))
+        lps = policy_logprobs(logits, res.tokens, batch.temperature[:, None].expand(n, k + 1))
+        emitted = torch.zeros(n, dtype=torch.long)
+        toks, lpl, ne = res.tokens.tolist(), lps.tolist(), res.num_emitted.tolist()
+        for b, s in enumerate(active):
+            for i in range(ne[b]):
+                emitted[b] += 1
+                if s.emit(toks[b][i], lpl[b][i]):
+                    break
+        t2 = time.perf_counter()
+        captured["final"] = hidden
+        self.drafter.on_verified(batch, proposal, emitted, captured)
+        t3 = time.perf_counter()
+        metrics.record_spec(k, res.num_accepted, emitted, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1)
+        self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1)
+        self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2))
+        self.controller.observe_acceptance(res.num_accepted, k)

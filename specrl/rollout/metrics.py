@@ -1,0 +1,86 @@
+"""Generation metrics: counters for one `generate` call, exported as `engine.last_metrics`.
+
+Acceptance length is 1 + accepted / verify steps (a verify step = one sequence verified once), acceptance
+rate is accepted / drafted, and the per-position rate at position i is accepted-at-i / drafted-at-i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+
+@dataclass
+class SpecMetrics:
+    k_max: int
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    finished: int = 0
+    ar_steps: int = 0  # engine steps without speculation (k = 0)
+    spec_steps: int = 0  # engine steps with speculation
+    verify_steps: int = 0  # sequences x speculative steps
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    ar_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    total_seconds: float = 0.0
+    k_histogram: dict = field(default_factory=dict)  # k -> engine steps
+    drafted_at: list = field(default_factory=list)
+    accepted_at: list = field(default_factory=list)
+    _k_weighted: float = 0.0  # sum over sequence-steps of k (for the mean draft length)
+    _seq_steps: int = 0
+
+    def __post_init__(self):
+        self.drafted_at = [0] * self.k_max
+        self.accepted_at = [0] * self.k_max
+
+    def record_ar(self, n: int, seconds: float) -> None:
+        self.ar_steps += 1
+        self.ar_seconds += seconds
+        self.generated_tokens += n
+        self.k_histogram[0] = self.k_histogram.get(0, 0) + 1
+        self._seq_steps += n
+
+    def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float) -> None:
+        n = int(num_accepted.numel())
+        self.spec_steps += 1
+        self.verify_steps += n
+        self.draft_tokens += n * k
+        self.accepted_tokens += int(num_accepted.sum())
+        self.generated_tokens += int(emitted.sum())
+        self.draft_seconds += draft_s
+        self.verify_seconds += verify_s
+        self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
+        self._k_weighted += n * k
+        self._seq_steps += n
+        for i in range(k):
+            self.drafted_at[i] += n
+            self.accepted_at[i] += int((num_accepted > i).sum())
+
+    def as_dict(self) -> dict:
+        total = max(self.total_seconds, 1e-9)
+        return {
+            "acceptance_length": 1.0 + self.accepted_tokens / self.verify_steps if self.verify_steps else 1.0,
+            "acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+            "acceptance_rate_per_position": [a / d if d else None for a, d in
+                                             zip(self.accepted_at, self.drafted_at, strict=True)],
+            "verify_steps": self.verify_steps,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "generated_tokens": self.generated_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "num_sequences": self.finished,
+            "tokens_per_second": self.generated_tokens / total,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "ar_seconds": self.ar_seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "total_seconds": self.total_seconds,
+            "ar_steps": self.ar_steps,
+            "spec_steps": self.spec_steps,
+            "num_draft_tokens_mean": self._k_weighted / self._seq_steps if self._seq_steps else 0.0,
+            "k_histogram": {int(k): v for k, v in sorted(self.k_histogram.items())},
+        }

@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny random HF models of each family and their specrl twins (fp32)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from specrl.model.checkpoint import args_from_hf_config, load_state_into  # noqa: E402
+from specrl.model.transformer import Transformer  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def tiny_hf(family: str, seed: int = 0, **extra):
+    """A tiny random transformers model of the given family (llama | qwen2 | qwen3 | llama3rope)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  tie_word_embeddings=False)
+    common.update(extra)
+    if family == "llama":
+        cfg, cls = tf.LlamaConfig(**common), tf.LlamaForCausalLM
+    elif family == "llama3rope":
+        cfg = tf.LlamaConfig(**common, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": 64})
+        cls = tf.LlamaForCausalLM
+    elif family == "qwen2":
+        cfg, cls = tf.Qwen2Config(**common), tf.Qwen2ForCausalLM
+    elif family == "qwen3":
+        cfg, cls = tf.Qwen3Config(**common, head_dim=16), tf.Qwen3ForCausalLM
+    else:
+        raise ValueError(family)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # random biases/norms too, so every parameter matters
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    return model
+
+
+def specrl_twin(hf_model) -> Transformer:
+    d = hf_model.config.to_dict()
+    d["architectures"] = [type(hf_model).__name__]
+    m = Transformer(args_from_hf_config(d)).eval()
+    load_state_into(m, hf_model.state_dict(), "test")
+    return m
+
+
+FAMILIES = ["llama", "qwen2", "qwen3", "llama3rope"]
+
+
+@pytest.fixture(params=FAMILIES)
+def family_pair(request):
+    hf = tiny_hf(request.param)
+    return request.param, hf, specrl_twin(hf)
