@@ -1,0 +1,167 @@
+"""Accelerator catalog and the measured `cpu` profile.
+
+A `Hardware` is a handful of vendor datasheet numbers: peak dense bf16/fp8 FLOP/s, HBM bandwidth and
+capacity, per-GPU NVLink and scale-out network bandwidth, the NVLink domain size and a collective latency.
+Nothing here is fitted; how much of these peaks an engine achieves lives in `roofline.Efficiency`. The `cpu`
+entry is not a datasheet: `specrl simulate profile-hardware` measures matmul FLOP/s and memory bandwidth on the
+machine it runs on and saves them to a JSON file that `get_hardware("cpu")` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specrl.errors import SpecRLError
+
+GB = 1e9
+TB = 1e12
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator. Bandwidths are per device, one direction, in bytes/s."""
+
+    name: str
+    peak_flops: dict[str, float]  # precision -> dense FLOP/s
+    hbm_bandwidth: float
+    hbm_bytes: float
+    nvlink_bandwidth: float
+    network_bandwidth: float
+    nvlink_domain: int
+    collective_latency_s: float = 10e-6
+    measured: bool = False
+
+    def flops(self, precision: str) -> float:
+        if precision not in self.peak_flops:
+            raise SpecRLError(
+                f"hardware {self.name!r} has no {precision!r} peak; it has {sorted(self.peak_flops)}"
+            )
+        return self.peak_flops[precision]
+
+    def link_bandwidth(self, group_size: int) -> float:
+        """Bandwidth a collective over `group_size` devices sees: NVLink inside the domain, else network."""
+        return self.nvlink_bandwidth if group_size <= self.nvlink_domain else self.network_bandwidth
+
+
+# Dense (non-sparse) peaks from the vendor datasheets; NVLink is per GPU, one direction.
+CATALOG: dict[str, Hardware] = {
+    "h100": Hardware("h100", {"bf16": 989e12, "fp8": 1979e12}, 3.35 * TB, 80 * GB, 450 * GB, 50 * GB, 8),
+    "h200": Hardware("h200", {"bf16": 989e12, "fp8": 1979e12}, 4.8 * TB, 141 * GB, 450 * GB, 50 * GB, 8),
+    "b200": Hardware("b200", {"bf16": 2250e12, "fp8": 4500e12}, 8.0 * TB, 180 * GB, 900 * GB, 50 * GB, 8),
+    "gb200": Hardware("gb200", {"bf16": 2500e12, "fp8": 5000e12}, 8.0 * TB, 186 * GB, 900 * GB, 50 * GB, 72),
+}
+
+
+def default_cpu_profile_path() -> Path:
+    root = os.environ.get("SPECRL_CACHE", str(Path.home() / ".cache" / "specrl"))
+    return Path(root) / "hardware" / "cpu.json"
+
+
+def hardware_names() -> list[str]:
+    return sorted(CATALOG) + ["cpu"]
+
+
+def get_hardware(name: str, cpu_profile: str | Path | None = None) -> Hardware:
+    """Catalog lookup; `cpu` (or a path to a profile JSON) loads a measured profile."""
+    if name in CATALOG:
+        return CATALOG[name]
+    if name == "cpu" or name.endswith(".json"):
+        path = Path(cpu_profile or (name if name.endswith(".json") else default_cpu_profile_path()))
+        if not path.exists():
+            raise SpecRLError(
+                f"no cpu hardware profile at {path}; run `specrl simulate profile-hardware` first "
+                f"(or pass --hardware one of {sorted(CATALOG)})"
+            )
+        return load_profile(path)
+    raise SpecRLError(f"unknown hardware {name!r}; valid: {', '.join(hardware_names())} (or a profile .json)")
+
+
+def load_profile(path: str | Path) -> Hardware:
+    try:
+        data = json.loads(Path(path).read_text())
+        return Hardware(
+            name=str(data["name"]),
+            peak_flops={k: float(v) for k, v in data["peak_flops"].items()},
+            hbm_bandwidth=float(data["hbm_bandwidth"]),
+            hbm_bytes=float(data["hbm_bytes"]),
+            nvlink_bandwidth=float(data["nvlink_bandwidth"]),
+            network_bandwidth=float(data["network_bandwidth"]),
+            nvlink_domain=int(data["nvlink_domain"]),
+            collective_latency_s=float(data.get("collective_latency_s", 10e-6)),
+            measured=True,
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SpecRLError(
+            f"hardware profile {path} is malformed ({exc!r}); regenerate it with "
+            "`specrl simulate profile-hardware --out PATH`"
+        ) from exc
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()  # warm up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def profile_cpu(matmul_size: int = 1024, bandwidth_mb: int = 256, repeats: int = 5) -> dict:
+    """Measure this machine: GEMM FLOP/s (bf16, fp32) and streaming memory bandwidth.
+
+    Bandwidth is measured two ways and the GEMV one is kept as `hbm_bandwidth`, because a decode forward is
+    a matrix-vector product over the weights: y = x @ W.T with one row of x and W of `bandwidth_mb` in bf16.
+    """
+    import torch
+
+    n = matmul_size
+    peaks: dict[str, float] = {}
+    for prec, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        a = torch.randn(n, n, dtype=dtype)
+        b = torch.randn(n, n, dtype=dtype)
+        t = _best_time(lambda a=a, b=b: a @ b, repeats)
+        peaks[prec] = 2.0 * n**3 / t
+    peaks["fp8"] = peaks["bf16"]  # no fp8 GEMM on CPU: fp8 runs at bf16 speed
+    cols = 4096
+    rows = max(1, int(bandwidth_mb * 1e6 / 2 / cols))
+    w = torch.randn(rows, cols, dtype=torch.bfloat16)  # (out, in) like nn.Linear
+    x = torch.randn(1, cols, dtype=torch.bfloat16)
+    t_gemv = _best_time(lambda: torch.nn.functional.linear(x, w), repeats)
+    src = torch.empty(int(bandwidth_mb * 1e6 / 4), dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    t_copy = _best_time(lambda: dst.copy_(src), repeats)
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        mem = 16e9
+    gemv_bw = w.numel() * 2 / t_gemv
+    return {
+        "name": "cpu",
+        "peak_flops": peaks,
+        "hbm_bandwidth": gemv_bw,
+        "copy_bandwidth": 2 * src.numel() * 4 / t_copy,
+        "hbm_bytes": float(mem),
+        "nvlink_bandwidth": gemv_bw,
+        "network_bandwidth": 1e9,
+        "nvlink_domain": 1,
+        "collective_latency_s": 0.0,
+        "threads": torch.get_num_threads(),
+        "matmul_size": n,
+        "bandwidth_mb": bandwidth_mb,
+    }
+
+
+def save_profile(profile: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=2) + "\n")
+    return path
+
+
+def describe(hw: Hardware) -> dict:
+    return asdict(hw)

@@ -1,0 +1,118 @@
+"""Execution-time predictor: the time of one forward pass from a roofline, plus the fitted efficiencies.
+
+`Efficiency` holds the only fitted numbers in the simulator (achieved fractions of peak FLOP/s and bandwidth,
+per-forward overheads, stage fixed costs); everything else comes from `ModelSpec` and `Hardware`.
+`ForwardCost` binds a model, a device, a precision and an engine width (GPUs per engine, tensor-parallel for
+dense weights and attention, expert-parallel for experts) and answers "how long does a forward over T tokens
+that reads K cached tokens take": max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth) + TP/EP
+communication + a fixed per-forward overhead. Bytes are the streamed weights (MoE: only touched experts),
+the KV cache read, and the fp32 logits written and read back by the sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from specrl.errors import SpecRLError
+from specrl.sim.hardware import Hardware
+from specrl.sim.models import DTYPE_BYTES, ModelSpec
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fitted factors. Fractions are of the hardware peaks; seconds are fixed costs."""
+
+    bw_eff: float = 0.7  # achieved fraction of HBM bandwidth in decode/verify forwards
+    flops_eff: float = 0.5  # achieved fraction of peak FLOP/s in decode/verify/prefill forwards
+    step_overhead_s: float = 2e-3  # per target forward: scheduling, launch, sampling bookkeeping
+    draft_overhead_s: float = 0.5e-3  # per drafter forward
+    ngram_overhead_s: float = 0.5e-3  # per step: CPU n-gram lookup (assumed, not fitted)
+    mfu_logprob: float = 0.3  # achieved fraction of peak in the trainer's logprob forward
+    mfu_train: float = 0.35  # achieved fraction of peak in forward+backward
+    prepare_fixed_s: float = 1.5  # weight-sync fixed cost (engine wake-up, cache reset)
+    data_s: float = 0.2  # data stage
+
+    def __post_init__(self) -> None:
+        for f in ("bw_eff", "flops_eff", "mfu_logprob", "mfu_train"):
+            v = getattr(self, f)
+            if not 0.0 < v <= 1.0:
+                raise SpecRLError(f"efficiency {f}={v} must be a fraction in (0, 1]")
+        for f in ("step_overhead_s", "draft_overhead_s", "ngram_overhead_s", "prepare_fixed_s", "data_s"):
+            if getattr(self, f) < 0:
+                raise SpecRLError(f"efficiency {f}={getattr(self, f)} must be >= 0 seconds")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Efficiency:
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise SpecRLError(f"unknown efficiency fields {sorted(unknown)}; valid: {sorted(names)}")
+        return cls(**{k: float(v) for k, v in d.items()})
+
+
+class ForwardCost:
+    """Time of one forward of `model` on one engine of `shard` devices (all numbers per device)."""
+
+    def __init__(self, model: ModelSpec, hw: Hardware, eff: Efficiency, precision: str, shard: int,
+                 overhead_s: float, kv_dtype_bytes: float = 2.0) -> None:
+        self.model, self.hw, self.eff, self.shard = model, hw, eff, shard
+        self.overhead_s = overhead_s
+        self.wbytes = DTYPE_BYTES[precision]
+        self.flops_rate = hw.flops(precision) * eff.flops_eff
+        self.bw_rate = hw.hbm_bandwidth * eff.bw_eff
+        self.kv_per_token = model.kv_bytes_per_token(kv_dtype_bytes) / model.kv_shard(shard)
+        self.active = model.active_params()
+        self.attn_pair = model.attn_flops_per_pair()
+        self.logit_bytes = model.vocab * 4.0 * 2.0 / shard
+        # communication: per-layer all-reduces (dense) or all-to-all (MoE), ring algorithm
+        self.comm_per_token, self.comm_fixed = 0.0, 0.0
+        if shard > 1:
+            bw = hw.link_bandwidth(shard)
+            ring = 2.0 * (shard - 1) / shard
+            act = model.hidden * 2.0
+            n_allreduce = model.layers + model.dense_ffn_layers  # attention out + dense FFN out
+            self.comm_per_token = n_allreduce * ring * act / bw
+            a2a = 2.0 * model.moe_layers * model.experts_per_token * act * (shard - 1) / shard / bw
+            self.comm_per_token += a2a
+            self.comm_fixed = 2 * model.layers * hw.collective_latency_s  # one after attention, one after FFN
+
+    def weight_bytes(self, tokens: float) -> float:
+        return self.model.streamed_params(tokens, self.shard) * self.wbytes
+
+    def compute_seconds(self, tokens: float, attn_pairs: float) -> float:
+        return (2.0 * self.active * tokens + self.attn_pair * attn_pairs) / self.shard / self.flops_rate
+
+    def memory_seconds(self, tokens: float, kv_read_tokens: float) -> float:
+        b = self.weight_bytes(tokens) + kv_read_tokens * self.kv_per_token + tokens * self.logit_bytes
+        return b / self.bw_rate
+
+    def __call__(self, tokens: float, kv_read_tokens: float, attn_pairs: float | None = None) -> float:
+        """Seconds for a forward over `tokens` new tokens that read `kv_read_tokens` cached tokens.
+
+        `attn_pairs` (query x context pairs) defaults to tokens-per-sequence x cached tokens for decode.
+        """
+        if tokens <= 0:
+            return 0.0
+        pairs = kv_read_tokens if attn_pairs is None else attn_pairs
+        t = max(self.compute_seconds(tokens, pairs), self.memory_seconds(tokens, kv_read_tokens))
+        if self.shard > 1:
+            t += tokens * self.comm_per_token + self.comm_fixed
+        return t + self.overhead_s
+
+    def ridge_tokens(self, kv_read_tokens: float = 0.0) -> float:
+        """Smallest tokens per forward at which compute time reaches memory time (bisection)."""
+        lo, hi = 1.0, 1.0
+        while self.compute_seconds(hi, 0.0) < self.memory_seconds(hi, kv_read_tokens):
+            hi *= 2.0
+            if hi > 1e9:
+                return float("inf")
+        while hi - lo > 0.5:
+            mid = (lo + hi) / 2
+            if self.compute_seconds(mid, 0.0) < self.memory_seconds(mid, kv_read_tokens):
+                lo = mid
+            else:
+                hi = mid
+        return hi
