@@ -9,6 +9,7 @@ from specrl.rl.tasks import (
     extract_answer,
     generator_options,
     make_task,
+    resolve_answer_format,
     score_response,
 )
 
@@ -79,13 +80,35 @@ def test_extract_answer():
     assert extract_answer("a <answer> 7 </answer> b <answer>-3</answer>") == "-3"
     assert extract_answer("<answer>\n1+2\n</answer>") == "1+2"
     assert extract_answer("Answer: 5") is None
+    assert extract_answer("3 + 4 = 7, so -12.5 is it", "number") == "-12.5"
+    assert extract_answer("<answer>9</answer> then 10", "number") == "9"
+    assert extract_answer("no digits", "number") is None
+    assert extract_answer("work\n 3*4+1 \n\n", "line") == "3*4+1"
+
+
+def test_answer_format_resolution():
+    assert resolve_answer_format("chain_sum", "auto") == "number"
+    assert resolve_answer_format("countdown", "auto") == "tags"
+    assert resolve_answer_format("countdown", "line") == "line"
+    with pytest.raises(SpecRLError, match="allowed: auto, number, tags, line"):
+        resolve_answer_format("chain_sum", "json")
+
+
+def test_number_format_reward():
+    train, _ = make_task("chain_sum", "easy", train_size=10, val_size=2, seed=0)
+    p = train[0]
+    s = score_response(train, p, f"The sum is {p.answer}.", answer_format="number")
+    assert s.correct and s.reward == 1.0
+    s = score_response(train, p, "I don't know", answer_format="number")
+    assert not s.formatted and s.reward == 0.0
 
 
 def test_prompt_formatter_uses_chat_template():
     tok = FakeTokenizer()
-    fmt = PromptFormatter(tok, system_prompt="SYS")
+    fmt = PromptFormatter(tok, system_prompt="SYS", instruction="Be brief.")
     text = fmt.text("What is 1+1?")
-    assert text == "<|system|>SYS\n<|user|>What is 1+1?\n<|assistant|>"
+    assert text == "<|system|>SYS\n<|user|>What is 1+1?\nBe brief.\n<|assistant|>"
+    assert PromptFormatter(tok, None, "").text("Q") == "<|user|>Q\n<|assistant|>"
     assert fmt.decode(fmt.encode("Q")) == fmt.text("Q")
     tok.chat_template = None
     with pytest.raises(SpecRLError, match="chat template"):

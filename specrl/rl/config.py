@@ -69,10 +69,13 @@ class TaskConfig(_Section):
     train_size: int = Field(10000, ge=1)
     val_size: int = Field(64, ge=0)
     seed: int = 0
+    answer_format: Literal["auto", "number", "tags", "line"] = "auto"
+    """How the answer is asked for and read back (specrl.rl.tasks.ANSWER_FORMATS); auto: number for
+    chain_sum/basic_arithmetic, tags otherwise."""
     format_weight: float = Field(0.0, ge=0.0)
-    """Extra reward for using the <answer> tags (see specrl.rl.tasks.score_response)."""
+    """Extra reward when an answer can be read back (see specrl.rl.tasks.score_response)."""
     system_prompt: str | None = None
-    """Override of the instruction prompt; None uses specrl.rl.tasks.SYSTEM_PROMPT."""
+    """A system turn; None leaves the chat template's default."""
 
 
 class GRPOConfig(_Section):
@@ -183,6 +186,8 @@ class RunConfig(_Section):
     """Checkpoint every N steps (0 = only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
     out_dir: str = "runs"
+    overwrite: bool = False
+    """Start over in an existing run directory (deletes its checkpoints/metrics); else it is an error."""
     tensorboard: bool = True
     progress: bool = True
     """Live terminal display (rich); falls back to one plain line per step when not a TTY."""

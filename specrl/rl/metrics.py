@@ -131,13 +131,14 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
 class ProgressDisplay:
     """Live view of the run: a rich panel on a terminal, a plain line per step elsewhere (logs, CI)."""
 
-    def __init__(self, total_steps: int, enabled: bool = True, title: str = "specrl train"):
+    def __init__(self, total_steps: int, enabled: bool = True, title: str = "specrl train",
+                 live: bool | None = None):
         self.total = total_steps
         self.enabled = enabled
         self.title = title
         self._live = None
         self._console = None
-        if enabled and sys.stdout.isatty():
+        if enabled and (sys.stdout.isatty() if live is None else live):
             from rich.console import Console
             from rich.live import Live
 
@@ -164,19 +165,19 @@ class ProgressDisplay:
                   "gen tok/s", _fmt(r.get("gen_tokens_per_second"), ".0f"))
         return t
 
-    def line(self, r: dict) -> str:
-        return (f"step {r['step']}/{self.total}  reward {_fmt(r.get('reward_mean'))}  "
+    def line(self, r: dict, label: str = "") -> str:
+        return (f"{label}step {r['step']}/{self.total}  reward {_fmt(r.get('reward_mean'))}  "
                 f"acc {_fmt(r.get('accuracy'))}  len {_fmt(r.get('response_length_mean'), '.1f')}  "
                 f"[{stage_bar(r['stage_seconds'], 30)}] {r['step_seconds']:.1f}s  "
                 f"gen {_fmt(r.get('gen_share'), '.2f')}  AL {_fmt(r.get('acceptance_length'), '.2f')}")
 
-    def update(self, record: dict) -> None:
+    def update(self, record: dict, label: str = "") -> None:
         if not self.enabled:
             return
         if self._live is not None:
             self._live.update(self._renderable(record))
         else:
-            print(self.line(record), flush=True)
+            print(self.line(record, label), flush=True)
 
     def message(self, text: str) -> None:
         if self._console is not None:

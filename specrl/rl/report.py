@@ -44,7 +44,8 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def plot_reward(records: list[dict], path: Path, title: str = "reward") -> Path:
+def plot_reward(records: list[dict], path: Path, title: str = "reward",
+                validation: list[dict] | None = None) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
     xs, ys = _series(records, "reward_mean")
@@ -56,7 +57,7 @@ def plot_reward(records: list[dict], path: Path, title: str = "reward") -> Path:
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax2 = ax.twinx()
-    axs, acc = _series(records, "accuracy")
+    axs, acc = _series(validation if validation else records, "accuracy")
     if acc:
         ax2.plot(axs, acc, "-s", ms=4, color="#d9534f", label="validation accuracy")
     ax2.set_ylabel("validation accuracy")
@@ -145,14 +146,22 @@ def _f(v: Any, spec: str = ".3f") -> str:
 
 
 def write_report(run_dir: str | Path, records: list[dict], config_text: str = "",
-                 extra: dict[str, Any] | None = None) -> Path:
-    """Write report.md and its three PNG plots into run_dir; return the path of report.md."""
+                 extra: dict[str, Any] | None = None, validation: list[dict] | None = None) -> Path:
+    """Write report.md and its three PNG plots into run_dir; return the path of report.md.
+
+    `validation` (records with `step` and `accuracy`, including step 0 = before training) feeds the accuracy
+    curve and the first → last accuracy row; without it the per-step `accuracy` fields are used.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plot_reward(records, run_dir / "reward.png")
+    plot_reward(records, run_dir / "reward.png", validation=validation)
     plot_stages(records, run_dir / "stages.png")
     plot_acceptance(records, run_dir / "acceptance.png")
     s = summarize(records)
+    if validation:
+        _, vacc = _series(validation, "accuracy")
+        if vacc:
+            s["accuracy_first"], s["accuracy_last"] = vacc[0], vacc[-1]
     lines = [
         f"# specrl run `{run_dir.name}`",
         "",

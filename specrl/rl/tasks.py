@@ -5,7 +5,7 @@ held-out validation split of a reasoning-gym dataset (offline, procedurally gene
 difficulty preset or raw generator options, a size and a seed; validation uses a disjoint seed and any
 validation question that the train generator also produced is removed from train, so validation accuracy is
 measured on questions the policy never trained on. `PromptFormatter` renders a question with the tokenizer's
-chat template and a fixed instruction to end with `<answer>...</answer>`; `extract_answer` reads it back;
+chat template plus the answer-format instruction; `extract_answer` reads the answer back (see ANSWER_FORMATS);
 `score_response` turns a response into a reward. `PromptSampler` walks the train split in seeded
 per-epoch permutations and its whole state is one integer (the cursor), which is what checkpoints store.
 """
@@ -52,11 +52,31 @@ CURATED_TASKS = tuple(DIFFICULTIES)
 # Seed offset of the validation split: far from any train seed a user would pick.
 VAL_SEED_OFFSET = 1_000_003
 
-SYSTEM_PROMPT = (
-    "You are a careful math assistant. Think step by step if it helps, then give the final answer "
-    "inside <answer></answer> tags, for example <answer>42</answer>."
-)
+# How the answer is requested (an instruction appended to the user turn) and read back. Measured on
+# SmolLM2-135M-Instruct (chain_sum, 2 terms, T=0.7): with the <answer>-tag instruction it used the tags in 0 of
+# 64 samples (whether the instruction sat in the system or the user turn), so a tag-only reward is all zeros
+# and GRPO has nothing to learn from; "give only the final answer as a number" read back as the last number
+# in the reply scored 12.5% with a reward signal in 7 of 16 groups. Hence `number` is the default for numeric
+# tasks. Tags, when present, always win, so a model that learns them is read exactly.
+ANSWER_FORMATS = {
+    "number": "Give only the final answer as a number.",
+    "tags": "Put the final answer inside <answer></answer> tags, for example <answer>42</answer>.",
+    "line": "Give only the final answer on the last line.",
+}
+NUMERIC_TASKS = ("chain_sum", "basic_arithmetic")
+SYSTEM_PROMPT: str | None = None  # None: the chat template's own default system turn
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def resolve_answer_format(task: str, answer_format: str) -> str:
+    """`auto` is `number` for numeric tasks and `tags` otherwise; anything else must be in ANSWER_FORMATS."""
+    if answer_format == "auto":
+        return "number" if task in NUMERIC_TASKS else "tags"
+    if answer_format not in ANSWER_FORMATS:
+        raise SpecRLError(f"task.answer_format {answer_format!r} is unknown; allowed: auto, "
+                          f"{', '.join(ANSWER_FORMATS)}")
+    return answer_format
 
 
 def available_tasks() -> list[str]:
@@ -167,12 +187,19 @@ def make_task(
     return TaskData(name, train, train_ds), TaskData(name, val, val_ds)
 
 
-def extract_answer(response: str) -> str | None:
-    """The content of the last <answer>...</answer> in the response (stripped), or None if there is none."""
+def extract_answer(response: str, answer_format: str = "tags") -> str | None:
+    """Read the answer back: the last <answer>...</answer> if any; else, for `number`, the last number in
+    the response, for `line`, its last non-empty line; None when nothing qualifies."""
     found = _ANSWER_RE.findall(response)
-    if not found:
-        return None
-    return found[-1].strip()
+    if found:
+        return found[-1].strip()
+    if answer_format == "number":
+        nums = _NUMBER_RE.findall(response)
+        return nums[-1] if nums else None
+    if answer_format == "line":
+        lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else None
+    return None
 
 
 @dataclass
@@ -183,15 +210,16 @@ class Score:
     answer: str | None
 
 
-def score_response(task: TaskData, problem: Problem, response: str, format_weight: float = 0.0) -> Score:
-    """Reward = task scorer(extracted answer) + format_weight * [the response used the answer tags].
+def score_response(task: TaskData, problem: Problem, response: str, format_weight: float = 0.0,
+                   answer_format: str = "tags") -> Score:
+    """Reward = task scorer(extracted answer) + format_weight * [an answer could be extracted].
 
-    The scorer alone already gives 0 to a response without tags (nothing to extract), so a format component
-    is not needed for the signal; it only speeds up the first steps when the model rarely uses the tags, and
-    it can be reward-hacked (tags around a wrong answer), hence the default 0. `correct` means the scorer
-    gave full marks, which is what validation accuracy counts.
+    The scorer alone gives 0 when no answer can be read back, so a format component is not needed for the
+    signal; it can help when the model rarely follows the format, but it is also easy to reward-hack (a
+    well-formed wrong answer), hence the default 0. `correct` means the scorer gave full marks, which is what
+    accuracy counts.
     """
-    answer = extract_answer(response)
+    answer = extract_answer(response, answer_format)
     task_score = task.score_answer(answer, problem) if answer is not None else 0.0
     formatted = answer is not None
     return Score(
@@ -213,9 +241,10 @@ class Tokenizer(Protocol):
 
 
 class PromptFormatter:
-    """Renders questions as chat prompts (system instruction + user question) and decodes responses."""
+    """Renders questions as chat prompts (optional system turn; user turn = question + instruction)."""
 
-    def __init__(self, tokenizer: Tokenizer, system_prompt: str = SYSTEM_PROMPT):
+    def __init__(self, tokenizer: Tokenizer, system_prompt: str | None = SYSTEM_PROMPT,
+                 instruction: str = ANSWER_FORMATS["number"]):
         if getattr(tokenizer, "chat_template", None) in (None, ""):
             raise SpecRLError(
                 "the tokenizer has no chat template; use an instruct/chat model whose tokenizer_config.json "
@@ -223,12 +252,14 @@ class PromptFormatter:
             )
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.instruction = instruction
 
     def text(self, question: str) -> str:
         messages = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": question})
+        user = f"{question.rstrip()}\n{self.instruction}" if self.instruction else question
+        messages.append({"role": "user", "content": user})
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def encode(self, question: str) -> list[int]:
