@@ -79,7 +79,8 @@ def fit(data: str | Path = DEFAULT_DATA, holdout: tuple[str, ...] = (), max_nfev
     names = sorted(tables)
     for h in holdout:
         parts = h.split(":")
-        if len(parts) != 3 or parts[0] not in tables or parts[1] not in ("ar", "spec") or parts[2] not in STAGE_MAP.values():
+        ok = len(parts) == 3 and parts[0] in tables and parts[1] in ("ar", "spec")
+        if not ok or parts[2] not in STAGE_MAP.values():
             raise SpecRLError(f"--holdout {h!r} must be WORKLOAD:ARM:STAGE with WORKLOAD in {names}, ARM ar|spec, "
                               f"STAGE one of {sorted(STAGE_MAP.values())}")
     held = set(holdout)

@@ -66,7 +66,10 @@ class ModelSpec:
         h, hin = self.hidden, self.hidden * self.attn_input_mult
         if self.is_mla:
             qk = self.qk_nope_dim + self.qk_rope_dim
-            q = hin * self.q_lora_rank + self.q_lora_rank * self.heads * qk if self.q_lora_rank else hin * self.heads * qk
+            if self.q_lora_rank:
+                q = hin * self.q_lora_rank + self.q_lora_rank * self.heads * qk
+            else:
+                q = hin * self.heads * qk
             kv = hin * (self.kv_lora_rank + self.qk_rope_dim)
             kv += self.kv_lora_rank * self.heads * (self.qk_nope_dim + self.v_head_dim)
             return float(q + kv + self.heads * self.v_head_dim * h)

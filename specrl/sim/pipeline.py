@@ -46,7 +46,8 @@ class SimConfig:
     mode: str = "sync"
     policy_lag: int = 1
     gen_gpu_fraction: float = 0.5
-    precision: str = "bf16"  # generation weights; training runs in bf16
+    precision: str = "bf16"  # generation weights
+    train_precision: str = "bf16"  # logprob and train compute
     gpus_per_engine: int | None = None  # None: the smallest power of two that leaves half of memory for KV
     train_model_parallel: int | None = None  # None: smallest power of two whose shard fits
     max_num_seqs: int = 256
@@ -107,8 +108,8 @@ def plan_layout(cfg: SimConfig, model: ModelSpec, hw: Hardware, drafter: ModelSp
         raise SpecRLError(f"--gpus must be >= 1, got {cfg.gpus}")
     if cfg.mode not in ("sync", "async"):
         raise SpecRLError(f"--mode must be sync or async, got {cfg.mode!r}")
-    if cfg.precision not in ("bf16", "fp8"):
-        raise SpecRLError(f"--precision must be bf16 or fp8, got {cfg.precision!r}")
+    if cfg.precision not in ("bf16", "fp8", "fp32"):
+        raise SpecRLError(f"--precision must be bf16 or fp8 (fp32 on cpu), got {cfg.precision!r}")
     if not 0 < cfg.memory_utilization <= 1:
         raise SpecRLError(f"memory_utilization={cfg.memory_utilization} must be in (0, 1]")
     if cfg.mode == "async":
@@ -207,7 +208,7 @@ def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
     seq = ctx.prompts[0] + ctx.responses[0]
     tokens = float(seq.sum())
     attn_pairs = float((seq * seq / 2).sum())
-    peak = hw.flops("bf16") * lay.train_gpus
+    peak = hw.flops(cfg.train_precision) * lay.train_gpus
     fwd = 2.0 * m.active_params() * tokens + m.attn_flops_per_pair() * attn_pairs
     logprob = fwd / (peak * eff.mfu_logprob)
     mp, dp = lay.train_model_parallel, lay.train_gpus // lay.train_model_parallel
