@@ -1,0 +1,186 @@
+"""The GRPO step, the run loop, resume after SIGKILL, compare mode and bad input, on a tiny random model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from specrl.drafters.base import Drafter, Proposal, pad_proposals
+from specrl.errors import SpecRLError
+from specrl.rl import trainer as trainer_mod
+from specrl.rl.config import validate_config
+from specrl.rl.metrics import STAGES, STEP_FIELDS, read_metrics
+from specrl.rl.testing import make_tiny_checkpoint
+from specrl.rl.trainer import GRPOTrainer, NonFiniteError, train_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=0)
+
+
+def cfg_dict(tiny: Path, **over) -> dict:
+    d = {
+        "model": {"name": str(tiny), "max_seq_len": 192, "rollout_dtype": "float32"},
+        "task": {"name": "chain_sum", "difficulty": "easy", "train_size": 40, "val_size": 4,
+                 "system_prompt": "Be brief."},
+        "grpo": {"num_prompts_per_step": 2, "num_generations": 4, "val_every": 2},
+        "policy": {"learning_rate": 1e-3, "train_micro_batch_size": 4},
+        "generation": {"max_new_tokens": 8, "max_batch_size": 8},
+        "speculative": {"verify": "seed_exact"},
+        "run": {"name": "t", "steps": 3, "checkpoint_every": 1, "keep_checkpoints": 3, "tensorboard": False,
+                "progress": False},
+    }
+    for key, value in over.items():
+        section, _, field = key.partition("__")
+        d.setdefault(section, {})[field] = value
+    return d
+
+
+def write_cfg(path: Path, d: dict) -> Path:
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def test_step_record_and_weight_sync(tiny):
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny)))
+    rec = t.step()
+    assert all(k in rec for k in STEP_FIELDS)
+    assert set(rec["stage_seconds"]) == set(STAGES)
+    assert rec["step"] == 1 and rec["generated_tokens"] > 0
+    assert abs(rec["step_seconds"] - sum(rec["stage_seconds"].values())) < 1e-6
+    # fp32 rollout copy of the same weights: the recomputed logprobs match the engine's
+    assert 1.0 <= rec["token_mult_prob_error"] < 1.001
+    assert rec["acceptance_length"] is None  # autoregressive
+    t.stage_prepare()
+    rollout = dict(t.engine.model.named_parameters())
+    assert all(torch.equal(p, rollout[n]) for n, p in t.policy.named_parameters())
+    assert t.sampler.cursor == 2
+
+
+def test_grpo_update_raises_logprob_of_rewarded_sample(tiny):
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, policy__learning_rate=1e-2)))
+    idx = t.stage_data()
+    t.stage_prepare()
+    r = t.stage_gen(idx)
+    r.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+    before = t.stage_logprob(r)
+    t.stage_train(before)
+    after = t.stage_logprob(r)
+    seq = lambda b, i: float((b.old_logp[i] * b.mask[i]).sum())  # noqa: E731
+    assert seq(after, 0) > seq(before, 0)
+    assert seq(after, 7) > seq(before, 7)
+    assert seq(after, 1) < seq(before, 1)
+
+
+def test_non_finite_stops_with_step(tiny, tmp_path):
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny)))
+    t.step()
+
+    class NoSync:
+        def push(self, policy_state, drafter_state=None):
+            pass
+
+    t.weight_sync = NoSync()  # the engine keeps good weights; the trainer's go bad
+    with torch.no_grad():
+        t.policy.norm.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match="step 2: .*non-finite"):
+        t.step()
+
+
+def test_run_writes_everything(tiny, tmp_path):
+    cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
+    run_dir = train_main(str(cfg), ["run.steps=2"], None, str(tmp_path / "run"), False)
+    for name in ("config.yaml", "metrics.jsonl", "validation.jsonl", "report.md", "reward.png", "stages.png",
+                 "acceptance.png", "final/model.safetensors", "final/tokenizer.json"):
+        assert (run_dir / name).exists(), name
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2]
+    assert recs[1]["accuracy"] is not None  # validated at step 2 (val_every=2 and last step)
+    assert [r["step"] for r in read_metrics(run_dir / "validation.jsonl")] == [0, 2]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["steps"] == 2
+    with pytest.raises(SpecRLError, match="already holds a run.*--resume"):
+        train_main(str(cfg), [], None, str(run_dir), False)
+
+
+def test_bad_model_context(tiny, tmp_path):
+    with pytest.raises(SpecRLError, match=r"model.max_seq_len \(1024\) exceeds the model's context \(512"):
+        GRPOTrainer.from_config(validate_config(cfg_dict(tiny, model__max_seq_len=1024)))
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, model__max_seq_len=64,
+                                                         generation__max_new_tokens=32)))
+    with pytest.raises(SpecRLError, match=r"prompt has \d+ tokens .* raise model.max_seq_len to >= \d+"):
+        t.step()
+
+
+def test_unknown_task_via_trainer(tiny):
+    with pytest.raises(SpecRLError, match="unknown task 'chain_summ'"):
+        GRPOTrainer.from_config(validate_config(cfg_dict(tiny, task__name="chain_summ")))
+
+
+def test_resume_bad_dir(tmp_path):
+    with pytest.raises(SpecRLError, match="no config.yaml"):
+        train_main(None, [], str(tmp_path), None, False)
+
+
+def test_sigkill_resume_matches_uninterrupted(tiny, tmp_path):
+    """Kill -9 mid-step 3, corrupt the newest checkpoint, resume: same final weights as a clean run."""
+    cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
+    clean = train_main(str(cfg), [], None, str(tmp_path / "clean"), False)
+    killed = tmp_path / "killed"
+    env = {**os.environ, trainer_mod.KILL_ENV: "3", "PYTHONPATH": str(ROOT)}
+    code = f"from specrl.rl.trainer import train_main; train_main({str(cfg)!r}, [], None, {str(killed)!r}, False)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert not (killed / "report.md").exists()
+    # damage the newest checkpoint: resume must fall back to step 1 and say so
+    (killed / "checkpoints" / "step_000002" / "policy.pt").write_bytes(b"garbage")
+    train_main(None, [], str(killed), None, False)
+    a = torch.load(clean / "checkpoints" / "step_000003" / "policy.pt")
+    b = torch.load(killed / "checkpoints" / "step_000003" / "policy.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = read_metrics(clean / "metrics.jsonl"), read_metrics(killed / "metrics.jsonl")
+    assert [r["step"] for r in rb] == [1, 2, 3]
+    assert [r["reward_mean"] for r in ra] == [r["reward_mean"] for r in rb]
+
+
+class RepeatDrafter(Drafter):
+    """Test drafter: proposes the last token k times (deterministic, one-hot q)."""
+
+    kind = "repeat"
+
+    def propose(self, batch, k):
+        return Proposal(pad_proposals([[t[-1]] * k for t in batch.tokens], k))
+
+
+def test_compare_seed_exact(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_mod, "build_drafter",
+                        lambda spec, model, tok: None if spec == "none" else RepeatDrafter())
+    cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__drafter="ngram",
+                                                  speculative__num_draft_tokens=2))
+    out = train_main(str(cfg), ["run.steps=2"], None, str(tmp_path / "cmp"), True)
+    data = json.loads((out / "compare.json").read_text())
+    assert data["rollouts_identical"] is True and data["weights_identical"] is True
+    assert data["rollouts_identical_per_step"] == [True, True]
+    for k in ("gen_speedup", "step_speedup", "bound", "gen_share", "acceptance_length"):
+        assert k in data
+    assert data["acceptance_length"] >= 1.0
+    assert (out / "compare.md").exists() and (out / "compare_reward.png").exists()
+    assert (out / "speculative" / "report.md").exists() and (out / "autoregressive" / "report.md").exists()
+    sd = read_metrics(out / "speculative" / "metrics.jsonl")
+    assert sd[0]["acceptance_length"] is not None and sd[0]["num_draft_tokens_mean"] == 2.0
+
+
+def test_compare_needs_drafter(tiny, tmp_path):
+    cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
+    with pytest.raises(SpecRLError, match="--compare needs speculative rollouts"):
+        train_main(str(cfg), [], None, str(tmp_path / "cmp"), True)
+    with pytest.raises(SpecRLError, match="cannot be combined"):
+        train_main(str(cfg), [], str(tmp_path), None, True)
