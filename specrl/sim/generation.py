@@ -76,7 +76,9 @@ def simulate_engine(prompts: np.ndarray, responses: np.ndarray, step: StepModel,
     while queue or batch:
         new_tokens, new_pairs = 0.0, 0.0
         kv_used = sum_prompt + batch * progress - sum_start
-        while queue and batch < max_seqs and kv_used + prompt[queue[0]] + 1 <= kv_capacity:
+        # admit while slots remain and the batch keeps room for one more step of worst-case growth
+        while queue and batch < max_seqs and \
+                kv_used + prompt[queue[0]] + (batch + 1) * step.max_growth <= kv_capacity:
             i = queue.popleft()
             alive[i] = True
             epoch[i] += 1
@@ -125,6 +127,7 @@ def simulate_engine(prompts: np.ndarray, responses: np.ndarray, step: StepModel,
             prompt[j] += done
             remaining[j] -= done
             queue.appendleft(j)
+            st.tokens += done  # kept: recomputed as prompt on re-admission
             st.preemptions += 1
             continue
         nsteps = min(n_finish, n_full)

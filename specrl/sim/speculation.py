@@ -90,6 +90,13 @@ class StepModel:
                 acceptance.length(k)  # validates k against the rates given
         self._al = {kk: acceptance.length(kk) for kk in range(1, acceptance.max_k + 1)} if acceptance else {}
 
+    @property
+    def max_growth(self) -> int:
+        """Most tokens one sequence can add to the KV cache in one step."""
+        if not self.speculative:
+            return 1
+        return 1 + (max(self._al) if self.k == "auto" else int(self.k))
+
     def ar_seconds(self, b: float, kv: float) -> float:
         return self.target(b, kv)
 
