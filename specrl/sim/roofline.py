@@ -11,6 +11,7 @@ the KV cache read, and the fp32 logits written and read back by the sampler.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from specrl.errors import SpecRLError
@@ -67,6 +68,12 @@ class ForwardCost:
         self.active = model.active_params()
         self.attn_pair = model.attn_flops_per_pair()
         self.logit_bytes = model.vocab * 4.0 * 2.0 / shard
+        self._moe = model.is_moe
+        self._dense_bytes = model.streamed_params(0.0, shard) * self.wbytes
+        if self._moe:
+            e, k = model.num_experts, model.experts_per_token
+            self._expert_bytes = model.moe_layers * (e / shard) * model.expert_params() * self.wbytes
+            self._log_miss = math.log(1.0 - k / e) if k < e else -math.inf
         # communication: per-layer all-reduces (dense) or all-to-all (MoE), ring algorithm
         self.comm_per_token, self.comm_fixed = 0.0, 0.0
         if shard > 1:
@@ -80,7 +87,10 @@ class ForwardCost:
             self.comm_fixed = 2 * model.layers * hw.collective_latency_s  # one after attention, one after FFN
 
     def weight_bytes(self, tokens: float) -> float:
-        return self.model.streamed_params(tokens, self.shard) * self.wbytes
+        """Same as model.streamed_params(tokens, shard) * bytes, with the structure precomputed."""
+        if not self._moe:
+            return self._dense_bytes
+        return self._dense_bytes + self._expert_bytes * (1.0 - math.exp(self._log_miss * max(tokens, 0.0)))
 
     def compute_seconds(self, tokens: float, attn_pairs: float) -> float:
         return (2.0 * self.active * tokens + self.attn_pair * attn_pairs) / self.shard / self.flops_rate

@@ -59,7 +59,7 @@ class Acceptance:
 
     def length(self, k: int) -> float:
         """Expected tokens emitted per verify step (1 bonus/correction token + accepted drafts)."""
-        if k > self.max_k:
+        if not self.geometric and k > self.max_k:
             raise SpecRLError(f"k={k} exceeds the {len(self.rates)} per-position acceptance rates given; "
                               f"pass k <= {len(self.rates)} or more rates")
         al, p = 1.0, 1.0
@@ -89,6 +89,8 @@ class StepModel:
                                       f"drafter {drafter!r}")
                 acceptance.length(k)  # validates k against the rates given
         self._al = {kk: acceptance.length(kk) for kk in range(1, acceptance.max_k + 1)} if acceptance else {}
+        if acceptance and k != "auto":
+            self._al[int(k)] = acceptance.length(int(k))
 
     @property
     def max_growth(self) -> int:
