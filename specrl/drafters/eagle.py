@@ -1,0 +1,316 @@
+"""EAGLE-3 style drafter: one decoder layer over fused target hidden states, drafting in feature space.
+
+Entry t of the drafter's sequence is (fused target feature g_t, token x_{t+1}); it lives at position t of the
+drafter's own slot-indexed KV cache and its output hidden o_t predicts x_{t+2}. g_t = fc([h_low; h_mid; h_high])
+fuses three captured target layers (default (1, L//2-1, L-4)). The input of the layer is
+proj([norm(embed(x_{t+1})); norm(g_t)]) (2H -> H), the embedding is the target's (shared, frozen, not saved),
+and the LM head is the drafter's own, optionally over a reduced vocabulary with `d2t` mapping draft index ->
+target id (returned probabilities are always over the full target vocabulary, zero outside the subset).
+
+Drafting k tokens at sequence length n: the first forward consumes the *pending* entries (target features
+that arrived with the last verification, whose next tokens are known only now) and ends at entry n-2, whose
+output gives draft 1; drafts 2..k feed the layer's own output hidden back in place of the target feature
+(EAGLE-3). Entries written with drafted features sit past the verified length and are overwritten before
+they can be read (attention masks by position), so rollback is free. The training forward
+(`forward_train`) reproduces exactly this computation with "training-time test" masks, so tests can compare
+what the engine drafted with a from-scratch recomputation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specrl.drafters.base import DraftBatch, Drafter, Proposal
+from specrl.errors import SpecRLError
+from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm, _rope_inv_freq, _rotate
+
+
+# ---------------------------------------------------------------------------------------------- shared bits
+def draft_layer_args(target: ModelArgs, num_layers: int, intermediate_size: int | None = None) -> ModelArgs:
+    """Architecture of drafter decoder layers: the target's attention shape, plain Llama blocks."""
+    return ModelArgs(arch="llama", vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                     intermediate_size=intermediate_size or target.intermediate_size, num_layers=num_layers,
+                     num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+                     rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
+                     rope_scaling=target.rope_scaling, tie_word_embeddings=False, attention_bias=False,
+                     qk_norm=False, max_position_embeddings=target.max_position_embeddings)
+
+
+class Rope(nn.Module):
+    """Rotary cos/sin; inv_freq stays float32 whatever dtype the drafter is cast to (not a buffer)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.inv_freq = _rope_inv_freq(args)
+
+    def forward(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = pos[..., None].float() * self.inv_freq.to(pos.device)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [b, 1, t, d]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def cached_block(block: Block, rope: Rope, x: Tensor, pos: Tensor, cache: KVCache, layer: int) -> Tensor:
+    """One block over x [n,T,H] at positions pos [n,T], writing/reading cache slots 0..n-1 (a view)."""
+    cos, sin = rope(pos, x.dtype)
+    kv_len = int(pos.max()) + 1
+    keys = torch.arange(kv_len, device=x.device)
+    mask = keys[None, None, None, :] <= pos[:, None, :, None]
+    return block(x, cos, sin, mask, layer, cache, pos, kv_len)
+
+
+def check_target(kind: str, cfg: dict, target_args: ModelArgs) -> None:
+    """Raise a SpecRLError when a drafter config was made for a different target."""
+    for key, name in (("hidden_size", "hidden size"), ("vocab_size", "vocabulary size"),
+                      ("num_heads", "number of attention heads"), ("num_kv_heads", "number of KV heads"),
+                      ("head_dim", "head dim")):
+        if key in cfg and int(cfg[key]) != int(getattr(target_args, key)):
+            raise SpecRLError(f"this {kind} drafter was made for a target with {name} {cfg[key]}, but the "
+                              f"target has {name} {getattr(target_args, key)}; train a drafter for this target "
+                              "(`specrl draft init`)")
+
+
+def full_vocab_logits(red: Tensor, d2t: Tensor | None, vocab: int) -> Tensor:
+    """Scatter reduced-vocabulary logits [..., Vd] into [..., V] with -inf outside the subset."""
+    if d2t is None:
+        return red.float()
+    out = red.new_full((*red.shape[:-1], vocab), float("-inf"), dtype=torch.float32)
+    out[..., d2t] = red.float()
+    return out
+
+
+def default_layers(num_layers: int) -> tuple[int, int, int]:
+    return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+# ---------------------------------------------------------------------------------------------- drafter
+class EagleDrafter(nn.Module, Drafter):
+    kind = "eagle"
+
+    def __init__(self, target, layers: tuple[int, ...] | list[int] | None = None,
+                 draft_vocab: list[int] | Tensor | None = None, intermediate_size: int | None = None):
+        nn.Module.__init__(self)
+        a: ModelArgs = target.args
+        n_layers = a.num_layers
+        layers = default_layers(n_layers) if layers is None else tuple(int(i) for i in layers)
+        if len(layers) != 3:
+            raise SpecRLError(f"EAGLE-3 fuses exactly 3 target layers (low, mid, high), got {list(layers)}")
+        for i in layers:
+            if not 0 <= i < n_layers:
+                raise SpecRLError(f"EAGLE layer index {i} is out of range for a target with {n_layers} layers "
+                                  f"(valid indices 0..{n_layers - 1}); the default for {n_layers} layers is "
+                                  f"{list(default_layers(n_layers))}")
+        self.fuse_layers = layers
+        self.target_layers = tuple(sorted(set(layers)))
+        self.target_args = a
+        h, v = a.hidden_size, a.vocab_size
+        if draft_vocab is None:
+            d2t = torch.arange(v)
+            self.full_vocab = True
+        else:
+            d2t = torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
+            if d2t.numel() == 0:
+                raise SpecRLError("draft_vocab is empty; give the target token ids the drafter may propose")
+            if int(d2t.min()) < 0 or int(d2t.max()) >= v:
+                raise SpecRLError(f"draft_vocab has ids outside the target vocabulary [0, {v})")
+            if d2t.unique().numel() != d2t.numel():
+                raise SpecRLError("draft_vocab has repeated token ids")
+            self.full_vocab = d2t.numel() == v and bool((d2t == torch.arange(v)).all())
+        self.register_buffer("d2t", d2t)
+        self.args = draft_layer_args(a, 1, intermediate_size)
+        self.fc = nn.Linear(3 * h, h, bias=False)
+        self.embed_norm = RMSNorm(h, a.rms_norm_eps)
+        self.feature_norm = RMSNorm(h, a.rms_norm_eps)
+        self.proj = nn.Linear(2 * h, h, bias=False)
+        self.block = Block(self.args)
+        self.norm = RMSNorm(h, a.rms_norm_eps)
+        self.lm_head = nn.Linear(h, d2t.numel(), bias=False)
+        self.rope = Rope(self.args)
+        with torch.no_grad():  # start the head from the target's (a far better start than random)
+            self.lm_head.weight.copy_(target.lm_head.weight[d2t].float())
+            self.norm.weight.copy_(target.norm.weight.float())
+        self._shared = {"embed": target.embed_tokens}
+        self.cache: KVCache | None = None
+
+    # ---------------------------------------------------------------- config / dtype
+    def config(self) -> dict:
+        a = self.target_args
+        return {"kind": self.kind, "hidden_size": a.hidden_size, "vocab_size": a.vocab_size,
+                "num_target_layers": a.num_layers, "num_heads": a.num_heads, "num_kv_heads": a.num_kv_heads,
+                "head_dim": a.head_dim, "layers": list(self.fuse_layers), "draft_vocab_size": int(self.d2t.numel()),
+                "intermediate_size": self.args.intermediate_size}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def attach(self, target) -> None:
+        """Use this target's (frozen) embedding: call after weight updates replace the target module."""
+        self._shared["embed"] = target.embed_tokens
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        return self._shared["embed"](tokens).detach().to(self.dtype)
+
+    # ---------------------------------------------------------------- math shared by inference and training
+    def fuse(self, captured: dict) -> Tensor:
+        """g = fc([h_low; h_mid; h_high]) from captured target layers {layer: [n,T,H]}."""
+        return self.fc(torch.cat([captured[i].to(self.dtype) for i in self.fuse_layers], dim=-1))
+
+    def layer_input(self, feature: Tensor, next_tokens: Tensor) -> Tensor:
+        return self.proj(torch.cat([self.embed_norm(self.embed(next_tokens)), self.feature_norm(feature)], -1))
+
+    def head(self, hidden: Tensor) -> Tensor:
+        """Reduced-vocabulary logits (float32) from output hidden states."""
+        return self.lm_head(self.norm(hidden)).float()
+
+    def to_full_vocab(self, reduced_logits: Tensor) -> Tensor:
+        """[..., Vd] -> [..., V] logits, -inf outside the draft vocabulary."""
+        return full_vocab_logits(reduced_logits, None if self.full_vocab else self.d2t, self.target_args.vocab_size)
+
+    def full_logits(self, hidden: Tensor) -> Tensor:
+        return self.to_full_vocab(self.head(hidden))
+
+    def forward_train(self, fused: Tensor, tokens: Tensor, steps: int = 1) -> list[Tensor]:
+        """Training forward with `steps` of training-time test: reduced logits [B,T,Vd] per step.
+
+        fused [B,T,H] = g_t, tokens [B,T] = x_t. Step s at index t is the entry at position t with token
+        x_{t+1} whose feature is the step s-1 output at t-1 (the target's g_t for s = 1); it attends to
+        step-1 entries at positions <= t-s+1 and to the step-j entry at position t-s+j (j = 2..s), exactly as
+        the s-th draft attends to the cache at inference. Its logits predict x_{t+2}; index t is meaningful
+        for t >= s-1 (and t <= T-2). The last index's token is a pad.
+        """
+        b, t = tokens.shape
+        nxt = torch.cat([tokens[:, 1:], tokens.new_zeros(b, 1)], dim=1)
+        pos = torch.arange(t, device=tokens.device).expand(b, t)
+        cos, sin = self.rope(pos, self.dtype)
+        idx = torch.arange(t, device=tokens.device)
+        ks: list[Tensor] = []
+        vs: list[Tensor] = []
+        outs = []
+        feature = fused
+        for s in range(1, steps + 1):
+            x = self.layer_input(feature, nxt)
+            blocks = [idx[None, :] <= idx[:, None] - (s - 1)]  # step-1 keys
+            blocks += [idx[None, :] == idx[:, None] - (s - j) for j in range(2, s + 1)]
+            mask = torch.cat(blocks, dim=1)  # [T, s*T]
+            o, k, v = _block_multi(self.block, x, cos, sin, ks, vs, mask)
+            ks.append(k)
+            vs.append(v)
+            outs.append(self.head(o))
+            feature = torch.cat([o.new_zeros(b, 1, o.shape[-1]), o[:, :-1]], dim=1)
+        return outs
+
+    # ---------------------------------------------------------------- Drafter protocol
+    def bind(self, engine) -> None:
+        ta = engine.model.args
+        check_target("EAGLE", {"hidden_size": self.target_args.hidden_size,
+                               "vocab_size": self.target_args.vocab_size}, ta)
+        if max(self.fuse_layers) >= ta.num_layers:
+            raise SpecRLError(f"EAGLE layer indices {list(self.fuse_layers)} are out of range for a target with "
+                              f"{ta.num_layers} layers")
+        self.attach(engine.model)
+        slots = engine.max_batch_size
+        cap = engine.k_max + 2
+        self.cache = KVCache(self.args, slots, engine.cache.max_seq_len + engine.k_max + 2, self.dtype,
+                             self.device)
+        h = self.target_args.hidden_size
+        self.pend = torch.zeros(slots, cap, h, dtype=self.dtype, device=self.device)
+        self.pend_cnt = torch.zeros(slots, dtype=torch.long)
+        self.pend_start = torch.zeros(slots, dtype=torch.long)
+
+    def _entries(self, feature: Tensor, next_tokens: Tensor, pos: Tensor, slot0: int) -> Tensor:
+        n = feature.shape[0]
+        x = self.layer_input(feature, next_tokens.to(self.device))
+        return cached_block(self.block, self.rope, x, pos.to(self.device), self.cache.slots(slot0, slot0 + n), 0)
+
+    def _catch_up(self, tokens: list[list[int]], n: int) -> Tensor:
+        """Run the pending entries of slots 0..n-1 (their next tokens are in `tokens`); return o at n-2."""
+        cnt, start = self.pend_cnt[:n], self.pend_start[:n]
+        t = int(cnt.max())
+        # the pending entries' next tokens are the last cnt[b] tokens of each sequence
+        tail = torch.tensor([r[-t:] if len(r) >= t else [0] * (t - len(r)) + r for r in tokens])
+        nxt = tail.gather(1, (t - cnt[:, None] + torch.arange(t)[None, :]).clamp_max(t - 1))
+        pos = start[:, None] + torch.arange(t)[None, :]
+        o = self._entries(self.pend[:n, :t], nxt, pos, 0)
+        last = o[torch.arange(n), (cnt - 1).clamp_min(0).to(o.device)]
+        self.pend_start[:n] += cnt
+        self.pend_cnt[:n] = 0
+        return last
+
+    def on_prefill(self, slot_start: int, batch_tokens: list[list[int]], captured: dict | None) -> None:
+        if self.cache is None:
+            raise SpecRLError("EagleDrafter is not bound to an engine; pass it as RolloutEngine(drafter=...)")
+        m = len(batch_tokens)
+        lens = torch.tensor([len(t) - 1 for t in batch_tokens])  # prompt lengths
+        fused = self.fuse(captured)  # [m, maxP, H]
+        t = fused.shape[1] - 1
+        if t > 0:  # entries 0..P-2 (token x_{t+1} is a prompt token); entry P-1 stays pending
+            nxt = torch.tensor([r[1: t + 1] + [0] * (t + 1 - len(r)) for r in batch_tokens])
+            self._entries(fused[:, :t], nxt, torch.arange(t).expand(m, t), slot_start)
+        sl = slice(slot_start, slot_start + m)
+        self.pend[sl, 0] = fused[torch.arange(m), (lens - 1).to(fused.device)]
+        self.pend_cnt[sl] = 1
+        self.pend_start[sl] = lens - 1
+
+    def propose(self, batch: DraftBatch, k: int) -> Proposal:
+        n = batch.size
+        if not torch.equal(self.pend_start[:n] + self.pend_cnt[:n], batch.positions - 1):
+            raise RuntimeError("EagleDrafter state is out of step with the engine (missed a hook call)")
+        o = self._catch_up(batch.tokens, n)
+        pos = (batch.positions - 1)[:, None]
+        toks, qs = [], []
+        for i in range(k):
+            tok, q = batch.sample(self.full_logits(o), i)
+            toks.append(tok)
+            qs.append(q)
+            if i + 1 < k:
+                o = self._entries(o[:, None], tok[:, None], pos + i, 0)[:, 0]
+        return Proposal(torch.stack(toks, 1), torch.stack(qs, 1))
+
+    def on_verified(self, batch: DraftBatch, proposal: Proposal | None, num_emitted: Tensor,
+                    captured: dict | None) -> None:
+        n = batch.size
+        if bool((self.pend_cnt[:n] > 0).any()):  # an AR step: the pending entries were not drafted from
+            self._catch_up(batch.tokens, n)
+        fused = self.fuse({i: captured[i] for i in self.fuse_layers})
+        self.pend[:n, : fused.shape[1]] = fused
+        self.pend_cnt[:n] = num_emitted
+
+    def move_slot(self, src: int, dst: int) -> None:
+        self.compact_from([src], dst)
+
+    def compact(self, order: list[int]) -> None:
+        self.compact_from(order, 0)
+
+    def compact_from(self, order: list[int], dst: int) -> None:
+        """Slots order[i] move to slots dst + i (one gather per tensor)."""
+        src = torch.tensor(order)
+        sl = slice(dst, dst + len(order))
+        length = int((self.pend_start[src] + 1).max())
+        for kv in (self.cache.k[0], self.cache.v[0]):
+            kv[sl, :, :length] = kv[src.to(kv.device), :, :length]
+        self.pend[sl] = self.pend[src.to(self.pend.device)]
+        self.pend_cnt[sl] = self.pend_cnt[src]
+        self.pend_start[sl] = self.pend_start[src]
+
+
+def _block_multi(block: Block, x: Tensor, cos: Tensor, sin: Tensor, ks: list[Tensor], vs: list[Tensor],
+                 mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A Block forward whose attention also sees earlier steps' keys/values (training-time test)."""
+    attn = block.self_attn
+    a = attn.args
+    b, t, _ = x.shape
+    h = block.input_layernorm(x)
+    q = _rotate(attn.q_proj(h).view(b, t, a.num_heads, a.head_dim).transpose(1, 2), cos, sin)
+    k = _rotate(attn.k_proj(h).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2), cos, sin)
+    v = attn.v_proj(h).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
+    kk = torch.cat([*ks, k], dim=2)
+    vv = torch.cat([*vs, v], dim=2)
+    out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
+    x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim))
+    return x + block.mlp(block.post_attention_layernorm(x)), k, v

@@ -1,0 +1,140 @@
+"""Drafter directories: `config.json` (kind, the target it was made for, its shape) + `model.safetensors`.
+
+Only the drafter's own weights are saved; the pieces it shares with the target (embedding, and for MTP the
+LM head) come from the target passed to `load_drafter`. Loading checks that the directory is a specrl
+drafter of the requested kind, that it was made for a target of this shape (hidden size, vocabulary, layer
+indices) and that the tensors match the config, and says which value disagreed with which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specrl.drafters.eagle import EagleDrafter
+from specrl.drafters.mtp import MTPDrafter
+from specrl.errors import SpecRLError
+
+FORMAT = "specrl-drafter"
+FORMAT_VERSION = 1
+KINDS = {"eagle": EagleDrafter, "mtp": MTPDrafter}
+
+
+def save_drafter(drafter, path: str | os.PathLike) -> Path:
+    """Write drafter weights + config into directory `path` (created if needed); return the path."""
+    kind = getattr(drafter, "kind", None)
+    if kind not in KINDS or not isinstance(drafter, KINDS[kind]):
+        raise SpecRLError(f"save_drafter saves {sorted(KINDS)} drafters, got {type(drafter).__name__}")
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, **drafter.config(),
+           "dtype": str(drafter.dtype).removeprefix("torch.")}
+    state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """The config of a drafter directory, or a SpecRLError saying what the path is instead."""
+    p = Path(path)
+    if not p.exists():
+        raise SpecRLError(f"drafter directory {p} does not exist; create one with `specrl draft init`")
+    if not p.is_dir():
+        raise SpecRLError(f"{p} is a file; a drafter is a directory with config.json + model.safetensors")
+    cfg_path = p / "config.json"
+    if not cfg_path.exists():
+        raise SpecRLError(f"{p} has no config.json; it is not a drafter directory (expected config.json + "
+                          "model.safetensors written by save_drafter / `specrl draft init`)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise SpecRLError(f"{cfg_path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
+        what = "an HF model checkpoint" if isinstance(cfg, dict) and ("architectures" in cfg or
+                                                                      "model_type" in cfg) else "not a drafter"
+        raise SpecRLError(f"{p} is {what}, not a specrl drafter directory (its config.json lacks "
+                          f"\"format\": \"{FORMAT}\"); pass a directory written by save_drafter / `specrl draft "
+                          "init`")
+    if cfg.get("kind") not in KINDS:
+        raise SpecRLError(f"{cfg_path}: unknown drafter kind {cfg.get('kind')!r}; known kinds are {sorted(KINDS)}")
+    return cfg
+
+
+def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = None):
+    """Load a drafter directory for `target` (a specrl Transformer); `expected_kind` ("eagle"/"mtp") is checked."""
+    kind = expected_kind
+    if kind is not None and kind not in KINDS:
+        raise SpecRLError(f"unknown drafter kind {kind!r}; known kinds are {sorted(KINDS)}")
+    p = Path(path)
+    cfg = read_config(p)
+    if kind is not None and cfg["kind"] != kind:
+        raise SpecRLError(f"{p} holds a {cfg['kind']!r} drafter, but a {kind!r} drafter was requested; use "
+                          f"`{cfg['kind']}:{p}` or a {kind} drafter directory")
+    ta = target.args
+    for key, name in (("hidden_size", "hidden size"), ("vocab_size", "vocabulary size")):
+        if int(cfg.get(key, -1)) != int(getattr(ta, key)):
+            raise SpecRLError(f"{p}: this drafter was made for a target with {name} {cfg.get(key)}, but the "
+                              f"target has {name} {getattr(ta, key)}; use a drafter trained for this target")
+    for key in ("num_heads", "num_kv_heads", "head_dim"):
+        if key in cfg and int(cfg[key]) != int(getattr(ta, key)):
+            raise SpecRLError(f"{p}: this drafter was made for a target with {key} {cfg[key]}, but the target "
+                              f"has {key} {getattr(ta, key)}")
+    state_path = p / "model.safetensors"
+    if not state_path.exists():
+        raise SpecRLError(f"{p} has config.json but no model.safetensors")
+    state = load_file(str(state_path))
+    try:
+        if cfg["kind"] == "eagle":
+            layers = [int(i) for i in cfg["layers"]]
+            bad = [i for i in layers if not 0 <= i < ta.num_layers]
+            if bad:
+                raise SpecRLError(f"{p}: EAGLE layer indices {layers} (made for a {cfg.get('num_target_layers')}-"
+                                  f"layer target) are out of range for this target with {ta.num_layers} layers")
+            if "d2t" not in state:
+                raise SpecRLError(f"{p}/model.safetensors lacks the tensor 'd2t' (the draft vocabulary)")
+            d2t = state["d2t"]
+            if d2t.numel() != int(cfg["draft_vocab_size"]):
+                raise SpecRLError(f"{p}: config says draft_vocab_size {cfg['draft_vocab_size']} but tensor d2t has "
+                                  f"{d2t.numel()} entries")
+            if d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= ta.vocab_size):
+                raise SpecRLError(f"{p}: d2t has token ids outside this target's vocabulary [0, {ta.vocab_size})")
+            full = d2t.numel() == ta.vocab_size and bool((d2t == torch.arange(ta.vocab_size)).all())
+            drafter = EagleDrafter(target, layers=layers, draft_vocab=None if full else d2t,
+                                   intermediate_size=int(cfg["intermediate_size"]))
+        else:
+            drafter = MTPDrafter(target, num_modules=int(cfg["num_modules"]),
+                                 intermediate_size=int(cfg["intermediate_size"]))
+    except KeyError as e:
+        raise SpecRLError(f"{p}/config.json lacks the field {e.args[0]!r}") from None
+    _load_state(drafter, state, p)
+    dtype = cfg.get("dtype")
+    if dtype:
+        drafter.to(getattr(torch, dtype))
+    return drafter.eval()
+
+
+def _load_state(drafter, state: dict, where: Path) -> None:
+    expected = drafter.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise SpecRLError(f"{where}/model.safetensors does not match its config.json: missing tensors "
+                          f"{missing[:5]}, unexpected tensors {unexpected[:5]}")
+    for name, t in expected.items():
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise SpecRLError(f"{where}/model.safetensors: tensor {name!r} has shape {tuple(state[name].shape)}, "
+                              f"but config.json implies {tuple(t.shape)}")
+    drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+
+
+def parse_drafter_spec(spec: str) -> tuple[str, str]:
+    """'eagle:/path' -> ('eagle', '/path'); a bare path -> (kind from its config, path)."""
+    head, sep, rest = spec.partition(":")
+    if sep and head in KINDS:
+        return head, rest
+    return read_config(spec)["kind"], spec

@@ -1,0 +1,277 @@
+"""EAGLE-3 and MTP drafters: lossless output, drafts equal a from-scratch recomputation, save/load, errors."""
+
+import itertools
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specrl import RolloutEngine, SamplingParams
+from specrl.drafters.eagle import EagleDrafter
+from specrl.drafters.io import load_drafter, save_drafter
+from specrl.drafters.mtp import MTPDrafter
+from specrl.errors import SpecRLError
+from specrl.model.checkpoint import save_checkpoint
+from specrl.model.transformer import tiny_model
+from specrl.rollout.sampling import probs_from_logits
+from tests.stats import gof_pvalue
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [3, 3, 3, 3, 3, 3, 3], [60, 61]]
+KINDS = ["eagle", "eagle-reduced", "mtp"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", vocab_size=64, seed=1)
+
+
+def randomise(drafter, seed=5, scale=0.3):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.2 if "norm" in name else scale)
+    return drafter
+
+
+def make(kind, target, seed=5):
+    if kind == "eagle":
+        d = EagleDrafter(target)
+    elif kind == "eagle-reduced":
+        d = EagleDrafter(target, draft_vocab=list(range(0, target.args.vocab_size, 2))[::-1])
+    else:
+        d = MTPDrafter(target, num_modules=3)
+    return randomise(d, seed).eval()
+
+
+def scripted_k(engine, ks):
+    """Make the engine's controller return this cycle of draft lengths (0 = an autoregressive step)."""
+    it = itertools.cycle(ks)
+    engine.controller.choose = lambda *a, **kw: next(it)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_autoregressive(target, kind):
+    sp = SamplingParams(temperature=0, max_new_tokens=20, stop_token_ids=(17,))
+    ar = RolloutEngine(target, max_batch_size=8, max_seq_len=64).generate(PROMPTS, sp)
+    eng = RolloutEngine(target, max_batch_size=2, max_seq_len=64, drafter=make(kind, target), num_draft_tokens=3)
+    spec = eng.generate(PROMPTS, sp)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in ar]
+    assert eng.last_metrics["verify_steps"] > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_seed_exact_equals_autoregressive(target, kind):
+    sp = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=20, seed=11)
+    ar = RolloutEngine(target, max_batch_size=8, max_seq_len=64).generate(PROMPTS, sp)
+    eng = RolloutEngine(target, max_batch_size=3, max_seq_len=64, drafter=make(kind, target),
+                        num_draft_tokens=3, verify="seed_exact")
+    scripted_k(eng, [3, 0, 2, 3, 0, 0, 1])  # mixes AR steps (the drafter catches up) with speculative ones
+    spec = eng.generate(PROMPTS, sp)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in ar]
+
+
+def reference_draft_logits(drafter, target, seq: list[int], drafts: list[int], k: int) -> list[torch.Tensor]:
+    """Full-vocabulary logits of drafts 1..k recomputed from scratch over prompt + tokens + drafts."""
+    n = len(seq)
+    ext = torch.tensor([seq + drafts])
+    with torch.no_grad():
+        logits_t, captured = target(ext, capture=getattr(drafter, "fuse_layers", ()))
+        if isinstance(drafter, EagleDrafter):
+            steps = drafter.forward_train(drafter.fuse(captured), ext, steps=k)
+            return [drafter.to_full_vocab(steps[s][0, n - 2 + s]) for s in range(k)]
+        outs = drafter.forward_train(captured["final"], ext, num_modules=k)
+        return [drafter.head(j, outs[j][0, n - 2]) for j in range(k)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_drafts_equal_from_scratch_recomputation(target, kind):
+    """The incremental drafter state (KV cache, pending features, catch-up after AR steps, compaction)
+    gives exactly the drafts a from-scratch forward over the whole sequence gives."""
+    drafter = make(kind, target)
+    eng = RolloutEngine(target, max_batch_size=3, max_seq_len=64, drafter=drafter, num_draft_tokens=3)
+    scripted_k(eng, [3, 2, 0, 3, 0, 0, 1, 3])
+    seen = []
+    propose = drafter.propose
+
+    def spy(batch, k):
+        prop = propose(batch, k)
+        seen.append(([list(t) for t in batch.tokens], prop.tokens.clone(), prop.probs.clone(), k))
+        return prop
+
+    drafter.propose = spy
+    sp = SamplingParams(temperature=1.0, max_new_tokens=14, seed=3, stop_token_ids=(5,))
+    eng.generate(PROMPTS, sp)
+    checked = 0
+    for tokens, drafts, probs, k in seen:
+        for b, seq in enumerate(tokens):
+            ref = reference_draft_logits(drafter, target, seq, drafts[b].tolist(), k)
+            for i in range(k):
+                q = torch.softmax(ref[i], -1)
+                assert torch.allclose(q, probs[b, i], atol=2e-5), (kind, b, i)
+                checked += 1
+    assert checked > 50
+
+
+def test_reduced_vocab_probs_are_full_vocab_with_zeros(target):
+    sub = list(range(0, 64, 2))
+    d = make("eagle-reduced", target)
+    eng = RolloutEngine(target, max_batch_size=4, max_seq_len=32, drafter=d, num_draft_tokens=2)
+    got = []
+    propose = d.propose
+    d.propose = lambda b, k: got.append(propose(b, k)) or got[-1]
+    eng.generate(PROMPTS[:4], SamplingParams(temperature=1.0, max_new_tokens=6, seed=1))
+    p = got[0].probs
+    assert p.shape[-1] == 64 and torch.allclose(p.sum(-1), torch.ones(p.shape[:2]))
+    assert p[..., 1::2].abs().max() == 0 and all(int(t) % 2 == 0 for t in got[0].tokens.flatten())
+    assert sorted(d.d2t.tolist()) == sub
+
+
+# ---------------------------------------------------------------- exact distribution
+V = 8
+DPROMPT = [1, 2, 1]
+SETTINGS = {
+    "T0.7": dict(temperature=0.7),
+    "T1.0": dict(temperature=1.0),
+    "T1.5": dict(temperature=1.5),
+    "top_p": dict(temperature=1.0, top_p=0.8),
+    "top_k": dict(temperature=1.2, top_k=3),
+}
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    return tiny_model("llama", vocab_size=V, seed=5, num_layers=2)
+
+
+def exact_distribution(target, sp: SamplingParams, length: int = 3) -> dict:
+    conts = list(itertools.product(range(V), repeat=length))
+    seqs = torch.tensor([DPROMPT + list(c) for c in conts])
+    with torch.no_grad():
+        logits, _ = target(seqs)
+    rows = logits[:, len(DPROMPT) - 1: -1]
+    shape = rows.shape[:2]
+    p = probs_from_logits(rows, torch.full(shape, float(sp.temperature)), torch.full(shape, float(sp.top_p)),
+                          torch.full(shape, sp.top_k, dtype=torch.long))
+    chosen = p.gather(-1, seqs[:, len(DPROMPT):, None]).squeeze(-1).double()
+    return dict(zip(conts, chosen.prod(-1).tolist(), strict=True))
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_exact_distribution(small_target, kind, mode, setting):
+    if kind == "eagle":  # a 2-layer target: the default (1, L//2-1, L-4) does not exist, pick valid layers
+        d = randomise(EagleDrafter(small_target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6, 7]), seed=7)
+    else:
+        d = randomise(MTPDrafter(small_target, num_modules=2), seed=7)
+    sp = SamplingParams(max_new_tokens=3, seed=99, **SETTINGS[setting])
+    exact = exact_distribution(small_target, sp)
+    engine = RolloutEngine(small_target, max_batch_size=2000, max_seq_len=16, drafter=d.eval(), num_draft_tokens=2,
+                           verify=mode)
+    outs = engine.generate([DPROMPT] * 20000, sp)
+    m = engine.last_metrics
+    assert 0 < m["acceptance_rate"] < 1, m  # both accept and reject paths ran
+    keys = list(exact)
+    index = {c: i for i, c in enumerate(keys)}
+    counts = [0] * len(keys)
+    for o in outs:
+        counts[index[tuple(o.token_ids)]] += 1
+    assert gof_pvalue(counts, [exact[c] for c in keys]) > 1e-3
+
+
+# ---------------------------------------------------------------- construction errors
+def test_layer_index_out_of_range_is_an_error(target):
+    with pytest.raises(SpecRLError, match=r"layer index 4 is out of range for a target with 4 layers"):
+        EagleDrafter(target, layers=(0, 1, 4))
+    two = tiny_model("llama", vocab_size=64, num_layers=2)
+    with pytest.raises(SpecRLError, match=r"out of range for a target with 2 layers.*default"):
+        EagleDrafter(two)
+
+
+def test_mtp_k_above_module_count_is_an_error(target):
+    eng = RolloutEngine(target, max_batch_size=2, max_seq_len=32, drafter=MTPDrafter(target, num_modules=2),
+                        num_draft_tokens=3)
+    with pytest.raises(SpecRLError, match=r"has 2 modules.*got k=3"):
+        eng.generate([[1, 2]], SamplingParams(max_new_tokens=5))
+
+
+def test_binding_to_another_target_is_an_error(target):
+    other = tiny_model("llama", vocab_size=64, hidden_size=48, num_heads=6, num_kv_heads=2)
+    with pytest.raises(SpecRLError, match=r"hidden size 32.*hidden size 48"):
+        RolloutEngine(other, max_batch_size=2, max_seq_len=32, drafter=EagleDrafter(target))
+
+
+# ---------------------------------------------------------------- save / load
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_load_round_trip(target, kind, tmp_path):
+    d = make(kind, target)
+    save_drafter(d, tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["kind"] == kind.split("-")[0] and cfg["hidden_size"] == 32 and cfg["vocab_size"] == 64
+    loaded = load_drafter(tmp_path / "d", target, expected_kind=cfg["kind"])
+    assert type(loaded) is type(d)
+    for (n1, a), (n2, b) in zip(d.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert n1 == n2 and torch.equal(a, b)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12, seed=2)
+    out = [RolloutEngine(target, max_batch_size=4, max_seq_len=64, drafter=x, num_draft_tokens=3).generate(PROMPTS, sp)
+           for x in (d, loaded)]
+    assert [o.token_ids for o in out[0]] == [o.token_ids for o in out[1]]
+
+
+@pytest.fixture
+def eagle_dir(target, tmp_path):
+    return save_drafter(make("eagle", target), tmp_path / "eagle")
+
+
+def test_load_for_other_hidden_size_names_both(eagle_dir):
+    other = tiny_model("llama", vocab_size=64, hidden_size=48, num_heads=6, num_kv_heads=2)
+    with pytest.raises(SpecRLError, match=r"hidden size 32, but the target has hidden size 48"):
+        load_drafter(eagle_dir, other)
+
+
+def test_load_for_other_vocab_names_both(eagle_dir):
+    with pytest.raises(SpecRLError, match=r"vocabulary size 64, but the target has vocabulary size 96"):
+        load_drafter(eagle_dir, tiny_model("llama", vocab_size=96))
+
+
+def test_load_with_layers_out_of_range(tmp_path):
+    deep = tiny_model("llama", vocab_size=64, num_layers=8)
+    path = save_drafter(EagleDrafter(deep), tmp_path / "deep")  # layers (1, 3, 4)
+    with pytest.raises(SpecRLError, match=r"\[1, 3, 4\] \(made for a 8-layer target\) are out of range for this "
+                                          r"target with 4 layers"):
+        load_drafter(path, tiny_model("llama", vocab_size=64, num_layers=4))
+
+
+def test_load_wrong_kind(target, tmp_path):
+    path = save_drafter(make("mtp", target), tmp_path / "mtp")
+    with pytest.raises(SpecRLError, match=r"holds a 'mtp' drafter, but a 'eagle' drafter was requested"):
+        load_drafter(path, target, expected_kind="eagle")
+
+
+def test_load_hf_checkpoint_is_not_a_drafter(target, tmp_path):
+    save_checkpoint(target, tmp_path / "hf")
+    with pytest.raises(SpecRLError, match=r"is an HF model checkpoint, not a specrl drafter directory"):
+        load_drafter(tmp_path / "hf", target, expected_kind="eagle")
+
+
+def test_load_missing_path(target, tmp_path):
+    with pytest.raises(SpecRLError, match=r"drafter directory .*nope does not exist"):
+        load_drafter(tmp_path / "nope", target)
+
+
+def test_load_shape_disagreeing_with_config(target, eagle_dir):
+    cfg = json.loads((eagle_dir / "config.json").read_text())
+    cfg["intermediate_size"] = 48
+    (eagle_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecRLError, match=r"tensor 'block.mlp.gate_proj.weight' has shape \(64, 32\), but "
+                                          r"config.json implies \(48, 32\)"):
+        load_drafter(eagle_dir, target)
+
+
+def test_load_tensor_names_disagreeing_with_config(target, eagle_dir):
+    state = load_file(str(eagle_dir / "model.safetensors"))
+    state["extra.weight"] = state.pop("fc.weight")
+    save_file(state, str(eagle_dir / "model.safetensors"))
+    with pytest.raises(SpecRLError, match=r"missing tensors \['fc.weight'\], unexpected tensors \['extra.weight'\]"):
+        load_drafter(eagle_dir, target)
