@@ -282,7 +282,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            recent.append(float(loss))
+            recent.append(float(loss.detach()))
             step += 1
             if bar is not None:
                 bar.update(1)

@@ -1,0 +1,87 @@
+"""Offline drafter initialisation: training lowers the held-out loss and raises acceptance; bad input errors."""
+
+import pytest
+import torch
+
+from specrl import RolloutEngine, SamplingParams
+from specrl.drafters.eagle import EagleDrafter
+from specrl.drafters.mtp import MTPDrafter
+from specrl.drafters.training import heldout_acceptance, select_draft_vocab, train_drafter
+from specrl.errors import SpecRLError
+from specrl.model.transformer import tiny_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    # a lower-entropy tiny target (larger weights) so there is something to learn in a few steps
+    return tiny_model("llama", vocab_size=32, seed=3)
+
+
+@pytest.fixture(scope="module")
+def data(target):
+    prompts = [[i % 32, (3 * i + 1) % 32, (7 * i + 2) % 32] for i in range(48)]
+    eng = RolloutEngine(target, max_batch_size=48, max_seq_len=40)
+    outs = eng.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24, seed=0))
+    return prompts, [p + o.token_ids for p, o in zip(prompts, outs, strict=True)]
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_training_lowers_heldout_loss_and_keeps_target_frozen(target, data, kind):
+    prompts, seqs = data
+    before = {n: p.clone() for n, p in target.named_parameters()}
+    torch.manual_seed(0)
+    d = EagleDrafter(target, draft_vocab=select_draft_vocab(seqs, 24)) if kind == "eagle" else \
+        MTPDrafter(target, num_modules=2)
+    res = train_drafter(d, target, seqs, epochs=4, lr=3e-3, batch_size=8, progress=False,
+                        prompt_lens=[len(p) for p in prompts], ttt_steps=2)
+    assert res["heldout_loss"] < res["initial_heldout_loss"] - 0.05, res
+    assert res["heldout_top1"] > res["initial_heldout_top1"], res
+    assert res["train_sequences"] + res["heldout_sequences"] == len(seqs)
+    for n, p in target.named_parameters():
+        assert torch.equal(p, before[n]) and p.grad is None
+
+
+def test_trained_eagle_accepts_more(target, data):
+    prompts, seqs = data
+    torch.manual_seed(0)
+    d = EagleDrafter(target)
+    held = [[5, 9, 30], [11, 2, 7], [1, 1, 4], [20, 21, 22]]
+    untrained = heldout_acceptance(target, d, held, k=3, max_new_tokens=16)
+    train_drafter(d, target, seqs, epochs=6, lr=3e-3, batch_size=8, progress=False, ttt_steps=3)
+    trained = heldout_acceptance(target, d, held, k=3, max_new_tokens=16)
+    assert 1.0 <= untrained < trained <= 4.0
+
+
+def test_select_draft_vocab_most_frequent_first():
+    seqs = [[5, 5, 5, 2, 2, 9], [5, 2, 7]]
+    assert select_draft_vocab(seqs, 2) == [5, 2]
+    assert select_draft_vocab(seqs, 3, always=(31,)) == [31, 5, 2]
+    with pytest.raises(SpecRLError, match="must be an integer >= 1"):
+        select_draft_vocab(seqs, 0)
+
+
+def test_empty_training_data(target):
+    with pytest.raises(SpecRLError, match="training data is empty"):
+        train_drafter(EagleDrafter(target), target, [], progress=False)
+
+
+def test_single_sequence_is_too_little(target):
+    with pytest.raises(SpecRLError, match="at least 2 are needed"):
+        train_drafter(EagleDrafter(target), target, [[1, 2, 3, 4]], progress=False)
+
+
+def test_too_short_sequence(target):
+    with pytest.raises(SpecRLError, match="training sequence 1 has 2 tokens; every sequence needs at least 3"):
+        train_drafter(EagleDrafter(target), target, [[1, 2, 3, 4], [1, 2]], progress=False)
+
+
+def test_unknown_drafter_kind(target):
+    from specrl.drafters.ngram import NGramDrafter
+
+    with pytest.raises(SpecRLError, match="unknown drafter kind"):
+        train_drafter(NGramDrafter(), target, [[1, 2, 3, 4], [1, 2, 3]], progress=False)
+
+
+def test_out_of_vocab_tokens(target):
+    with pytest.raises(SpecRLError, match=r"outside \[0, 32\)"):
+        train_drafter(MTPDrafter(target), target, [[1, 2, 3, 4], [1, 2, 99]], progress=False)
