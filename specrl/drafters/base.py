@@ -6,7 +6,7 @@ drafters that sample from a full distribution, the processed probabilities q of 
 Deterministic drafters (n-gram, suffix, argmax drafting) return `probs=None`, meaning one-hot q.
 Drafters with state (a KV cache, hidden features) keep it in step through the hooks: `on_prefill` when new
 sequences enter slots, `on_verified` after each verification (with the captured target hidden states when
-`target_layers` is non-empty), and `move_slot` when the engine compacts its batch.
+`target_layers` is non-empty), and `compact`/`move_slot` when the engine compacts its batch.
 """
 
 from __future__ import annotations
@@ -84,6 +84,13 @@ class Drafter:
 
     def move_slot(self, src: int, dst: int) -> None:
         """The engine moved the sequence in slot src to slot dst."""
+
+    def compact(self, order: list[int]) -> None:
+        """Slots order[0], order[1], ... became slots 0, 1, ... (order is increasing, so moving one at a
+        time in ascending destination order never overwrites a source still to be read)."""
+        for dst, src in enumerate(order):
+            if src != dst:
+                self.move_slot(src, dst)
 
     def on_finished(self, tokens: list[int], group_id: int) -> None:
         """A sequence finished (suffix drafters index it for later rollouts of the same prompt)."""

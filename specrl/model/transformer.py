@@ -105,6 +105,14 @@ class KVCache:
         view.max_seq_len = self.max_seq_len
         return view
 
+    def compact(self, order: list[int], length: int) -> None:
+        """Slots order[0], order[1], ... move to slots 0, 1, ... (first `length` positions), in one gather."""
+        src = torch.tensor(order, device=self.k[0].device)
+        m = len(order)
+        for layer in range(len(self.k)):
+            self.k[layer][:m, :, :length] = self.k[layer][src, :, :length]
+            self.v[layer][:m, :, :length] = self.v[layer][src, :, :length]
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first `length` cached positions of slot src into slot dst (batch compaction)."""
         for layer in range(len(self.k)):

@@ -167,7 +167,8 @@ class RolloutEngine:
                 raise SpecRLError(f"params must be one SamplingParams or a list of {n} (one per prompt), "
                                   f"got {len(plist)} items")
         rids = list(range(n)) if request_ids is None else list(request_ids)
-        gids = list(range(n)) if group_ids is None else list(group_ids)
+        # default group: the prompt itself (samples of one prompt are siblings, across calls too)
+        gids = [hash(tuple(pr)) for pr in prompts] if group_ids is None else list(group_ids)
         if len(rids) != n or len(gids) != n:
             raise SpecRLError(f"request_ids/group_ids must have one entry per prompt ({n})")
         vocab = self.model.args.vocab_size
@@ -209,29 +210,25 @@ class RolloutEngine:
         return tok, policy_logprobs(logits, tok, temp)
 
     def _retire(self, active: list[_Seq], metrics: SpecMetrics, progress) -> list[_Seq]:
-        """Drop finished sequences, keeping the survivors in slots 0..n-1 (move the last into holes)."""
+        """Drop finished sequences; survivors move (in order) to slots 0..m-1 with one gather per layer."""
         if all(s.finish_reason is None for s in active):
             return active
-        active = list(active)
-        slot = 0
-        while slot < len(active):
-            s = active[slot]
+        order = []
+        for slot, s in enumerate(active):
             if s.finish_reason is None:
-                slot += 1
+                order.append(slot)
                 continue
             metrics.finished += 1
             if progress is not None:
                 progress.update(1)
             if self.drafter is not None:
                 self.drafter.on_finished(s.tokens, s.group_id)
-            last = active.pop()
-            if slot < len(active):  # move the last sequence into the hole
-                length = len(last.prompt) + len(last.out)
-                self.cache.move_slot(len(active), slot, length)
-                if self.drafter is not None:
-                    self.drafter.move_slot(len(active), slot)
-                active[slot] = last
-        return active
+        survivors = [active[i] for i in order]
+        if survivors and order != list(range(len(order))):
+            self.cache.compact(order, self._ctx_len(survivors))
+            if self.drafter is not None:
+                self.drafter.compact(order)
+        return survivors
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self, active: list[_Seq], new: list[_Seq], metrics: SpecMetrics) -> None:

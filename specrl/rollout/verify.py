@@ -61,7 +61,7 @@ def verify(mode: str, target_probs: Tensor, draft_tokens: Tensor, draft_probs: T
     # accept with probability min(1, p/q)  <=>  u * q < p   (q(x) > 0 since x was drawn from q)
     ok = u_accept * q_x.double() < p_x.double()
     num_acc = _first_false(ok)
-    out = torch.empty(n, k1, dtype=torch.long)
+    out = torch.zeros(n, k1, dtype=torch.long)
     out[:, :k] = draft_tokens
     # bonus token (all accepted): a fresh sample from p at position k
     bonus = sample_inverse_cdf(target_probs[:, k], u_sample[:, k])

@@ -1,0 +1,90 @@
+"""Draft-model drafter: a smaller LM with the same tokenizer proposes k tokens autoregressively.
+
+It keeps its own slot-indexed KV cache in step with the engine: `cached[slot]` counts the sequence's tokens
+already in the drafter's cache. A proposal first catches up on the tokens the engine emitted since (one
+ragged batched forward), then drafts k tokens one forward at a time, sampling each from its processed
+distribution q with the request's position-keyed noise (`DraftBatch.sample`). After verification only the
+accepted drafts stay valid; stale cache entries are never read because attention masks by position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specrl.drafters.base import DraftBatch, Drafter, Proposal
+from specrl.errors import SpecRLError
+
+
+class DraftModelDrafter(Drafter):
+    kind = "draft-model"
+
+    def __init__(self, draft_model):
+        self.model = draft_model
+        self.cache = None
+        self.cached: list[int] = []
+
+    def bind(self, engine) -> None:
+        t, d = engine.model.args, self.model.args
+        if t.vocab_size != d.vocab_size:
+            raise SpecRLError(f"draft model vocab size {d.vocab_size} differs from the target's {t.vocab_size}; "
+                              "a draft model must share the target's tokenizer and vocabulary")
+        self.cache = self.model.new_cache(engine.max_batch_size, engine.cache.max_seq_len)
+        self.cached = [0] * engine.max_batch_size
+
+    @torch.no_grad()
+    def _feed(self, rows: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Feed ragged token rows for slots 0..n-1 starting at positions `starts`; logits at each row's end."""
+        n = len(rows)
+        m = max(len(r) for r in rows)
+        toks = torch.zeros(n, m, dtype=torch.long)
+        for b, r in enumerate(rows):
+            toks[b, : len(r)] = torch.tensor(r)
+        pos = torch.tensor(starts)[:, None] + torch.arange(m)[None, :]
+        h, _ = self.model.forward_hidden(toks, pos, self.cache.slots(0, n))
+        last = h[torch.arange(n), torch.tensor([len(r) - 1 for r in rows])]
+        return self.model.logits(last)
+
+    @torch.no_grad()
+    def on_prefill(self, slot_start, batch_tokens, captured) -> None:
+        n = len(batch_tokens)
+        rows = [t[:-1] for t in batch_tokens]
+        m = max(len(r) for r in rows)
+        toks = torch.zeros(n, m, dtype=torch.long)
+        for b, r in enumerate(rows):
+            toks[b, : len(r)] = torch.tensor(r)
+        self.model.forward_hidden(toks, torch.arange(m).expand(n, m), self.cache.slots(slot_start, slot_start + n))
+        for b, r in enumerate(rows):
+            self.cached[slot_start + b] = len(r)
+
+    @torch.no_grad()
+    def propose(self, batch: DraftBatch, k: int) -> Proposal:
+        n = batch.size
+        rows = [toks[self.cached[b]:] for b, toks in enumerate(batch.tokens)]
+        logits = self._feed(rows, self.cached[:n])
+        tokens, probs = [], []
+        for i in range(k):
+            tok, q = batch.sample(logits, i)
+            tokens.append(tok)
+            probs.append(q)
+            if i + 1 < k:
+                pos = (batch.positions + i)[:, None]
+                h, _ = self.model.forward_hidden(tok[:, None], pos, self.cache.slots(0, n))
+                logits = self.model.logits(h[:, -1])
+        for b in range(n):
+            self.cached[b] = len(batch.tokens[b]) + k - 1  # x_1..x_{k-1} are in the cache (tentatively)
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1))
+
+    def on_verified(self, batch, proposal, num_emitted, captured) -> None:
+        if proposal is None:
+            return
+        k = proposal.tokens.shape[1]
+        for b in range(batch.size):
+            self.cached[b] = len(batch.tokens[b]) + min(int(num_emitted[b]) - 1, k - 1)
+
+    def compact(self, order: list[int]) -> None:
+        self.cache.compact(order, max(self.cached[i] for i in order))
+        self.cached[: len(order)] = [self.cached[i] for i in order]
+
+    def move_slot(self, src: int, dst: int) -> None:
+        self.cache.move_slot(src, dst, self.cached[src])
+        self.cached[dst] = self.cached[src]
