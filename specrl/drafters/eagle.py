@@ -2,6 +2,7 @@
 
 Entry t of the drafter's sequence is (fused target feature g_t, token x_{t+1}); it lives at position t of the
 drafter's own slot-indexed KV cache and its output hidden o_t predicts x_{t+2}. g_t = fc([h_low; h_mid; h_high])
+(each layer RMS-normalised first)
 fuses three captured target layers (default (1, L//2-1, L-4)). The input of the layer is
 proj([norm(embed(x_{t+1})); norm(g_t)]) (2H -> H), the embedding is the target's (shared, frozen, not saved),
 and the LM head is the drafter's own, optionally over a reduced vocabulary with `d2t` mapping draft index ->
@@ -119,6 +120,9 @@ class EagleDrafter(nn.Module, Drafter):
             self.full_vocab = d2t.numel() == v and bool((d2t == torch.arange(v)).all())
         self.register_buffer("d2t", d2t)
         self.args = draft_layer_args(a, 1, intermediate_size)
+        # per-layer RMSNorm before fusing: target residual streams carry huge outlier activations (SmolLM2:
+        # |h| up to ~2.5e4 at attention-sink positions), which make a raw fc hard to train
+        self.layer_norms = nn.ModuleList(RMSNorm(h, a.rms_norm_eps) for _ in range(3))
         self.fc = nn.Linear(3 * h, h, bias=False)
         self.embed_norm = RMSNorm(h, a.rms_norm_eps)
         self.feature_norm = RMSNorm(h, a.rms_norm_eps)
@@ -158,8 +162,14 @@ class EagleDrafter(nn.Module, Drafter):
 
     # ---------------------------------------------------------------- math shared by inference and training
     def fuse(self, captured: dict) -> Tensor:
-        """g = fc([h_low; h_mid; h_high]) from captured target layers {layer: [n,T,H]}."""
-        return self.fc(torch.cat([captured[i].to(self.dtype) for i in self.fuse_layers], dim=-1))
+        """g = fc([norm(h_low); norm(h_mid); norm(h_high)]) from captured target layers {layer: [n,T,H]}."""
+        return self.fuse_concat(torch.cat([captured[i] for i in self.fuse_layers], dim=-1))
+
+    def fuse_concat(self, hidden3: Tensor) -> Tensor:
+        """g from the three captured layers already concatenated [..., 3H] (what training stores)."""
+        parts = hidden3.float().chunk(3, dim=-1)
+        normed = [norm(p).to(self.dtype) for norm, p in zip(self.layer_norms, parts, strict=True)]
+        return self.fc(torch.cat(normed, dim=-1))
 
     def layer_input(self, feature: Tensor, next_tokens: Tensor) -> Tensor:
         return self.proj(torch.cat([self.embed_norm(self.embed(next_tokens)), self.feature_norm(feature)], -1))

@@ -165,7 +165,7 @@ def batch_loss(drafter, batch: dict, ttt_steps: int = 3) -> tuple[Tensor, dict]:
     total = torch.zeros((), device=tok.device)
     stats = {"positions": 0, "top1": 0}
     if kind == "eagle":
-        steps = drafter.forward_train(drafter.fc(batch["feats"].to(drafter.dtype)), tok, steps=ttt_steps)
+        steps = drafter.forward_train(drafter.fuse_concat(batch["feats"]), tok, steps=ttt_steps)
         # step s, index t predicts x_{t+2} with the target's distribution at t+1
         tgt_i = torch.cat([batch["top_idx"][:, 1:], batch["top_idx"][:, -1:]], 1)
         tgt_p = torch.cat([batch["top_p"][:, 1:], torch.zeros_like(batch["top_p"][:, -1:])], 1)

@@ -1,0 +1,121 @@
+"""`specrl draft init` body: in-domain rollouts -> offline drafter training -> a drafter directory.
+
+`draft_init_main` generates rollouts of the target on a task's prompts (or on given prompt strings, or
+reads them from a JSONL file), trains an EAGLE or MTP drafter on them (`training.train_drafter`), measures
+the held-out acceptance length with the real engine on prompts it did not train on, and saves the drafter
+(`io.save_drafter`) with a `train_report.json` and the training data (`data.jsonl`, reusable via data_jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from specrl.errors import SpecRLError
+
+
+def _encode_prompts(tokenizer, task, samples: int, heldout: int, difficulty: str, seed: int):
+    """(train prompt ids, held-out prompt ids) from a task name or a list of prompt strings."""
+    if isinstance(task, (list, tuple)):
+        from specrl.model.tokenizer import encode_chat
+
+        if len(task) < 2:
+            raise SpecRLError("give at least 2 prompt strings (some are held out for the acceptance measurement)")
+        ids = [encode_chat(tokenizer, str(t)) for t in task]
+        n_held = max(1, min(heldout, len(ids) // 10))
+        return ids[n_held:][:samples], ids[:n_held]
+    from specrl.rl.tasks import PromptFormatter, make_task
+
+    train, val = make_task(task, difficulty=difficulty, train_size=samples, val_size=heldout, seed=seed)
+    fmt = PromptFormatter(tokenizer)
+    return [fmt.encode(p.question) for p in train.problems][:samples], [fmt.encode(p.question) for p in val.problems]
+
+
+def _read_jsonl(path: Path) -> tuple[list[list[int]], list[int]]:
+    """Rows {"prompt_ids": [...], "response_ids": [...]} -> (sequences, prompt lengths)."""
+    if not path.exists():
+        raise SpecRLError(f"data file {path} does not exist")
+    seqs, plens = [], []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            p, r = [int(t) for t in row["prompt_ids"]], [int(t) for t in row["response_ids"]]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise SpecRLError(f"{path}:{i + 1}: expected a JSON object with integer lists prompt_ids and "
+                              f"response_ids ({e})") from None
+        seqs.append(p + r)
+        plens.append(len(p))
+    return seqs, plens
+
+
+def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", task="chain_sum", samples: int = 512,
+                    epochs: int = 3, out: str | os.PathLike = "drafters/eagle", data_jsonl: str | None = None,
+                    difficulty: str = "easy", max_new_tokens: int = 160, temperature: float = 1.0,
+                    draft_vocab_size: int = 8192, num_modules: int = 3, lr: float = 1e-3, batch_size: int = 8,
+                    heldout: int = 32, k: int = 3, seed: int = 0, progress: bool = True) -> Path:
+    """Generate in-domain data, train a drafter, report held-out acceptance, save. Returns the directory."""
+    from specrl.drafters.eagle import EagleDrafter
+    from specrl.drafters.io import save_drafter
+    from specrl.drafters.mtp import MTPDrafter
+    from specrl.drafters.training import heldout_acceptance, select_draft_vocab, train_drafter
+    from specrl.model.checkpoint import load_model
+    from specrl.model.tokenizer import stop_token_ids
+    from specrl.rollout.engine import RolloutEngine
+    from specrl.rollout.sampling import SamplingParams
+
+    if drafter_kind not in ("eagle", "mtp"):
+        raise SpecRLError(f"unknown drafter kind {drafter_kind!r}; `specrl draft init` trains 'eagle' or 'mtp'")
+    if not isinstance(samples, int) or samples < 2:
+        raise SpecRLError(f"samples must be an integer >= 2, got {samples!r}")
+    out = Path(out)
+    target, tokenizer = load_model(model)
+    if tokenizer is None:
+        raise SpecRLError(f"{model} has no tokenizer; draft init needs one to render prompts")
+    stops = stop_token_ids(tokenizer, target.args)
+    train_prompts, val_prompts = _encode_prompts(tokenizer, task, samples, heldout, difficulty, seed)
+    sp = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+    if data_jsonl is not None:
+        seqs, plens = _read_jsonl(Path(data_jsonl))
+    else:
+        longest = max(len(p) for p in train_prompts)
+        engine = RolloutEngine(target, max_batch_size=32, max_seq_len=longest + max_new_tokens + 1)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(train_prompts), desc="rollouts", unit="seq")
+        outs = engine.generate(train_prompts, sp, progress=bar)
+        if bar is not None:
+            bar.close()
+        seqs = [p + o.token_ids for p, o in zip(train_prompts, outs, strict=True)]
+        plens = [len(p) for p in train_prompts]
+        with open(out / "data.jsonl", "w") as f:
+            for p, o in zip(train_prompts, outs, strict=True):
+                f.write(json.dumps({"prompt_ids": p, "response_ids": o.token_ids}) + "\n")
+    if drafter_kind == "eagle":
+        vocab = None if draft_vocab_size >= target.args.vocab_size else \
+            select_draft_vocab([s[n:] for s, n in zip(seqs, plens, strict=True)], draft_vocab_size, always=stops)
+        drafter = EagleDrafter(target, draft_vocab=vocab)
+    else:
+        drafter = MTPDrafter(target, num_modules=num_modules)
+    torch.manual_seed(seed)
+    result = train_drafter(drafter, target, seqs, epochs=epochs, lr=lr, batch_size=batch_size, progress=progress,
+                           prompt_lens=plens, seed=seed)
+    acc = heldout_acceptance(target, drafter, val_prompts, k=min(k, getattr(drafter, "num_modules", k)),
+                             temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=seed)
+    save_drafter(drafter, out)
+    report = {**result, "heldout_acceptance_length": acc, "k": k, "temperature": temperature, "model": str(model),
+              "task": task if isinstance(task, str) else "prompts", "samples": len(seqs),
+              "tokens": sum(len(s) for s in seqs), "draft_vocab_size": int(getattr(drafter, "d2t", torch.zeros(0))
+                                                                           .numel()) or None}
+    (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    if progress:
+        print(f"[specrl] {drafter_kind} drafter -> {out}: held-out acceptance length {acc:.2f} at k={k}, "
+              f"T={temperature} (held-out top-1 {result['heldout_top1']:.2f})", flush=True)
+    return out
