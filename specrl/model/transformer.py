@@ -120,6 +120,21 @@ class KVCache:
             self.v[layer][dst, :, :length] = self.v[layer][src, :, :length]
 
 
+def _cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """GQA attention of few queries against a cache view, as two batched matmuls (no KV head repeat).
+
+    q [b, H, t, d]; k, v [b, KV, S, d]; mask [b, 1, t, S] (True = attend). Softmax in float32. For decode
+    shapes this is several times faster on CPU than the fused SDPA kernel with a mask.
+    """
+    b, h, t, d = q.shape
+    kvh, s = k.shape[1], k.shape[2]
+    g = h // kvh
+    scores = (q.reshape(b, kvh, g * t, d) @ k.transpose(-1, -2)).float() * (d ** -0.5)
+    m = mask[:, :, None].expand(b, 1, g, t, s).reshape(b, 1, g * t, s)
+    probs = torch.softmax(scores.masked_fill(~m, float("-inf")), dim=-1).to(v.dtype)
+    return (probs @ v).reshape(b, h, t, d)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -151,8 +166,7 @@ class Attention(nn.Module):
             # write [b, kvh, t, d] into slots 0..b-1 at their positions
             kc[rows, :, input_pos] = k.transpose(1, 2).to(kc.dtype)
             vc[rows, :, input_pos] = v.transpose(1, 2).to(vc.dtype)
-            k, v = kc[:b, :, :kv_len], vc[:b, :, :kv_len]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            out = _cached_attention(q, kc[:b, :, :kv_len], vc[:b, :, :kv_len], mask)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                  enable_gqa=True)

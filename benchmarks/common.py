@@ -1,0 +1,38 @@
+"""Shared benchmark helpers: the prompt set, thread setup and a median-of-interleaved-runs timer."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+PROMPTS = [
+    "What is 17 + 25? Answer with the number only.",
+    "Compute 9 * 8 - 13.",
+    "Write one sentence about the sea.",
+    "List three prime numbers greater than 10.",
+    "What is 144 divided by 12?",
+    "Name the capital of France and one famous landmark there.",
+    "Count from 1 to 10.",
+    "Explain in two sentences what a rollout is in reinforcement learning.",
+]
+
+
+def prompt_ids(tok, batch_size: int) -> list[list[int]]:
+    from specrl.model.tokenizer import encode_chat
+
+    base = [encode_chat(tok, p) for p in PROMPTS]
+    return [base[i % len(base)] for i in range(batch_size)]
+
+
+def timed(fn) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
