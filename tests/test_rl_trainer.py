@@ -184,3 +184,27 @@ def test_compare_needs_drafter(tiny, tmp_path):
         train_main(str(cfg), [], None, str(tmp_path / "cmp"), True)
     with pytest.raises(SpecRLError, match="cannot be combined"):
         train_main(str(cfg), [], str(tmp_path), None, True)
+
+
+def test_response_logprobs_matches_full_logits(tiny):
+    from specrl import load_model
+    from specrl.rl.grpo import token_logprobs
+    from specrl.rl.trainer import response_logprobs
+
+    model, _ = load_model(tiny, dtype=torch.float32)
+    toks = torch.randint(3, 120, (3, 10))
+    mask = torch.zeros(3, 9, dtype=torch.bool)
+    mask[0, 4:] = True
+    mask[2, 2:6] = True
+    lp, captured = response_logprobs(model, toks, mask, temperature=0.7)
+    logits, _ = model(toks)
+    full = token_logprobs(logits[:, :-1], toks[:, 1:], 0.7)
+    assert torch.allclose(lp[mask], full[mask], atol=1e-5)
+    assert bool((lp[~mask] == 0).all()) and "final" in captured
+
+
+def test_bf16_mixed_step(tiny):
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, policy__precision="bf16-mixed",
+                                                         model__rollout_dtype="bfloat16")))
+    rec = t.step()
+    assert rec["token_mult_prob_error"] < 1.5 and t.policy.norm.weight.dtype == torch.float32

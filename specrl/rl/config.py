@@ -107,6 +107,8 @@ class PolicyConfig(_Section):
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    precision: Literal["fp32", "bf16-mixed"] = "fp32"
+    """bf16-mixed: fp32 master weights and optimizer, bf16 autocast for the logprob/train forward+backward."""
     train_micro_batch_size: int = Field(8, ge=1)
     """Sequences per forward/backward (logprob, train); must divide num_prompts_per_step * num_generations."""
 

@@ -11,6 +11,7 @@ the final report; `train_main` is the entry point the `specrl train` CLI calls.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -98,6 +99,22 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * progress
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def response_logprobs(model: Any, toks: Tensor, mask: Tensor, temperature: float,
+                      capture: tuple = ()) -> tuple[Tensor, dict]:
+    """Log-probabilities [B, T-1] of toks[:, 1:] (0 where mask is false) and the captured hidden states.
+
+    The LM head (a large share of a small model's FLOPs) runs only on the response positions of `mask`.
+    """
+    if hasattr(model, "forward_hidden") and hasattr(model, "logits"):
+        hidden, captured = model.forward_hidden(toks, capture=capture)
+        captured["final"] = hidden
+        flat = token_logprobs(model.logits(hidden[:, :-1][mask]).unsqueeze(0), toks[:, 1:][mask].unsqueeze(0),
+                              temperature)[0]
+        return torch.zeros(mask.shape, dtype=flat.dtype).masked_scatter(mask, flat), captured
+    logits, captured = model(toks, capture=capture)
+    return token_logprobs(logits[:, :-1], toks[:, 1:], temperature) * mask, captured
 
 
 def _chunks(n: int, size: int) -> list[list[int]]:
@@ -198,6 +215,11 @@ class GRPOTrainer:
                               top_k=0 if greedy else g.top_k, max_new_tokens=g.max_new_tokens,
                               stop_token_ids=self.stop_ids, seed=self.cfg.run.seed)
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.policy.precision == "bf16-mixed":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     @property
     def num_samples(self) -> int:
         return self.cfg.grpo.num_prompts_per_step * self.cfg.grpo.num_generations
@@ -264,15 +286,15 @@ class GRPOTrainer:
         ref = torch.zeros_like(batch.gen_logp) if self.ref is not None else None
         for idx in _chunks(len(r.prompts), self.cfg.policy.train_micro_batch_size):
             toks, m = self._micro(batch, idx)
-            logits, captured = self.policy(toks, capture=self._capture)
-            lp = token_logprobs(logits[:, :-1], toks[:, 1:], temp)
+            with self._autocast():
+                lp, captured = response_logprobs(self.policy, toks, m, temp, self._capture)
             if not bool(torch.isfinite(lp[m]).all()):
                 raise NonFiniteError(f"step {self.step_count + 1}: the policy produced non-finite logits in the "
                                      "logprob stage")
             old[idx, : lp.shape[1]] = lp
             if ref is not None:
-                rl, _ = self.ref(toks)
-                ref[idx, : lp.shape[1]] = token_logprobs(rl[:, :-1], toks[:, 1:], temp)
+                with self._autocast():
+                    ref[idx, : lp.shape[1]] = response_logprobs(self.ref, toks, m, temp)[0]
             if self.drafter is not None:
                 batch.captured.append({k: v.detach() for k, v in captured.items()})
         batch.old_logp, batch.ref_logp = old, ref
@@ -289,8 +311,8 @@ class GRPOTrainer:
         for c, idx in enumerate(chunks):
             toks, m = self._micro(batch, idx)
             w = m.shape[1]
-            logits, _ = self.policy(toks)
-            logp = token_logprobs(logits[:, :-1], toks[:, 1:], temp)
+            with self._autocast():
+                logp, _ = response_logprobs(self.policy, toks, m, temp)
             out = clipped_surrogate_loss(
                 logp, batch.old_logp[idx, :w], batch.advantages[idx], m, g.clip_low, g.clip_high,
                 None if batch.ref_logp is None else batch.ref_logp[idx, :w], g.kl_coef,
