@@ -160,11 +160,13 @@ class RepeatDrafter(Drafter):
         return Proposal(pad_proposals([[t[-1]] * k for t in batch.tokens], k))
 
 
-def test_compare_seed_exact(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_mod, "build_drafter",
-                        lambda spec, model, tok: None if spec == "none" else RepeatDrafter())
-    cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__drafter="ngram",
-                                                  speculative__num_draft_tokens=2))
+@pytest.mark.parametrize("drafter", ["repeat", "ngram", "suffix"])
+def test_compare_seed_exact(tiny, tmp_path, monkeypatch, drafter):
+    if drafter == "repeat":
+        monkeypatch.setattr(trainer_mod, "build_drafter",
+                            lambda spec, model, tok: None if spec == "none" else RepeatDrafter())
+    cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__drafter="ngram" if drafter == "repeat"
+                                                  else drafter, speculative__num_draft_tokens=2))
     out = train_main(str(cfg), ["run.steps=2"], None, str(tmp_path / "cmp"), True)
     data = json.loads((out / "compare.json").read_text())
     assert data["rollouts_identical"] is True and data["weights_identical"] is True

@@ -78,15 +78,12 @@ class Batch:
 
 
 def build_drafter(spec: str, model: Any, tokenizer: Any) -> Any:
-    """A drafter from a `speculative.drafter` string via specrl.drafters; None for "none"."""
+    """A drafter from a `speculative.drafter` string via `specrl.drafters.make_drafter`; None for "none"."""
     if spec == "none":
         return None
-    try:
-        from specrl.drafters import build_drafter as _build
-    except ImportError:
-        raise SpecRLError(f"speculative.drafter={spec!r}: this build has no drafter factory "
-                          "(specrl.drafters.build_drafter); use speculative.drafter=none") from None
-    return _build(spec, model, tokenizer)
+    from specrl.drafters import make_drafter
+
+    return make_drafter(spec, target=model)
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
