@@ -1,0 +1,90 @@
+"""Speculative vs autoregressive generation on SmolLM2-135M (bf16), side by side in one run.
+
+For each batch size and drafter, runs AR once per repeat and each k (1..7 and auto) right after it, on the
+same prompts (each prompt repeated --group times, as GRPO samples a group per prompt), and prints:
+speedup over AR, acceptance length AL, the drafter/target cost ratio c (drafter seconds per drafted token
+÷ AR seconds per step, both measured), the ideal AL/(1 + k·c) and the efficiency measured/ideal.
+
+    .venv/bin/python benchmarks/spec_vs_ar.py --drafters ngram,suffix,eagle:DIR --batch-sizes 1,4,16,32 \
+        --ks 1,2,3,4,5,6,7,auto [--temperature 1.0] [--new-tokens 96] [--threads 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from common import median, prompt_ids
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafters", default="ngram,suffix")
+    ap.add_argument("--batch-sizes", default="1,4,16,32")
+    ap.add_argument("--ks", default="1,2,3,4,5,6,7,auto")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--group", type=int, default=4, help="samples per prompt (siblings for the suffix drafter)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--verify", default="rejection")
+    ap.add_argument("--prompts", default=None, help="task name from specrl.rl.tasks for in-domain prompts")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    from specrl import RolloutEngine, SamplingParams, load_model
+    from specrl.drafters import make_drafter
+    from specrl.model.tokenizer import stop_token_ids
+
+    model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
+    stops = stop_token_ids(tok, model.args)
+    ks = [k if k == "auto" else int(k) for k in a.ks.split(",")]
+    rows = []
+    print(f"T={a.temperature} new_tokens<={a.new_tokens} group={a.group} threads={a.threads} verify={a.verify}")
+    print(f"{'drafter':>16} {'B':>3} {'k':>5} {'speedup':>8} {'AL':>5} {'c':>6} {'ideal':>6} {'eff':>5} {'k_mean':>6}")
+    for spec in a.drafters.split(","):
+        for b in [int(x) for x in a.batch_sizes.split(",")]:
+            base = prompt_ids(tok, max(1, b // a.group))
+            ids = [p for p in base for _ in range(a.group)][:b]
+            ids += [base[0]] * (b - len(ids))
+            ar = RolloutEngine(model, max_batch_size=b, max_seq_len=512)
+            ar.generate(ids, SamplingParams(max_new_tokens=4))  # warm up
+            for k in ks:
+                drafter = make_drafter(spec, model)
+                eng = RolloutEngine(model, max_batch_size=b, max_seq_len=512, drafter=drafter, num_draft_tokens=k,
+                                    verify=a.verify)
+                ar_tps, sd_tps, al, c_list, kmean = [], [], [], [], []
+                for r in range(a.repeats):
+                    sp_r = SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens, stop_token_ids=stops,
+                                          seed=r)
+                    ar.generate(ids, sp_r)
+                    m_ar = ar.last_metrics
+                    ar_tps.append(m_ar["tokens_per_second"])
+                    eng.generate(ids, sp_r)
+                    m = eng.last_metrics
+                    sd_tps.append(m["tokens_per_second"])
+                    al.append(m["acceptance_length"])
+                    kmean.append(m["num_draft_tokens_mean"])
+                    t_ar_step = m_ar["ar_seconds"] / max(1, m_ar["ar_steps"])
+                    if m["draft_tokens"]:
+                        per_draft_tok = m["draft_seconds"] / max(1, m["spec_steps"]) / (m["draft_tokens"] /
+                                                                                     max(1, m["verify_steps"]))
+                        c_list.append(per_draft_tok / t_ar_step)
+                speed = median(sd_tps) / median(ar_tps)
+                AL = median(al)
+                c = median(c_list) if c_list else 0.0
+                kk = median(kmean)
+                ideal = AL / (1 + kk * c) if kk else 1.0
+                row = dict(drafter=spec, batch_size=b, k=k, speedup=speed, acceptance_length=AL, c=c, ideal=ideal,
+                           efficiency=speed / ideal, k_mean=kk, ar_tok_s=median(ar_tps), spec_tok_s=median(sd_tps))
+                rows.append(row)
+                print(f"{spec[:16]:>16} {b:>3} {k!s:>5} {speed:>7.2f}x {AL:>5.2f} {c:>6.3f} {ideal:>6.2f} "
+                      f"{speed / ideal:>5.2f} {kk:>6.2f}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
