@@ -210,3 +210,37 @@ def test_bf16_mixed_step(tiny):
                                                          model__rollout_dtype="bfloat16")))
     rec = t.step()
     assert rec["token_mult_prob_error"] < 1.5 and t.policy.norm.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_online_drafter_training(tiny, monkeypatch, kind):
+    from specrl.drafters import EagleDrafter, MTPDrafter
+
+    def build(spec, model, tok):
+        if spec == "none":
+            return None
+        torch.manual_seed(1)
+        return EagleDrafter(model) if kind == "eagle" else MTPDrafter(model)
+
+    monkeypatch.setattr(trainer_mod, "build_drafter", build)
+    cfg = validate_config(cfg_dict(tiny, speculative__drafter=f"{kind}:x", speculative__num_draft_tokens=2,
+                                   drafter__online=True, drafter__learning_rate=1e-2))
+    t = GRPOTrainer.from_config(cfg)
+    before = {k: v.clone() for k, v in t.drafter.state_dict().items()}
+    rec = t.step()
+    assert rec["draft_loss"] is not None and rec["draft_loss"] > 0
+    assert rec["acceptance_length"] is not None
+    after = t.drafter.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the drafter learned
+    t.stage_prepare()
+    engine_state = t.engine.drafter.state_dict()
+    assert all(torch.equal(after[k].to(engine_state[k].dtype), engine_state[k]) for k in after)
+    rec2 = t.step()
+    assert rec2["draft_loss"] is not None
+
+
+def test_online_needs_trainable_drafter(tiny):
+    cfg = validate_config(cfg_dict(tiny, speculative__drafter="eagle:x", drafter__online=True))
+    cfg.speculative.drafter = "ngram"  # bypass the config check to reach the trainer's own
+    with pytest.raises(SpecRLError, match="trains EAGLE or MTP drafters"):
+        GRPOTrainer.from_config(cfg)

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from specrl.errors import SpecRLError
 from specrl.rl.config import TrainConfig
+from specrl.rl.draft_online import check_trainable, draft_batch, draft_loss
 from specrl.rl.grpo import clipped_surrogate_loss, group_advantages, token_logprobs, token_mult_prob_error
 from specrl.rl.metrics import STAGES
 from specrl.rl.tasks import (
@@ -99,18 +100,23 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
 
 
 def response_logprobs(model: Any, toks: Tensor, mask: Tensor, temperature: float,
-                      capture: tuple = ()) -> tuple[Tensor, dict]:
+                      capture: tuple = (), keep_logits: bool = False) -> tuple[Tensor, dict]:
     """Log-probabilities [B, T-1] of toks[:, 1:] (0 where mask is false) and the captured hidden states.
 
-    The LM head (a large share of a small model's FLOPs) runs only on the response positions of `mask`.
+    The LM head (a large share of a small model's FLOPs) runs only on the response positions of `mask`;
+    with keep_logits those logits [mask.sum(), V] are returned as captured["response_logits"].
     """
     if hasattr(model, "forward_hidden") and hasattr(model, "logits"):
         hidden, captured = model.forward_hidden(toks, capture=capture)
         captured["final"] = hidden
-        flat = token_logprobs(model.logits(hidden[:, :-1][mask]).unsqueeze(0), toks[:, 1:][mask].unsqueeze(0),
-                              temperature)[0]
+        logits = model.logits(hidden[:, :-1][mask])
+        flat = token_logprobs(logits.unsqueeze(0), toks[:, 1:][mask].unsqueeze(0), temperature)[0]
+        if keep_logits:
+            captured["response_logits"] = logits.detach()
         return torch.zeros(mask.shape, dtype=flat.dtype).masked_scatter(mask, flat), captured
     logits, captured = model(toks, capture=capture)
+    if keep_logits:
+        captured["response_logits"] = logits[:, :-1][mask].detach()
     return token_logprobs(logits[:, :-1], toks[:, 1:], temperature) * mask, captured
 
 
@@ -129,9 +135,8 @@ class GRPOTrainer:
         self.engine = engine
         self.weight_sync = weight_sync
         self.drafter = trainer_drafter if cfg.drafter.online else None
-        if cfg.drafter.online and (self.drafter is None or not hasattr(self.drafter, "training_loss")):
-            raise SpecRLError(f"drafter.online=true needs a trainable drafter with training_loss(); "
-                              f"speculative.drafter={cfg.speculative.drafter!r} does not provide one")
+        if cfg.drafter.online:
+            check_trainable(self.drafter)
         t = cfg.task
         self.train_data, self.val_data = make_task(t.name, t.difficulty, t.options, t.train_size, t.val_size,
                                                    t.seed)
@@ -284,7 +289,8 @@ class GRPOTrainer:
         for idx in _chunks(len(r.prompts), self.cfg.policy.train_micro_batch_size):
             toks, m = self._micro(batch, idx)
             with self._autocast():
-                lp, captured = response_logprobs(self.policy, toks, m, temp, self._capture)
+                lp, captured = response_logprobs(self.policy, toks, m, temp, self._capture,
+                                                 keep_logits=self.drafter is not None)
             if not bool(torch.isfinite(lp[m]).all()):
                 raise NonFiniteError(f"step {self.step_count + 1}: the policy produced non-finite logits in the "
                                      "logprob stage")
@@ -293,7 +299,7 @@ class GRPOTrainer:
                 with self._autocast():
                     ref[idx, : lp.shape[1]] = response_logprobs(self.ref, toks, m, temp)[0]
             if self.drafter is not None:
-                batch.captured.append({k: v.detach() for k, v in captured.items()})
+                batch.captured.append(draft_batch(self.drafter, toks, m, captured, captured["response_logits"]))
         batch.old_logp, batch.ref_logp = old, ref
         return batch
 
@@ -324,7 +330,7 @@ class GRPOTrainer:
             stats["ratio"] += out.ratio_sum
             stats["loss"] += float(out.loss.detach())
             if self.drafter is not None:
-                dl = self.drafter.training_loss(batch.captured[c], toks, m)
+                dl = draft_loss(self.drafter, batch.captured[c])
                 if not torch.isfinite(dl):
                     self.optimizer.zero_grad(set_to_none=True)
                     raise NonFiniteError(f"step {step_no}: non-finite drafter loss; update skipped")

@@ -1,0 +1,74 @@
+"""Online drafter training inside the RL step: turn the logprob stage's captures into a drafter loss.
+
+During `logprob` the trainer already runs the policy over every rollout; with `drafter.online` it also keeps
+the hidden states the drafter reads (EAGLE: its three fused layers; MTP: the final-norm output) and the
+policy's top-K next-token distribution at the response positions. `draft_batch` packs them in the padded
+layout of `specrl.drafters.training.batch_loss` (the same loss offline drafter training uses), and `draft_loss`
+evaluates it in `train`. Everything is detached from the policy graph, so the draft loss moves only the
+drafter's weights; the trainer then pushes them to the engine's drafter in the next `prepare`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specrl.errors import SpecRLError
+
+TOPK = 32
+TRAINABLE_KINDS = ("eagle", "mtp")
+
+
+def check_trainable(drafter: Any) -> None:
+    kind = getattr(drafter, "kind", None)
+    if kind not in TRAINABLE_KINDS or not isinstance(drafter, torch.nn.Module):
+        raise SpecRLError(f"drafter.online=true trains EAGLE or MTP drafters; the configured drafter is "
+                          f"{kind!r}. Use speculative.drafter=eagle:PATH or mtp:PATH, or drafter.online=false")
+
+
+@torch.no_grad()
+def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict, response_logits: Tensor) -> dict:
+    """The padded batch `batch_loss` expects, from one logprob micro-batch.
+
+    `mask` [B, T-1] marks positions j whose next token j+1 is a response token; `response_logits`
+    [mask.sum(), V] are the policy's logits at those positions (in mask order).
+    """
+    b, t = toks.shape
+    kind = drafter.kind
+    if kind == "eagle":
+        feats = torch.cat([captured[i] for i in drafter.fuse_layers], dim=-1).float()
+        if drafter.full_vocab:
+            t2d = None
+        else:
+            t2d = torch.full((drafter.target_args.vocab_size,), -1, dtype=torch.long)
+            t2d[drafter.d2t.cpu()] = torch.arange(drafter.d2t.numel())
+    else:
+        feats = captured["final"].float()
+        t2d = None
+    probs = torch.softmax(response_logits.float(), dim=-1)
+    k = min(TOPK, probs.shape[-1])
+    top_p, top_i = probs.topk(k, dim=-1)
+    top1 = response_logits.argmax(-1)
+    full_mask = torch.zeros(b, t, dtype=torch.bool)
+    full_mask[:, : t - 1] = mask
+    top_idx = torch.full((b, t, k), -1, dtype=torch.long)
+    top_idx[full_mask] = top_i if t2d is None else t2d[top_i]
+    top_pp = torch.zeros(b, t, k)
+    top_pp[full_mask] = top_p
+    top1_full = torch.zeros(b, t, dtype=torch.long)
+    top1_full[full_mask] = top1
+    has = mask.any(1)
+    first = torch.where(has, mask.float().argmax(1), torch.zeros(b, dtype=torch.long))
+    last = torch.where(has, (t - 2) - mask.flip(1).float().argmax(1), torch.zeros(b, dtype=torch.long))
+    return {"tokens": toks, "feats": feats, "top_idx": top_idx, "top_p": top_pp, "top1": top1_full,
+            "len": last + 2, "loss_from": first + 1}
+
+
+def draft_loss(drafter: Any, batch: dict) -> Tensor:
+    """The drafter's training loss on one packed micro-batch (gradients reach the drafter only)."""
+    from specrl.drafters.training import batch_loss
+
+    loss, _ = batch_loss(drafter, batch)
+    return loss
