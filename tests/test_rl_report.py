@@ -91,3 +91,15 @@ def test_compare_outputs(tmp_path):
         assert k in data
     assert "rollouts_identical | True" in m.read_text()
     assert (tmp_path / "compare_reward.png").exists()
+
+
+def test_progress_rich_panel_renders():
+    import io
+
+    from rich.console import Console
+
+    d = ProgressDisplay(total_steps=5, enabled=True, live=False)
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(d._renderable(record(2, al=2.5)))
+    out = buf.getvalue()
+    assert "2/5" in out and "2.50" in out and "gen" in out
