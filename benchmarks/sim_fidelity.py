@@ -1,0 +1,146 @@
+"""Simulator fidelity on this machine: predict specrl's own measured generation times from the `cpu` profile.
+
+Run: .venv/bin/python benchmarks/sim_fidelity.py [--repeats 3] [--tokens 32] [--out /tmp/sim_fidelity.json]
+
+1. Measures the `cpu` hardware profile (matmul FLOP/s, GEMV bandwidth) like `specrl simulate profile-hardware`.
+2. Times the native engine (SmolLM2-135M, bf16, greedy, no stop tokens so every sequence runs to --tokens)
+   autoregressively at several batch sizes and with the n-gram drafter at several k (best of --repeats).
+3. Fits exactly two CPU numbers on two calibration points — the per-forward overhead from AR at B=1 and the
+   n-gram per-step overhead from n-gram k=2 at B=1 — and predicts every other point with the simulator
+   (acceptance length taken from the engine's own metrics). Prints measured vs predicted and the median
+   absolute error over the held-out points. Noisy: the machine is shared; numbers are single best-of runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from specrl.sim.hardware import profile_cpu, save_profile
+from specrl.sim.pipeline import SimConfig, prepare, run_generation
+from specrl.sim.roofline import Efficiency
+from specrl.sim.workload import Workload
+
+PROMPTS = [
+    "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,",
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday,",
+    "A B C D E F G H I J K L M N O P Q R S T U V W X Y Z A B C D E F G",
+    "Once upon a time there was a little robot who liked to count apples in the garden.",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "Question: what is 12 + 35? Answer: 47. Question: what is 21 + 14? Answer:",
+    "red green blue red green blue red green blue red green blue red green",
+]
+POINTS = [("none", 0, 1), ("none", 0, 4), ("none", 0, 16), ("none", 0, 32),
+          ("ngram", 2, 1), ("ngram", 4, 1), ("ngram", 2, 8), ("ngram", 4, 8)]
+CALIBRATION_POINTS = {("none", 0, 1), ("ngram", 2, 1)}
+
+
+def measure(model, tok, drafter_kind: str, k: int, batch: int, tokens: int, repeats: int) -> dict:
+    from specrl import RolloutEngine, SamplingParams
+    from specrl.drafters import make_drafter
+
+    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
+    drafter = make_drafter(drafter_kind if drafter_kind != "none" else None, model)
+    engine = RolloutEngine(model, max_batch_size=batch, max_seq_len=256, drafter=drafter,
+                           num_draft_tokens=k if drafter else 3)
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens, seed=0)
+    best = None
+    for _ in range(repeats):
+        engine.generate(prompts, params)
+        m = engine.last_metrics
+        if best is None or m["total_seconds"] < best["total_seconds"]:
+            best = m
+    best["prompt_tokens_mean"] = sum(len(p) for p in prompts) / batch
+    return best
+
+
+def predict(profile_path: str, eff: Efficiency, kind: str, k: int, batch: int, tokens: int, m: dict) -> float:
+    al = m["acceptance_length"] if kind != "none" else None
+    if al is not None:
+        al = min(max(al, 1.0), k + 1.0)
+    cfg = SimConfig(model="smollm2-135m", hardware="cpu", cpu_profile=profile_path, gpus=1,
+                    drafter=kind, k=k if kind != "none" else 3, acceptance_length=al, precision="bf16",
+                    max_num_seqs=batch, efficiency=eff,
+                    workload=Workload(prompts_per_step=batch, generations_per_prompt=1, max_response_tokens=tokens,
+                                      prompt_tokens=max(1, round(m["prompt_tokens_mean"])), response_mean=tokens,
+                                      response_sigma=0.0))
+    ctx = prepare(cfg)
+    return run_generation(ctx, speculative=kind != "none")[0].seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "sim_fidelity.json"))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    prof = profile_cpu()
+    prof_path = str(save_profile(prof, Path(tempfile.gettempdir()) / "specrl_cpu_profile.json"))
+    print(f"cpu profile: bf16 {prof['peak_flops']['bf16'] / 1e9:.0f} GFLOP/s, GEMV {prof['hbm_bandwidth'] / 1e9:.1f} "
+          f"GB/s ({prof['threads']} threads)")
+
+    from specrl import load_model
+
+    model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
+    measure(model, tok, "none", 0, 4, 8, 1)  # warm-up
+    meas = {}
+    for kind, k, b in POINTS:
+        t0 = time.perf_counter()
+        meas[(kind, k, b)] = measure(model, tok, kind, k, b, args.tokens, args.repeats)
+        m = meas[(kind, k, b)]
+        print(f"measured {kind:<6} k={k} B={b:<3} {m['total_seconds']:.3f} s  AL {m['acceptance_length']:.2f}  "
+              f"({time.perf_counter() - t0:.1f} s wall)", flush=True)
+
+    # fit the two CPU overheads on the calibration points (both predictions are linear in the overhead)
+    base = Efficiency(bw_eff=1.0, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, ngram_overhead_s=0.0)
+
+    def solve(field: str, point: tuple, eff: Efficiency) -> Efficiency:
+        kind, k, b = point
+        t0 = predict(prof_path, replace(eff, **{field: 0.0}), kind, k, b, args.tokens, meas[point])
+        t1 = predict(prof_path, replace(eff, **{field: 1e-3}), kind, k, b, args.tokens, meas[point])
+        slope = (t1 - t0) / 1e-3
+        return replace(eff, **{field: max(0.0, (meas[point]["total_seconds"] - t0) / slope)})
+
+    eff = solve("step_overhead_s", ("none", 0, 1), base)
+    eff = solve("ngram_overhead_s", ("ngram", 2, 1), eff)
+    print(f"fitted: step_overhead_s={eff.step_overhead_s * 1e3:.2f} ms, "
+          f"ngram_overhead_s={eff.ngram_overhead_s * 1e3:.2f} ms")
+
+    rows = []
+    print(f"{'point':<20}{'AL':>6}{'measured s':>12}{'predicted s':>13}{'error':>9}")
+    for point in POINTS:
+        kind, k, b = point
+        m = meas[point]
+        p = predict(prof_path, eff, kind, k, b, args.tokens, m)
+        err = (p - m["total_seconds"]) / m["total_seconds"]
+        held = point not in CALIBRATION_POINTS
+        rows.append({"drafter": kind, "k": k, "batch": b, "acceptance_length": m["acceptance_length"],
+                     "measured": m["total_seconds"], "predicted": p, "error": err, "held_out": held})
+        tag = "" if held else "  (fit)"
+        print(f"{kind + ' k=' + str(k) + ' B=' + str(b):<20}{m['acceptance_length']:>6.2f}{m['total_seconds']:>12.3f}"
+              f"{p:>13.3f}{100 * err:>+8.1f}%{tag}")
+    held = [abs(r["error"]) for r in rows if r["held_out"]]
+    print(f"median |error| over {len(held)} held-out points: {100 * statistics.median(held):.1f}%")
+    ar_held = [abs(r["error"]) for r in rows if r["held_out"] and r["drafter"] == "none"]
+    sp_held = [abs(r["error"]) for r in rows if r["held_out"] and r["drafter"] != "none"]
+    print(f"  autoregressive: {100 * statistics.median(ar_held):.1f}%   speculative (n-gram): "
+          f"{100 * statistics.median(sp_held):.1f}%")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    Path(args.out).write_text(json.dumps({"profile": prof, "efficiency": eff.to_dict(), "rows": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
