@@ -93,7 +93,7 @@ def select_draft_vocab(sequences: list[list[int]], size: int, always: tuple[int,
 
 @torch.no_grad()
 def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, topk: int = 32,
-            prompt_lens: list[int] | None = None) -> list[Example]:
+            prompt_lens: list[int] | None = None, progress: bool = False) -> list[Example]:
     """One no-grad target forward per batch: the hidden states and top-K next-token distributions."""
     kind = _kind(drafter)
     vocab = target.args.vocab_size
@@ -107,7 +107,12 @@ def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, to
     kk = min(topk, vocab)
     out: list[Example | None] = [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    for a in range(0, len(order), batch_size):
+    starts = range(0, len(order), batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc="target forwards", unit="batch")
+    for a in starts:
         idx = order[a: a + batch_size]
         longest = max(len(sequences[i]) for i in idx)
         tok = torch.zeros(len(idx), longest, dtype=torch.long)
@@ -246,7 +251,8 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
     rng.shuffle(order)
     n_held = max(1, int(round(len(seqs) * heldout_fraction)))
     held_ids, train_ids = order[:n_held], order[n_held:]
-    examples = collect(target, drafter, seqs, batch_size=batch_size, topk=topk, prompt_lens=prompt_lens)
+    examples = collect(target, drafter, seqs, batch_size=batch_size, topk=topk, prompt_lens=prompt_lens,
+                       progress=progress)
     train_ex = [examples[i] for i in train_ids]
     held_ex = [examples[i] for i in held_ids]
     initial = evaluate(drafter, held_ex, batch_size, ttt_steps)
