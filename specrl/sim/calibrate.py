@@ -160,13 +160,25 @@ def fit(data: str | Path = DEFAULT_DATA, holdout: tuple[str, ...] = (), max_nfev
     return FitResult(eff, sig, rows, source=str(data))
 
 
-def write_calibration(result: FitResult, path: str | Path | None = None) -> Path:
-    """Write calibrated.py (the module presets read) from a fit."""
+def _round(d: dict) -> dict:
+    return {k: float(f"{v:.6g}") for k, v in d.items()}
+
+
+def write_calibration(result: FitResult | None = None, path: str | Path | None = None,
+                      cpu: Efficiency | None = None, cpu_source: str = "") -> Path:
+    """Write calibrated.py (the module presets read): a GPU fit, a CPU fit, or both; the rest is kept."""
+    from specrl.sim.calibrated import CALIBRATION
+
     path = Path(path or Path(__file__).with_name("calibrated.py"))
-    cal = {"source": f"specrl simulate fit on {Path(result.source).name}; median |error| "
-                     f"{result.median_abs_error():.3f}",
-           "efficiency": {k: float(f"{v:.6g}") for k, v in result.efficiency.to_dict().items()},
-           "workload_sigma": {k: float(f"{v:.6g}") for k, v in result.workload_sigma.items()}}
+    cal = dict(CALIBRATION)
+    if result is not None:
+        cal.update({"source": f"specrl simulate fit on {Path(result.source).name}; median |error| "
+                              f"{result.median_abs_error():.3f}",
+                    "efficiency": _round(result.efficiency.to_dict()),
+                    "workload_sigma": _round(result.workload_sigma)})
+    if cpu is not None:
+        cal["cpu_source"] = cpu_source
+        cal["cpu_efficiency"] = _round(cpu.to_dict())
     body = pprint.pformat(cal, width=108, sort_dicts=False)
     path.write_text('"""Calibrated efficiency factors (written by `specrl simulate fit --write`; do not '
                     'hand-edit)."""\n\nCALIBRATION = ' + body + "\n")

@@ -229,12 +229,35 @@ def fit(
         "--holdout", help="WORKLOAD:ARM:STAGE,... left out of the fit, e.g. RL-Zero:spec:gen")] = None,
     write: Annotated[bool, typer.Option("--write", help="update specrl/sim/calibrated.py")] = False,
     max_nfev: Annotated[int, typer.Option("--max-evals")] = 60,
+    from_run: Annotated[str | None, typer.Option("--from-run", help="fit CPU factors to runs/NAME/metrics.jsonl")]
+    = None,
+    cpu_profile: CpuProfile = None,
     json_out: Json = False,
 ) -> None:
-    """Fit the efficiency factors to measured stage tables and print measured vs predicted per stage."""
+    """Fit the efficiency factors to measured stage tables and print measured vs predicted per stage.
+
+    With --from-run, fit the CPU efficiency factors to a real specrl run instead (used by --from-run).
+    """
     from specrl.sim.calibrate import DEFAULT_DATA, write_calibration
     from specrl.sim.calibrate import fit as run_fit
 
+    if from_run:
+        from specrl.sim.fromrun import fit_cpu_efficiency
+
+        try:
+            out = fit_cpu_efficiency(from_run, cpu_profile=cpu_profile)
+        except SpecRLError as exc:
+            _fail(exc)
+        eff = out["efficiency"].to_dict()
+        if json_out:
+            typer.echo(report.to_json({"efficiency": eff, "rows": out["rows"], "steps_used": out["steps_used"]}))
+        else:
+            typer.echo(f"CPU fit on {from_run} (medians over {out['steps_used']} steps)")
+            typer.echo(report.format_from_run(out["rows"]))
+            typer.echo("efficiency: " + ", ".join(f"{k}={v:.4g}" for k, v in eff.items()))
+        if write:
+            typer.echo(f"wrote {write_calibration(cpu=out['efficiency'], cpu_source=str(from_run))}", err=json_out)
+        return
     try:
         res = run_fit(data or DEFAULT_DATA, tuple(h for h in (holdout or "").split(",") if h), max_nfev=max_nfev)
     except SpecRLError as exc:

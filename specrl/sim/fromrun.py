@@ -96,6 +96,8 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
         al = min(max(al, 1.0), k + 1.0)
     rollout_dtype = str(_get(run_cfg, "model.rollout_dtype", "bfloat16"))
     train_dtype = str(_get(run_cfg, "model.dtype", "float32"))
+    if str(_get(run_cfg, "policy.precision", "fp32")).startswith("bf16"):
+        train_dtype = "bfloat16"  # bf16 autocast over fp32 master weights
     prec = {"bfloat16": "bf16", "float32": "fp32"}
     wl = Workload(prompts_per_step=int(_get(run_cfg, "grpo.num_prompts_per_step")),
                   generations_per_prompt=int(_get(run_cfg, "grpo.num_generations")),
@@ -131,3 +133,33 @@ def predict_run(metrics_path: str | Path, cpu_profile: str | None = None,
     rows.append({"stage": "step", "measured": measured_step, "predicted": float(arm["step_seconds"]),
                  "error": (arm["step_seconds"] - measured_step) / measured_step})
     return {"rows": rows, "config": config_dict(cfg), "steps_used": len(steady), "simulation": result}
+
+
+def fit_cpu_efficiency(metrics_path: str | Path, cpu_profile: str | None = None, prompt_tokens: int = 120) -> dict:
+    """Fit the CPU efficiency factors to one run's median stage times (all closed form or 1-D linear).
+
+    data and prepare fixed costs are the measured medians (minus the weight-copy bytes term), logprob/train
+    MFU are predicted-at-MFU-1 / measured, and the per-forward overhead solves the generation time, which is
+    linear in it. Returns {"efficiency": Efficiency, "rows": predicted vs measured after the fit}.
+    """
+    from dataclasses import replace
+
+    metrics_path = Path(metrics_path)
+    records = read_metrics(metrics_path)
+    run_cfg = read_run_config(metrics_path.parent)
+    unit = Efficiency(bw_eff=1.0, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, ngram_overhead_s=0.0,
+                      mfu_logprob=1.0, mfu_train=1.0, prepare_fixed_s=0.0, data_s=0.0)
+    cfg = config_for_run(run_cfg, records, cpu_profile, unit, prompt_tokens=prompt_tokens)
+    steady = records[1:] or records
+    meas = {s: statistics.median(float(r["stage_seconds"].get(s, 0.0)) for r in steady) for s in STAGES}
+    arm = "spec" if cfg.drafter != "none" else "ar"
+    r0 = simulate(cfg)[arm]["stages"]
+    r1 = simulate(replace(cfg, efficiency=replace(unit, step_overhead_s=1e-3, draft_overhead_s=1e-3)))[arm]["stages"]
+    slope = (r1["gen"] - r0["gen"]) / 1e-3
+    overhead = max(0.0, (meas["gen"] - r0["gen"]) / slope) if slope > 0 else 0.0
+    eff = replace(unit, data_s=meas["data"], prepare_fixed_s=max(0.0, meas["prepare"] - r0["prepare"]),
+                  mfu_logprob=min(1.0, r0["logprob"] / meas["logprob"]) if meas["logprob"] > 0 else 1.0,
+                  mfu_train=min(1.0, r0["train"] / meas["train"]) if meas["train"] > 0 else 1.0,
+                  step_overhead_s=overhead, draft_overhead_s=overhead)
+    return {"efficiency": eff, "steps_used": len(steady),
+            "rows": predict_run(metrics_path, cpu_profile, eff, prompt_tokens)["rows"]}

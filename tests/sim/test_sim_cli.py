@@ -145,3 +145,14 @@ def test_from_run_bad_inputs(tmp_path):
     metrics.write_text('{"step": 0}\n')
     res = runner.invoke(app, ["--from-run", str(metrics), "--cpu-profile", str(prof)])
     assert res.exit_code == 2 and "lacks" in res.output
+
+
+def test_fit_cpu_from_run_reproduces_the_run(tmp_path):
+    metrics, prof = _fake_run(tmp_path)
+    res = runner.invoke(app, ["fit", "--from-run", str(metrics), "--cpu-profile", str(prof), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    by = {r["stage"]: r for r in out["rows"]}
+    for stage in ("data", "prepare", "gen", "logprob", "train"):
+        assert by[stage]["error"] == pytest.approx(0.0, abs=0.02)
+    assert 0 < out["efficiency"]["mfu_train"] <= 1 and out["efficiency"]["step_overhead_s"] > 0
