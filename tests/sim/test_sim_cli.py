@@ -118,7 +118,7 @@ def _fake_run(tmp_path, drafter="none"):
             "num_draft_tokens_mean": 3.0 if drafter != "none" else 0.0, "generated_tokens": 640,
             "response_length_mean": 40.0, "gen_tokens_per_second": 160.0}))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    prof = {"name": "cpu", "peak_flops": {"bf16": 1e11, "fp32": 5e10, "fp8": 1e11}, "hbm_bandwidth": 2e10,
+    prof = {"name": "cpu", "peak_flops": {"bf16": 2e12, "fp32": 1e12, "fp8": 2e12}, "hbm_bandwidth": 2e10,
             "hbm_bytes": 16e9, "nvlink_bandwidth": 2e10, "network_bandwidth": 1e9, "nvlink_domain": 1}
     (tmp_path / "cpu.json").write_text(json.dumps(prof))
     return run / "metrics.jsonl", tmp_path / "cpu.json"
