@@ -244,3 +244,19 @@ def test_online_needs_trainable_drafter(tiny):
     cfg.speculative.drafter = "ngram"  # bypass the config check to reach the trainer's own
     with pytest.raises(SpecRLError, match="trains EAGLE or MTP drafters"):
         GRPOTrainer.from_config(cfg)
+
+
+def test_non_finite_in_run_names_step_and_last_good_checkpoint(tiny, tmp_path, monkeypatch):
+    real = GRPOTrainer.stage_train
+
+    def flaky(self, batch):
+        if self.step_count + 1 == 2:
+            raise NonFiniteError("step 2: non-finite GRPO loss (nan); update skipped")
+        return real(self, batch)
+
+    monkeypatch.setattr(GRPOTrainer, "stage_train", flaky)
+    cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
+    with pytest.raises(SpecRLError, match=r"step 2: non-finite.*last good checkpoint is .*step_000001"):
+        train_main(str(cfg), [], None, str(tmp_path / "run"), False)
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
