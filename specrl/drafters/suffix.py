@@ -1,58 +1,83 @@
 """Suffix drafter: propose continuations found in the *sibling samples* of the same prompt.
 
 GRPO draws n samples per prompt and siblings share long stretches, so the best source of a draft is what
-the other samples of this prompt (in the batch right now, and finished earlier, including earlier
-`generate` calls) wrote after the same context. For each group (prompt) it keeps the finished sequences;
-at draft time it searches the live siblings' and finished sequences' generated text for the longest match
-(up to max_match tokens) of the current suffix and proposes what followed, breaking ties by how many
-siblings agree. Deterministic: q is one-hot, verification stays exact.
+the other samples of this prompt wrote after the same context — in the batch right now and in earlier
+rollouts (finished sequences stay indexed, across `generate` calls). Per group (prompt) the drafter keeps an
+incremental n-gram index: for each n in match_lengths (longest first) it maps the n tokens ending at a
+position to the most recent (sequence, position) where they occurred; only newly generated tokens are
+indexed at each step, so a proposal costs O(k) dictionary look-ups per sequence. It prefers matches in
+siblings, then in the sequence's own prompt and output. Deterministic: q is one-hot, verification stays exact.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-
 from specrl.drafters.base import DraftBatch, Drafter, Proposal, pad_proposals
-from specrl.drafters.ngram import lookup
 from specrl.errors import SpecRLError
+
+
+class _GroupIndex:
+    def __init__(self, lengths: tuple[int, ...], per_ngram: int = 4):
+        self.lengths = lengths
+        self.per_ngram = per_ngram
+        self.seqs: dict[int, list[int]] = {}  # internal sequence id -> tokens
+        self.ids: dict[int, int] = {}  # caller's sequence key -> current internal id
+        self.table: dict[tuple, list[tuple[int, int]]] = {}  # n-gram -> recent (internal id, end position)
+
+    def extend(self, key: int, tokens: list[int]) -> int:
+        sid = self.ids.get(key)
+        own = self.seqs.get(sid) if sid is not None else None
+        if own is None or len(own) > len(tokens) or (own and own[-1] != tokens[len(own) - 1]):
+            sid = self.ids[key] = len(self.seqs)  # a new sequence (an old one under this key stays as history)
+            own = self.seqs[sid] = []
+        start = len(own)
+        own.extend(tokens[start:])
+        for end in range(max(start, 1), len(own) + 1):
+            for n in self.lengths:
+                if end >= n:
+                    hits = self.table.setdefault(tuple(own[end - n:end]), [])
+                    hits.append((sid, end))
+                    if len(hits) > self.per_ngram:
+                        del hits[0]
+        return sid
+
+    def continuation(self, me: int, tokens: list[int], k: int) -> list[int]:
+        for n in self.lengths:
+            if len(tokens) < n:
+                continue
+            for sid, end in reversed(self.table.get(tuple(tokens[-n:]), ())):
+                if sid == me and end >= len(tokens):
+                    continue  # our own latest n-gram: nothing follows it yet
+                cont = self.seqs[sid][end:end + k]
+                if cont:
+                    return cont
+        return []
 
 
 class SuffixDrafter(Drafter):
     kind = "suffix"
 
-    def __init__(self, max_match: int = 8, min_match: int = 2, max_history: int = 64, max_siblings: int = 16):
-        if not 1 <= min_match <= max_match:
-            raise SpecRLError(f"need 1 <= min_match <= max_match, got {min_match}, {max_match}")
-        self.max_match, self.min_match, self.max_history = max_match, min_match, max_history
-        self.max_siblings = max_siblings
-        self.history: dict[int, list[list[int]]] = defaultdict(list)  # group -> finished sequences
+    def __init__(self, match_lengths: tuple[int, ...] = (8, 5, 3, 2), max_groups: int = 4096):
+        if not match_lengths or min(match_lengths) < 1:
+            raise SpecRLError(f"match_lengths must be positive integers, got {match_lengths!r}")
+        self.lengths = tuple(sorted(set(match_lengths), reverse=True))
+        self.max_groups = max_groups
+        self.groups: dict[int, _GroupIndex] = {}
 
-    def on_finished(self, tokens: list[int], group_id: int) -> None:
-        hist = self.history[group_id]
-        hist.append(list(tokens))
-        if len(hist) > self.max_history:
-            del hist[0]
-
-    def _candidates(self, me: int, batch: DraftBatch) -> list[list[int]]:
-        g = batch.group_ids[me]
-        live = [t for i, t in enumerate(batch.tokens) if i != me and batch.group_ids[i] == g]
-        return live[: self.max_siblings] + self.history.get(g, [])[-self.max_siblings:]
+    def _group(self, gid: int) -> _GroupIndex:
+        g = self.groups.get(gid)
+        if g is None:
+            if len(self.groups) >= self.max_groups:  # forget the oldest prompt's history
+                self.groups.pop(next(iter(self.groups)))
+            g = self.groups[gid] = _GroupIndex(self.lengths)
+        return g
 
     def propose(self, batch: DraftBatch, k: int) -> Proposal:
+        ids = []
+        for b, toks in enumerate(batch.tokens):  # index everything new first, so siblings see each other
+            key = (int(batch.seeds[b]) << 32) ^ int(batch.request_ids[b])
+            ids.append(self._group(batch.group_ids[b]).extend(key, toks))
         rows = []
         for b, toks in enumerate(batch.tokens):
-            best: list[int] = []
-            for n in range(self.max_match, self.min_match - 1, -1):
-                if len(toks) < n:
-                    continue
-                conts = [tuple(c) for c in (lookup(toks[-n:], k, n, n, corpus=s) for s in
-                                            self._candidates(b, batch)) if c]
-                if conts:
-                    # the most common continuation among siblings (longest on ties)
-                    counts = Counter(conts)
-                    best = list(max(counts, key=lambda c: (counts[c], len(c))))
-                    break
-            if not best:
-                best = lookup(toks, k, 1, 4)  # fall back to the sequence's own prompt/output
-            rows.append(best + [toks[-1]] * (k - len(best)))
+            cont = self._group(batch.group_ids[b]).continuation(ids[b], toks, k)
+            rows.append(cont + [toks[-1]] * (k - len(cont)))
         return Proposal(pad_proposals(rows, k))
