@@ -49,11 +49,11 @@ def plot_reward(records: list[dict], path: Path, title: str = "reward",
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
     xs, ys = _series(records, "reward_mean")
-    _, sd = _series(records, "reward_std")
-    ax.plot(xs, ys, "-o", ms=3, color="#3a6ea5", label="train reward (mean)")
-    if len(sd) == len(ys):
-        ax.fill_between(xs, [y - s for y, s in zip(ys, sd, strict=True)],
-                        [y + s for y, s in zip(ys, sd, strict=True)], color="#3a6ea5", alpha=0.12)
+    ax.plot(xs, ys, "-o", ms=3, lw=1, color="#3a6ea5", alpha=0.5, label="train reward (batch mean)")
+    w = max(1, min(5, len(ys) // 4))
+    if w > 1:
+        smooth = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
+        ax.plot(xs, smooth, "-", lw=2.2, color="#3a6ea5", label=f"train reward ({w}-step moving mean)")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax2 = ax.twinx()
