@@ -206,7 +206,7 @@ def train(config: str = typer.Option("examples/default.yaml", help="YAML config.
 
 @draft_app.command("init")
 def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.Option("eagle"),
-               task: str = typer.Option("basic_arithmetic"), samples: int = 256, epochs: int = 2,
+               task: str = typer.Option("chain_sum"), samples: int = 256, epochs: int = 2,
                out: Path | None = typer.Option(None), data: Path | None = typer.Option(None)):
     """Train a drafter offline on in-domain rollouts (or on --data JSONL texts)."""
     try:
@@ -214,7 +214,8 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
     except ImportError as e:
         _fail(SpecRLError(f"drafter training is not available: {e}"))
     try:
-        path = draft_init_main(model, drafter, task, samples, epochs, out, data)
+        path = draft_init_main(model, drafter, task, samples, epochs, out or Path("drafters") / f"{drafter}-{task}",
+                               str(data) if data else None)
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] drafter saved to {path}")
