@@ -36,3 +36,9 @@ def test_unknown_drafter_spec_and_missing_paths(target, tmp_path):
         make_drafter(f"draft-model:{tmp_path}/nope", target)
     with pytest.raises(SpecRLError, match="does not exist"):
         make_drafter(f"eagle:{tmp_path}/nope", target)
+
+
+def test_missing_default_drafter_says_how_to_build_it(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
+    with pytest.raises(SpecRLError, match="specrl draft init --drafter eagle"):
+        make_drafter("eagle:default", target)

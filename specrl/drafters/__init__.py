@@ -1,7 +1,7 @@
 """Drafters: propose tokens for the engine's single verifier (see base.py for the protocol).
 
 `make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
-draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH.
+draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH (PATH may be `default`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
+def default_drafter_dir(kind: str) -> Path:
+    """Where `eagle:default` / `mtp:default` live: next to the embedded model in the specrl cache."""
+    from specrl.model.presets import cache_root
+
+    return cache_root() / "drafters" / f"smollm2-135m-{kind}-default"
+
+
 def make_drafter(spec: str | None, target=None, dtype=None) -> Drafter | None:
     """Build a drafter from a spec string; None/'none' means plain autoregressive decoding."""
     if spec is None or spec == "none":
@@ -51,5 +58,10 @@ def make_drafter(spec: str | None, target=None, dtype=None) -> Drafter | None:
             return DraftModelDrafter(model)
         from specrl.drafters.io import load_drafter
 
+        if arg == "default":
+            arg = str(default_drafter_dir(kind))
+            if not Path(arg).exists():
+                raise SpecRLError(f"no default {kind} drafter at {arg}; build one with `specrl draft init --drafter "
+                                  f"{kind} --task chain_sum --out {arg}` (or use drafter ngram / suffix)")
         return load_drafter(arg, target, expected_kind=kind)
     raise SpecRLError(f"unknown drafter {spec!r}; use one of {list(DRAFTER_KINDS)}")
