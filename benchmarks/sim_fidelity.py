@@ -4,7 +4,8 @@ Run: .venv/bin/python benchmarks/sim_fidelity.py [--repeats 3] [--tokens 32] [--
 
 1. Measures the `cpu` hardware profile (matmul FLOP/s, GEMV bandwidth) like `specrl simulate profile-hardware`.
 2. Times the native engine (SmolLM2-135M, bf16, greedy, no stop tokens so every sequence runs to --tokens)
-   autoregressively at several batch sizes and with the n-gram drafter at several k (best of --repeats).
+   autoregressively at several batch sizes and with the n-gram drafter at several k (best of --repeats,
+   taken round-robin over the points so drifting machine load hits all points alike).
 3. Fits exactly two CPU numbers on two calibration points — the per-forward overhead from AR at B=1 and the
    n-gram per-step overhead from n-gram k=2 at B=1 — and predicts every other point with the simulator
    (acceptance length taken from the engine's own metrics). Prints measured vs predicted and the median
@@ -44,7 +45,7 @@ POINTS = [("none", 0, 1), ("none", 0, 4), ("none", 0, 16), ("none", 0, 32),
 CALIBRATION_POINTS = {("none", 0, 1), ("ngram", 2, 1)}
 
 
-def measure(model, tok, drafter_kind: str, k: int, batch: int, tokens: int, repeats: int) -> dict:
+def make_runner(model, tok, drafter_kind: str, k: int, batch: int, tokens: int):
     from specrl import RolloutEngine, SamplingParams
     from specrl.drafters import make_drafter
 
@@ -53,14 +54,13 @@ def measure(model, tok, drafter_kind: str, k: int, batch: int, tokens: int, repe
     engine = RolloutEngine(model, max_batch_size=batch, max_seq_len=256, drafter=drafter,
                            num_draft_tokens=k if drafter else 3)
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens, seed=0)
-    best = None
-    for _ in range(repeats):
+    prompt_mean = sum(len(p) for p in prompts) / batch
+
+    def run() -> dict:
         engine.generate(prompts, params)
-        m = engine.last_metrics
-        if best is None or m["total_seconds"] < best["total_seconds"]:
-            best = m
-    best["prompt_tokens_mean"] = sum(len(p) for p in prompts) / batch
-    return best
+        return dict(engine.last_metrics, prompt_tokens_mean=prompt_mean)
+
+    return run
 
 
 def predict(profile_path: str, eff: Efficiency, kind: str, k: int, batch: int, tokens: int, m: dict) -> float:
@@ -94,14 +94,20 @@ def main() -> None:
     from specrl import load_model
 
     model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
-    measure(model, tok, "none", 0, 4, 8, 1)  # warm-up
-    meas = {}
-    for kind, k, b in POINTS:
+    runners = {p: make_runner(model, tok, p[0], p[1], p[2], args.tokens) for p in POINTS}
+    runners[POINTS[0]]()  # warm-up
+    meas: dict = {}
+    # round-robin over the points so a change in machine load hits all of them alike; keep the best run
+    for rep in range(args.repeats):
         t0 = time.perf_counter()
-        meas[(kind, k, b)] = measure(model, tok, kind, k, b, args.tokens, args.repeats)
-        m = meas[(kind, k, b)]
-        print(f"measured {kind:<6} k={k} B={b:<3} {m['total_seconds']:.3f} s  AL {m['acceptance_length']:.2f}  "
-              f"({time.perf_counter() - t0:.1f} s wall)", flush=True)
+        for point, run in runners.items():
+            m = run()
+            if point not in meas or m["total_seconds"] < meas[point]["total_seconds"]:
+                meas[point] = m
+        print(f"repeat {rep + 1}/{args.repeats}: {time.perf_counter() - t0:.1f} s, load {os.getloadavg()[0]:.2f}",
+              flush=True)
+    for (kind, k, b), m in meas.items():
+        print(f"measured {kind:<6} k={k} B={b:<3} {m['total_seconds']:.3f} s  AL {m['acceptance_length']:.2f}")
 
     # fit the two CPU overheads on the calibration points (both predictions are linear in the overhead)
     base = Efficiency(bw_eff=1.0, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, ngram_overhead_s=0.0)
