@@ -29,7 +29,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--verify", default="rejection")
-    ap.add_argument("--prompts", default=None, help="task name from specrl.rl.tasks for in-domain prompts")
+    ap.add_argument("--task", default=None, help="task name (e.g. chain_sum): held-out in-domain prompts from "
+                    "specrl.rl.tasks instead of the generic prompt set")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -39,13 +40,21 @@ def main() -> None:
 
     model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
     stops = stop_token_ids(tok, model.args)
+    task_prompts = None
+    if a.task:
+        from specrl.rl.tasks import PromptFormatter, make_task
+
+        _, val = make_task(a.task, difficulty="easy", train_size=64, val_size=64, seed=0)
+        fmt = PromptFormatter(tok)
+        task_prompts = [fmt.encode(p.question) for p in val.problems]
     ks = [k if k == "auto" else int(k) for k in a.ks.split(",")]
     rows = []
     print(f"T={a.temperature} new_tokens<={a.new_tokens} group={a.group} threads={a.threads} verify={a.verify}")
     print(f"{'drafter':>16} {'B':>3} {'k':>5} {'speedup':>8} {'AL':>5} {'c':>6} {'ideal':>6} {'eff':>5} {'k_mean':>6}")
     for spec in a.drafters.split(","):
         for b in [int(x) for x in a.batch_sizes.split(",")]:
-            base = prompt_ids(tok, max(1, b // a.group))
+            n_base = max(1, b // a.group)
+            base = task_prompts[:n_base] if task_prompts else prompt_ids(tok, n_base)
             ids = [p for p in base for _ in range(a.group)][:b]
             ids += [base[0]] * (b - len(ids))
             ar = RolloutEngine(model, max_batch_size=b, max_seq_len=512)
