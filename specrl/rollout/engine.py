@@ -282,13 +282,13 @@ class RolloutEngine:
         tok, lp = self._sample_rows(logits, active, pos[:, 0] + 1)
         for b, s in enumerate(active):
             s.emit(int(tok[b]), float(lp[b]))
+        if batch is not None:  # the drafter keeps its state in step even when it did not draft
+            captured["final"] = hidden
+            self.drafter.on_verified(batch, None, torch.ones(n, dtype=torch.long), captured)
         dt = time.perf_counter() - t0
         metrics.record_ar(n, dt)
         if self.controller is not None:
             self.controller.observe_target(n, 1, self._ctx_len(active), dt)
-        if batch is not None:
-            captured["final"] = hidden
-            self.drafter.on_verified(batch, None, torch.ones(n, dtype=torch.long), captured)
 
     def _draft_batch(self, active: list[_Seq]) -> DraftBatch:
         seeds, rids, temp, top_p, top_k = self._param_tensors(active)
@@ -331,6 +331,6 @@ class RolloutEngine:
         self.drafter.on_verified(batch, proposal, emitted, captured)
         t3 = time.perf_counter()
         metrics.record_spec(k, res.num_accepted, emitted, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1)
-        self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1)
         self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2))
+        self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1, emitted=int(emitted.sum()))
         self.controller.observe_acceptance(res.num_accepted, k)
