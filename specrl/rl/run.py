@@ -198,7 +198,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
     try:
         for _ in range(cfg.run.steps):
             for name, r in runs.items():
-                r.after_step(r.trainer.step(), label=f"[{name[:4]}] ")
+                r.after_step(r.trainer.step(), label="[ar]   " if name == "autoregressive" else "[spec] ")
             if exact:
                 same_rollouts.append(ar.trainer.last_rollouts.responses == sd.trainer.last_rollouts.responses)
                 same_weights.append(_weights_equal(ar.trainer.policy, sd.trainer.policy))
