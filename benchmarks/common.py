@@ -9,16 +9,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-PROMPTS = [
-    "What is 17 + 25? Answer with the number only.",
-    "Compute 9 * 8 - 13.",
-    "Write one sentence about the sea.",
-    "List three prime numbers greater than 10.",
-    "What is 144 divided by 12?",
-    "Name the capital of France and one famous landmark there.",
-    "Count from 1 to 10.",
-    "Explain in two sentences what a rollout is in reinforcement learning.",
-]
+from specrl.cli import DEMO_PROMPTS as PROMPTS  # noqa: E402  (one prompt set for the demo and benchmarks)
 
 
 def prompt_ids(tok, batch_size: int) -> list[list[int]]:
