@@ -37,3 +37,13 @@ def test_compute_bound_switches_off():
 def test_fixed_k_is_returned():
     c = DraftLengthController(7, 3)
     assert [c.choose(8, 10) for _ in range(5)] == [3] * 5
+
+
+def test_new_batch_size_starts_from_nearest_measured_choice():
+    c = DraftLengthController(7, "auto")
+    for _ in range(40):  # batch 8 on a memory-bound machine: settles on deep drafting
+        k = c.choose(8, 10)
+        c.observe_target(8, k + 1, 10, 1.0 + 0.02 * k, emitted=int(8 * min(1 + 0.8 * k, 4.2)))
+    best8 = max((k for (b, k) in c.tput if b == 8), key=lambda k: c.tput[(8, k)])
+    assert best8 >= 3
+    assert c.choose(4, 10) == best8  # the batch drained to 4: no re-exploration from k=0

@@ -72,15 +72,18 @@ class DraftLengthController:
         return k
 
     def _choose(self, b: int, step: int) -> int:
-        for k in (0, 1):  # always know plain decoding and the cheapest speculation
-            if (b, k) not in self.tput:
-                return k
-        best = self._best(b)
-        up = best + 1
-        if up <= self.k_max and (b, up) not in self.tput and (best == 0 or self.tput[(b, best)] >
-                                                              self.tput.get((b, best - 1), 0.0)):
-            return up  # still climbing: try one more draft token
+        tried = {k: v for (bb, k), v in self.tput.items() if bb == b}
+        if not tried:  # a new batch size: start from the best k of the nearest measured bucket (or k=1)
+            others = {bb for bb, _ in self.tput}
+            if not others:
+                return min(1, self.k_max)
+            near = min(others, key=lambda bb: abs(bb.bit_length() - b.bit_length()))
+            return self._best(near)
+        best = max(tried, key=tried.get)
+        for nb in (best - 1, best + 1):  # measure both neighbours of the best before settling
+            if 0 <= nb <= self.k_max and nb not in tried:
+                return nb
         if step % self.recheck == 0:  # re-measure a neighbour so the choice can move
-            nb = best + 1 if (step // self.recheck) % 2 and best < self.k_max else max(0, best - 1)
-            return nb
+            up = (step // self.recheck) % 2 == 1
+            return min(best + 1, self.k_max) if up else max(best - 1, 0)
         return best
