@@ -27,7 +27,8 @@ STAGE_MAP = {"data": "data", "prepare": "prepare", "generation": "gen", "logprob
 ARM_MAP = {"autoregressive": "ar", "speculative_k3": "spec"}
 PRIORS = {"bw_eff": 0.7, "step_overhead_s": 2e-3, "draft_overhead_s": 0.5e-3}
 PRIOR_WEIGHT = 0.05  # residual per e-fold away from the prior; measured residuals weigh 1 per e-fold
-DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "paper_8b.json"
+# A copy of shared/reference/paper_8b.json ships with the package, so `fit` works from any checkout.
+DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "paper_8b.json"
 
 
 @dataclass
