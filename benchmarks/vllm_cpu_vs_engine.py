@@ -78,7 +78,7 @@ def main() -> None:
                               str(a.repeats)], capture_output=True, text=True)
         line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
         if not line:
-            sys.exit(f"vLLM worker failed:\n{res.stderr[-3000:]}")
+            sys.exit(f"vLLM worker failed:\n{res.stderr[-12000:]}")
         theirs = json.loads(line[0][7:])
         o, t = statistics.median(ours), statistics.median(theirs)
         print(f"{b:>3} {o:>13.1f} {t:>11.1f} {o / t:>5.2f}x", flush=True)
