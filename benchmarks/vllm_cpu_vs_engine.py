@@ -8,8 +8,8 @@ vLLM's CPU build needs its own venv (it wants transformers<5.20):
     .venv/bin/python benchmarks/vllm_cpu_vs_engine.py --vllm-python /work/vllm-venv/bin/python
 
 The parent (specrl venv) times our engine; for vLLM it runs this same file with `--worker` under the vLLM
-python, which loads the cached SmolLM2 checkpoint (bf16, eager) and prints tokens/s as JSON. Runs alternate
-engine / vLLM per repeat, greedy, exactly --new-tokens per sequence (ignore_eos).
+python, which loads the cached SmolLM2 checkpoint (bf16, eager) and prints tokens/s as JSON. vLLM runs first
+(it fails to start beside a loaded model), then ours; greedy, exactly --new-tokens per sequence (ignore_eos).
 """
 
 from __future__ import annotations
@@ -58,30 +58,38 @@ def main() -> None:
     from common import prompt_ids
 
     from specrl import RolloutEngine, SamplingParams, load_model
+    from specrl.model.checkpoint import load_tokenizer
     from specrl.model.presets import prepare
 
-    model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
-    engine = RolloutEngine(model, max_batch_size=32, max_seq_len=512)
-    print(f"{'B':>3} {'engine tok/s':>13} {'vllm tok/s':>11} {'ratio':>6}")
-    for b in [int(x) for x in a.batch_sizes.split(",")]:
+    # vLLM's engine core fails to start when launched from a process that already holds our model (seen with
+    # vllm-cpu 0.32), so all vLLM runs go first, then ours; each side takes the median of --repeats runs.
+    tok = load_tokenizer(prepare("smollm2-135m"))
+    sizes = [int(x) for x in a.batch_sizes.split(",")]
+    theirs: dict[int, float] = {}
+    for b in sizes:
         ids = prompt_ids(tok, b)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(ids, f)
+        res = subprocess.run([a.vllm_python, __file__, "--worker", "--model-dir", str(prepare("smollm2-135m")),
+                              "--prompts-file", f.name, "--new-tokens", str(a.new_tokens), "--repeats",
+                              str(a.repeats)], capture_output=True, text=True)
+        line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
+        if not line:
+            sys.exit(f"vLLM worker failed:\n{res.stdout[-4000:]}\n{res.stderr[-12000:]}")
+        theirs[b] = statistics.median(json.loads(line[0][7:]))
+    model, _ = load_model("smollm2-135m", dtype=torch.bfloat16)
+    engine = RolloutEngine(model, max_batch_size=max(sizes), max_seq_len=512)
+    print(f"{'B':>3} {'engine tok/s':>13} {'vllm tok/s':>11} {'ratio':>6}")
+    for b in sizes:
+        ids = prompt_ids(tok, b)
         ours = []
         engine.generate(ids, SamplingParams(max_new_tokens=2))
         for _ in range(a.repeats):
             t = time.perf_counter()
             engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=a.new_tokens))
             ours.append(b * a.new_tokens / (time.perf_counter() - t))
-        res = subprocess.run([a.vllm_python, __file__, "--worker", "--model-dir", str(prepare("smollm2-135m")),
-                              "--prompts-file", f.name, "--new-tokens", str(a.new_tokens), "--repeats",
-                              str(a.repeats)], capture_output=True, text=True)
-        line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
-        if not line:
-            sys.exit(f"vLLM worker failed:\n{res.stderr[-12000:]}")
-        theirs = json.loads(line[0][7:])
-        o, t = statistics.median(ours), statistics.median(theirs)
-        print(f"{b:>3} {o:>13.1f} {t:>11.1f} {o / t:>5.2f}x", flush=True)
+        o = statistics.median(ours)
+        print(f"{b:>3} {o:>13.1f} {theirs[b]:>11.1f} {o / theirs[b]:>5.2f}x", flush=True)
 
 
 if __name__ == "__main__":
