@@ -14,8 +14,7 @@ from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import save_checkpoint
 from specrl.model.transformer import tiny_model
-from specrl.rollout.sampling import probs_from_logits
-from tests.stats import gof_pvalue
+from tests.stats import SETTINGS, V, speculative_pvalue
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [3, 3, 3, 3, 3, 3, 3], [60, 61]]
 KINDS = ["eagle", "eagle-reduced", "mtp"]
@@ -128,33 +127,9 @@ def test_reduced_vocab_probs_are_full_vocab_with_zeros(target):
 
 
 # ---------------------------------------------------------------- exact distribution
-V = 8
-DPROMPT = [1, 2, 1]
-SETTINGS = {
-    "T0.7": dict(temperature=0.7),
-    "T1.0": dict(temperature=1.0),
-    "T1.5": dict(temperature=1.5),
-    "top_p": dict(temperature=1.0, top_p=0.8),
-    "top_k": dict(temperature=1.2, top_k=3),
-}
-
-
 @pytest.fixture(scope="module")
 def small_target():
     return tiny_model("llama", vocab_size=V, seed=5, num_layers=2)
-
-
-def exact_distribution(target, sp: SamplingParams, length: int = 3) -> dict:
-    conts = list(itertools.product(range(V), repeat=length))
-    seqs = torch.tensor([DPROMPT + list(c) for c in conts])
-    with torch.no_grad():
-        logits, _ = target(seqs)
-    rows = logits[:, len(DPROMPT) - 1: -1]
-    shape = rows.shape[:2]
-    p = probs_from_logits(rows, torch.full(shape, float(sp.temperature)), torch.full(shape, float(sp.top_p)),
-                          torch.full(shape, sp.top_k, dtype=torch.long))
-    chosen = p.gather(-1, seqs[:, len(DPROMPT):, None]).squeeze(-1).double()
-    return dict(zip(conts, chosen.prod(-1).tolist(), strict=True))
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -166,18 +141,9 @@ def test_exact_distribution(small_target, kind, mode, setting):
     else:
         d = randomise(MTPDrafter(small_target, num_modules=2), seed=7)
     sp = SamplingParams(max_new_tokens=3, seed=99, **SETTINGS[setting])
-    exact = exact_distribution(small_target, sp)
     engine = RolloutEngine(small_target, max_batch_size=2000, max_seq_len=16, drafter=d.eval(), num_draft_tokens=2,
                            verify=mode)
-    outs = engine.generate([DPROMPT] * 20000, sp)
-    m = engine.last_metrics
-    assert 0 < m["acceptance_rate"] < 1, m  # both accept and reject paths ran
-    keys = list(exact)
-    index = {c: i for i, c in enumerate(keys)}
-    counts = [0] * len(keys)
-    for o in outs:
-        counts[index[tuple(o.token_ids)]] += 1
-    assert gof_pvalue(counts, [exact[c] for c in keys]) > 1e-3
+    assert speculative_pvalue(engine, small_target, sp) > 1e-3
 
 
 # ---------------------------------------------------------------- construction errors
