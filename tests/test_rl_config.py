@@ -59,6 +59,13 @@ def test_set_overrides(tmp_path):
         ({"generation": {"temperature": 0}}, r"generation\.temperature: Input should be greater than 0"),
         ({"policy": {"lr_schedule": "step"}}, r"'constant', 'linear' or 'cosine'"),
         ({"drafter": {"online": True}}, r"drafter\.online trains a learned drafter"),
+        ({"drafter": {"staleness_fraction": 0}}, r"drafter\.staleness_fraction: must be in \(0, 1\].*got 0"),
+        ({"drafter": {"staleness_fraction": 1.2}}, r"drafter\.staleness_fraction: must be in \(0, 1\].*got 1.2"),
+        ({"drafter": {"refresh_steps": -1}}, r"drafter\.refresh_steps: must be >= 0 .*0 disables it.*got -1"),
+        ({"drafter": {"collapse_threshold": 0.9}}, r"drafter\.collapse_threshold: must be a finite number >= 1.0"),
+        ({"drafter": {"collapse_patience": 0}}, r"drafter\.collapse_patience: must be >= 1"),
+        ({"drafter": {"loss_weight": -0.1}}, r"drafter\.loss_weight: Input should be greater than or equal to 0, "
+                                             r"got -0.1"),
         ({"run": {"name": "a/b"}}, r"run\.name: must be letters"),
         ({"model": 5}, r"model: must be a mapping"),
     ],

@@ -18,7 +18,7 @@ def record(step, reward=0.5, gen=2.0, al=None):
         "gen_share": gen / total, "acceptance_length": al, "acceptance_rate": None if al is None else 0.5,
         "acceptance_rate_per_position": [] if al is None else [0.7, 0.5, 0.3],
         "num_draft_tokens_mean": None if al is None else 3.0, "token_mult_prob_error": 1.001,
-        "draft_loss": None, "generated_tokens": 100, "gen_tokens_per_second": 100 / gen,
+        "draft_loss": None, "draft_updates": 0, "generated_tokens": 100, "gen_tokens_per_second": 100 / gen,
     }
 
 

@@ -59,6 +59,8 @@ def test_step_record_and_weight_sync(tiny):
     # fp32 rollout copy of the same weights: the recomputed logprobs match the engine's
     assert 1.0 <= rec["token_mult_prob_error"] < 1.001
     assert rec["acceptance_length"] is None  # autoregressive
+    assert rec["acceptance_rate_per_position"] == [] and rec["draft_loss"] is None and rec["draft_updates"] == 0
+    assert rec["draft_refreshed"] is False and rec["drafter_collapsed"] is False
     t.stage_prepare()
     rollout = dict(t.engine.model.named_parameters())
     assert all(torch.equal(p, rollout[n]) for n, p in t.policy.named_parameters())
@@ -260,3 +262,152 @@ def test_non_finite_in_run_names_step_and_last_good_checkpoint(tiny, tmp_path, m
         train_main(str(cfg), [], None, str(tmp_path / "run"), False)
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1]
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
+
+
+# ----------------------------------------------------------------------------- staleness control loop
+
+
+def online_trainer(tiny, monkeypatch, kind="eagle", **over) -> GRPOTrainer:
+    from specrl.drafters import EagleDrafter, MTPDrafter
+
+    def build(spec, model, tok):
+        if spec == "none":
+            return None
+        torch.manual_seed(1)
+        return EagleDrafter(model) if kind == "eagle" else MTPDrafter(model)
+
+    monkeypatch.setattr(trainer_mod, "build_drafter", build)
+    over = {"speculative__drafter": f"{kind}:x", "speculative__num_draft_tokens": 2, "drafter__online": True,
+            "drafter__learning_rate": 1e-2, **over}
+    return GRPOTrainer.from_config(validate_config(cfg_dict(tiny, **over)))
+
+
+def fake_acceptance(t: GRPOTrainer, values: list[float]) -> None:
+    """Make each generate call report the next acceptance length (with speculative steps verified)."""
+    real, it = t.engine.generate, iter(values)
+
+    def generate(*a, **k):
+        out = real(*a, **k)
+        t.engine.last_metrics = {**t.engine.last_metrics, "acceptance_length": next(it), "verify_steps": 7}
+        return out
+
+    t.engine.generate = generate
+
+
+def test_drafter_health_reference_and_streak():
+    from specrl.rl.draft_online import DrafterHealth
+
+    h = DrafterHealth(fraction=0.8, collapse_threshold=1.05, collapse_patience=2)
+    assert h.observe(None) == (False, False) and h.reference is None  # no speculation: no reference yet
+    assert h.observe(2.0) == (False, False) and h.reference == 2.0
+    assert h.observe(1.7) == (False, False)  # 1.7 >= 0.8 * 2.0
+    assert h.observe(1.5) == (True, False) and h.reference == 2.0  # stale, reference kept until a refresh
+    h.refreshed()
+    assert h.observe(1.5) == (False, False) and h.reference == 1.5  # first step after the refresh
+    assert h.observe(1.0) == (True, False)
+    assert h.observe(1.04) == (True, True)  # second step <= 1.05 in a row
+    assert h.observe(None) == (False, False) and h.streak == 0  # a step without speculation breaks the streak
+    h2 = DrafterHealth(0.8, 1.05, 2)
+    h2.load_state_dict(h.state_dict())
+    assert h2 == h
+
+
+def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
+    t = online_trainer(tiny, monkeypatch, drafter__refresh_steps=3)
+    idx = t.stage_data()
+    t.stage_prepare()
+    batch = t.stage_logprob(t.stage_gen(idx))
+    t.stage_train(batch)
+    policy = {k: v.clone() for k, v in t.policy.state_dict().items()}
+    drafter = {k: v.clone() for k, v in t.drafter.state_dict().items()}
+    pstate = {id(p): {k: v.clone() for k, v in t.optimizer.state[p].items()} for p in t.policy.parameters()}
+    lrs = [g["lr"] for g in t.optimizer.param_groups]
+    assert t.refresh_drafter(batch) == 3
+    assert all(torch.equal(policy[k], v) for k, v in t.policy.state_dict().items())  # bit-identical policy
+    for p in t.policy.parameters():  # and untouched AdamW moments / step counts of the policy
+        assert all(torch.equal(pstate[id(p)][k], v) for k, v in t.optimizer.state[p].items())
+    assert any(not torch.equal(drafter[k], v) for k, v in t.drafter.state_dict().items())  # drafter moved
+    assert [g["lr"] for g in t.optimizer.param_groups] == lrs  # the scheduler was not stepped
+    assert all(p.grad is None for p in t.drafter.parameters())
+
+
+def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):
+    t = online_trainer(tiny, monkeypatch, drafter__staleness_fraction=0.85, drafter__refresh_steps=3)
+    fake_acceptance(t, [2.0, 1.5, 1.5, 1.2])
+    lines: list[str] = []
+    t.log = lines.append
+    recs = [t.step() for _ in range(2)]
+    # step 1 sets the reference; step 2 (1.5 < 0.85 * 2.0) is stale -> 1 online + 3 refresh updates
+    assert [r["draft_refreshed"] for r in recs] == [False, True]
+    assert [r["draft_updates"] for r in recs] == [1, 4]
+    assert [r["acceptance_length_reference"] for r in recs] == [2.0, 2.0]
+    assert len(lines) == 1 and "step 2: drafter stale (acceptance length 1.50 < 0.85 x reference 2.00)" in lines[0]
+    # the refreshed drafter reaches the engine through the ordinary prepare/weight-sync path
+    t.stage_prepare()
+    engine_state = t.engine.drafter.state_dict()
+    assert all(torch.equal(v.to(engine_state[k].dtype), engine_state[k]) for k, v in t.drafter.state_dict().items())
+    # step 3 is the first after the refresh: it sets the new reference (1.5); step 4 (1.2 < 1.275) refreshes
+    recs += [t.step() for _ in range(2)]
+    assert [r["draft_refreshed"] for r in recs[2:]] == [False, True]
+    assert [r["acceptance_length_reference"] for r in recs[2:]] == [1.5, 1.5]
+    assert t.state_parts()["trainer"]["drafter_health"] == {"reference": None, "streak": 0}
+
+
+def test_staleness_refresh_disabled_or_frozen(tiny, monkeypatch):
+    t = online_trainer(tiny, monkeypatch, drafter__refresh_steps=0)
+    fake_acceptance(t, [2.0, 1.0])
+    recs = [t.step() for _ in range(2)]
+    assert [r["draft_updates"] for r in recs] == [1, 1] and not any(r["draft_refreshed"] for r in recs)
+    # a frozen drafter (online=false): nothing to refresh, no drafter updates, AL still tracked
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, speculative__drafter="ngram",
+                                                         speculative__num_draft_tokens=2)))
+    fake_acceptance(t, [2.0, 1.0])
+    recs = [t.step() for _ in range(2)]
+    assert [r["draft_updates"] for r in recs] == [0, 0] and [r["draft_loss"] for r in recs] == [None, None]
+    assert [r["acceptance_length"] for r in recs] == [2.0, 1.0] and not recs[1]["draft_refreshed"]
+
+
+def test_collapse_warning(tiny, monkeypatch):
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, speculative__drafter="ngram",
+                                                         speculative__num_draft_tokens=2,
+                                                         drafter__collapse_patience=2)))
+    fake_acceptance(t, [1.02, 1.0, 1.01, 1.6])
+    lines: list[str] = []
+    t.log = lines.append
+    from specrl.rl.draft_online import DrafterCollapseWarning
+
+    rec1 = t.step()
+    assert rec1["drafter_collapsed"] is False and not lines
+    with pytest.warns(DrafterCollapseWarning, match=r"step 2: acceptance length <= 1.05 for 2 consecutive steps.*"
+                                                    r"'ngram' finds almost nothing.*autoregressive speed"):
+        rec2 = t.step()
+    assert rec2["drafter_collapsed"] is True and len(lines) == 1 and "autoregressive speed" in lines[0]
+    assert t.step()["drafter_collapsed"] is True and len(lines) == 1  # warned once per streak
+    assert t.step()["drafter_collapsed"] is False  # AL recovered
+
+
+
+def test_zeroed_drafter_collapses(tiny, monkeypatch):
+    """An EAGLE head with zeroed weights drafts token 0 every time, which the policy rarely accepts (AL 1.04 and
+    1.09 on the tiny model, deterministic under seed_exact; a threshold of 1.2 leaves room)."""
+    from specrl.drafters import EagleDrafter
+    from specrl.rl.draft_online import DrafterCollapseWarning
+
+    def build(spec, model, tok):
+        if spec == "none":
+            return None
+        d = EagleDrafter(model)
+        with torch.no_grad():
+            for p in d.parameters():
+                p.zero_()
+        return d
+
+    monkeypatch.setattr(trainer_mod, "build_drafter", build)
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, speculative__drafter="eagle:x",
+                                                         speculative__num_draft_tokens=2,
+                                                         drafter__collapse_threshold=1.2)))
+    t.log = lambda msg: None
+    with pytest.warns(DrafterCollapseWarning, match="'eagle:x' looks broken or unsynced with the policy"):
+        recs = [t.step() for _ in range(2)]
+    assert all(1.0 <= r["acceptance_length"] <= 1.2 for r in recs)
+    assert [r["drafter_collapsed"] for r in recs] == [False, True]

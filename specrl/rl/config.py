@@ -169,6 +169,16 @@ class DrafterConfig(_Section):
     loss_weight: float = Field(0.1, ge=0.0)
     learning_rate: float | None = None
     """Drafter learning rate; None uses policy.learning_rate * 100 (drafters are small and start far off)."""
+    staleness_fraction: float = 0.85
+    """Refresh the drafter when a step's acceptance length falls below this fraction of the reference AL
+    (the AL of the first speculative step after the run start or the last refresh); in (0, 1]."""
+    refresh_steps: int = 4
+    """Extra drafter-only updates on the step's rollouts when the drafter is stale (needs drafter.online;
+    0 disables the refresh)."""
+    collapse_threshold: float = 1.05
+    """Warn that the drafter looks broken when AL stays <= this (>= 1.0: AL 1.0 means nothing accepted)."""
+    collapse_patience: int = 2
+    """Consecutive speculative steps at or below collapse_threshold before the warning (>= 1)."""
 
     @field_validator("learning_rate", mode="before")
     @classmethod
@@ -178,6 +188,35 @@ class DrafterConfig(_Section):
         if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
             raise ValueError(f"must be a number > 0 or null, got {v!r}")
         return float(v)
+
+    @field_validator("staleness_fraction")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"must be in (0, 1] (refresh when AL < fraction x reference AL; e.g. 0.85), got {v}")
+        return v
+
+    @field_validator("refresh_steps")
+    @classmethod
+    def _refresh(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"must be >= 0 (extra drafter updates per refresh; 0 disables it), got {v}")
+        return v
+
+    @field_validator("collapse_threshold")
+    @classmethod
+    def _collapse(cls, v: float) -> float:
+        if not 1.0 <= v < float("inf"):
+            raise ValueError("must be a finite number >= 1.0 (acceptance length is at least 1 token per "
+                             f"verify; e.g. 1.05), got {v}")
+        return v
+
+    @field_validator("collapse_patience")
+    @classmethod
+    def _patience(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be >= 1 (consecutive low-AL steps before the warning), got {v}")
+        return v
 
 
 class RunConfig(_Section):

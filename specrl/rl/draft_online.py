@@ -5,11 +5,15 @@ the hidden states the drafter reads (EAGLE: its three fused layers; MTP: the fin
 policy's top-K next-token distribution at the response positions. `draft_batch` packs them in the padded
 layout of `specrl.drafters.training.batch_loss` (the same loss offline drafter training uses), and `draft_loss`
 evaluates it in `train`. Everything is detached from the policy graph, so the draft loss moves only the
-drafter's weights; the trainer then pushes them to the engine's drafter in the next `prepare`.
+drafter's weights; the trainer then pushes them to the engine's drafter in the next `prepare`. `DrafterHealth`
+is the staleness control loop's bookkeeping: it compares each step's acceptance length with a reference AL to
+decide when the trainer spends `drafter.refresh_steps` extra drafter-only updates, and flags a collapsed
+drafter (AL near 1 for several steps) with a `DrafterCollapseWarning`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +23,50 @@ from specrl.errors import SpecRLError
 
 TOPK = 32
 TRAINABLE_KINDS = ("eagle", "mtp")
+
+
+class DrafterCollapseWarning(UserWarning):
+    """Acceptance length stayed near 1: the drafter looks broken or unsynced; generation runs at ~AR speed."""
+
+
+@dataclass
+class DrafterHealth:
+    """Per-step acceptance-length bookkeeping of the staleness control loop and the collapse warning.
+
+    Only steps whose generation verified at least one draft ("speculative steps") are observed. The
+    reference AL is the AL of the first speculative step after the start of the run (or resume) or after
+    the last refresh, i.e. the first step generated with the drafter as a refresh left it; the regular
+    per-step online update does not reset it (it happens every step, so the loop could never see drift).
+    A step is stale when its AL < `fraction` x reference; after a refresh (`refreshed()`) the next
+    speculative step sets a new reference, so a refresh that did not help is not repeated every step.
+    `streak` counts consecutive speculative steps with AL <= `collapse_threshold`; a step without
+    speculation resets it.
+    """
+
+    fraction: float
+    collapse_threshold: float
+    collapse_patience: int
+    reference: float | None = None
+    streak: int = 0
+
+    def observe(self, al: float | None) -> tuple[bool, bool]:
+        """Record one step's AL (None: no speculation this step); return (stale, collapsed)."""
+        if al is None:
+            self.streak = 0
+            return False, False
+        if self.reference is None:
+            self.reference = al
+        self.streak = self.streak + 1 if al <= self.collapse_threshold else 0
+        return al < self.fraction * self.reference, self.streak >= self.collapse_patience
+
+    def refreshed(self) -> None:
+        self.reference = None
+
+    def state_dict(self) -> dict:
+        return {"reference": self.reference, "streak": self.streak}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reference, self.streak = state.get("reference"), int(state.get("streak", 0))
 
 
 def check_trainable(drafter: Any) -> None:

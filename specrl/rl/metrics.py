@@ -21,7 +21,7 @@ STAGES = ("data", "prepare", "gen", "logprob", "train")
 STEP_FIELDS = (
     "step", "reward_mean", "reward_std", "accuracy", "response_length_mean", "stage_seconds",
     "step_seconds", "gen_share", "acceptance_length", "acceptance_rate", "acceptance_rate_per_position",
-    "num_draft_tokens_mean", "token_mult_prob_error", "draft_loss", "generated_tokens",
+    "num_draft_tokens_mean", "token_mult_prob_error", "draft_loss", "draft_updates", "generated_tokens",
     "gen_tokens_per_second",
 )
 

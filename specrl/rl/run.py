@@ -89,6 +89,7 @@ class _Run:
         self.cfg, self.run_dir, self.display = cfg, run_dir, display
         seed_everything(cfg.run.seed)
         self.trainer = GRPOTrainer.from_config(cfg)
+        self.trainer.log = display.message
         self.ckpt_root = run_dir / "checkpoints"
         self.last_ckpt: Path | None = None
         start = None

@@ -6,7 +6,10 @@ rollout engine owns its own copy of the weights and is reached only through a `W
 the async pipeline can move the engine into another actor and reuse `step` unchanged. Log-probabilities for
 the loss are recomputed by the trainer in `logprob`; the engine's are only compared
 (`token_mult_prob_error`). `run_training` adds validation, checkpoints, resume, metrics, the live display and
-the final report; `train_main` is the entry point the `specrl train` CLI calls.
+the final report; `train_main` is the entry point the `specrl train` CLI calls. After `train`, the staleness
+control loop (`DrafterHealth`) compares the step's acceptance length with the reference AL and, for a stale
+trainable drafter, spends `drafter.refresh_steps` extra drafter-only updates on the step's captured rollouts
+(timed as part of `train`); a drafter stuck near AL 1 raises a `DrafterCollapseWarning`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import os
 import random
 import signal
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +33,7 @@ from torch import Tensor
 
 from specrl.errors import SpecRLError
 from specrl.rl.config import TrainConfig
-from specrl.rl.draft_online import check_trainable, draft_batch, draft_loss
+from specrl.rl.draft_online import DrafterCollapseWarning, DrafterHealth, check_trainable, draft_batch, draft_loss
 from specrl.rl.grpo import clipped_surrogate_loss, group_advantages, token_logprobs, token_mult_prob_error
 from specrl.rl.metrics import STAGES
 from specrl.rl.tasks import (
@@ -166,6 +171,10 @@ class GRPOTrainer:
         self._prompt_cache: dict[tuple[str, int], list[int]] = {}
         self.last_rollouts: Rollouts | None = None
         self._capture = tuple(getattr(self.drafter, "target_layers", ()) or ()) if self.drafter else ()
+        d = cfg.drafter
+        self.health = DrafterHealth(d.staleness_fraction, d.collapse_threshold, d.collapse_patience)
+        # where the trainer's event lines go; the run loop points it at its progress display
+        self.log: Callable[[str], None] = lambda msg: print(msg, flush=True)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -351,6 +360,60 @@ class GRPOTrainer:
                 "kl": stats["kl"] / ntok if self.ref is not None else None, "ratio_mean": stats["ratio"] / ntok,
                 "draft_loss": stats["draft"] if self.drafter is not None else None}
 
+    def refresh_drafter(self, batch: Batch) -> int:
+        """`drafter.refresh_steps` drafter-only AdamW updates on this step's captured batches; returns the count.
+
+        Each update backpropagates the draft loss of every captured micro-batch. The captures are detached
+        from the policy graph, so only drafter parameters receive gradients; AdamW skips parameters without a
+        gradient, so the policy's weights and optimizer state stay bit-identical. The scheduler is not
+        stepped. The refreshed drafter reaches the engine in the next `prepare`, like online updates.
+        """
+        if self.drafter is None or not batch.captured:
+            return 0
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        for i in range(self.cfg.drafter.refresh_steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            for c in batch.captured:
+                dl = draft_loss(self.drafter, c)
+                if not torch.isfinite(dl):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise NonFiniteError(f"step {self.step_count + 1}: non-finite drafter loss in refresh update "
+                                         f"{i + 1}; update skipped")
+                (dl / len(batch.captured)).backward()
+            if any(p.grad is not None for p in self.policy.parameters()):
+                raise RuntimeError("drafter refresh produced policy gradients; the drafter loss must be detached "
+                                   "from the policy")
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.policy.max_grad_norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.cfg.drafter.refresh_steps
+
+    def _drafter_control(self, batch: Batch, al: float | None) -> dict[str, Any]:
+        """The staleness loop and collapse check after `train`; the step record's drafter fields."""
+        step_no, d = self.step_count + 1, self.cfg.drafter
+        stale, collapsed = self.health.observe(al)
+        reference = self.health.reference
+        updates = 1 if self.drafter is not None else 0
+        refreshed = False
+        if stale and self.drafter is not None and d.refresh_steps > 0:
+            updates += self.refresh_drafter(batch)
+            refreshed = True
+            self.health.refreshed()
+            self.log(f"[specrl] step {step_no}: drafter stale (acceptance length {al:.2f} < "
+                     f"{d.staleness_fraction:g} x reference {reference:.2f}); refreshed it with {d.refresh_steps} "
+                     "extra drafter updates on this step's rollouts")
+        if collapsed and self.health.streak == d.collapse_patience:
+            spec = self.cfg.speculative.drafter
+            why = ("finds almost nothing to copy from in these rollouts" if spec in ("ngram", "suffix") else
+                   "looks broken or unsynced with the policy (check its weights and the weight sync)")
+            msg = (f"step {step_no}: acceptance length <= {d.collapse_threshold:g} for {d.collapse_patience} "
+                   f"consecutive steps (now {al:.3f}): the drafter {spec!r} {why}, and generation is running at "
+                   "about autoregressive speed; consider another drafter or speculative.drafter=none")
+            warnings.warn(msg, DrafterCollapseWarning, stacklevel=3)
+            self.log(f"[specrl] warning: {msg}")
+        return {"draft_updates": updates, "draft_refreshed": refreshed, "drafter_collapsed": collapsed,
+                "acceptance_length_reference": reference}
+
     # ------------------------------------------------------------------ one step
     def step(self) -> dict[str, Any]:
         """Run data → prepare → gen → logprob → train; return the step's metrics record."""
@@ -367,13 +430,15 @@ class GRPOTrainer:
         if os.environ.get(KILL_ENV) == str(self.step_count + 1):
             os.kill(os.getpid(), signal.SIGKILL)
         train = self.stage_train(batch)
+        em = r.engine_metrics
+        spec = self.engine.drafter is not None if hasattr(self.engine, "drafter") else False
+        spec_on = spec and em.get("acceptance_length") is not None and em.get("verify_steps", 1) > 0
+        control = self._drafter_control(batch, em["acceptance_length"] if spec_on else None)
         t5 = time.perf_counter()
         times = dict(zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True))
         self.step_count += 1
         self.last_rollouts = r
         total = t5 - t0
-        em = r.engine_metrics
-        spec = self.engine.drafter is not None if hasattr(self.engine, "drafter") else False
         gen_tokens = int(em.get("generated_tokens", sum(len(x) for x in r.responses)))
         lengths = [len(x) for x in r.responses]
         return {
@@ -391,6 +456,7 @@ class GRPOTrainer:
             "num_draft_tokens_mean": em.get("num_draft_tokens_mean") if spec else None,
             "token_mult_prob_error": token_mult_prob_error(batch.gen_logp, batch.old_logp, batch.mask),
             "draft_loss": train["draft_loss"],
+            **control,
             "generated_tokens": gen_tokens,
             "gen_tokens_per_second": gen_tokens / times["gen"] if times["gen"] > 0 else None,
             "train_accuracy": float(np.mean(r.correct)),
@@ -422,6 +488,7 @@ class GRPOTrainer:
             "trainer": {
                 "step": self.step_count,
                 "sampler": self.sampler.state_dict(),
+                "drafter_health": self.health.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                         "python": random.getstate()},
@@ -438,6 +505,7 @@ class GRPOTrainer:
         self.step_count = int(st["step"])
         self.sampler.load_state_dict(st["sampler"])
         self.scheduler.load_state_dict(st["scheduler"])
+        self.health.load_state_dict(st.get("drafter_health", {}))
         torch.set_rng_state(st["rng"]["torch"])
         np.random.set_state(st["rng"]["numpy"])
         random.setstate(st["rng"]["python"])
