@@ -6,10 +6,12 @@ Run: .venv/bin/python benchmarks/sim_fidelity.py [--repeats 3] [--tokens 32] [--
 2. Times the native engine (SmolLM2-135M, bf16, greedy, no stop tokens so every sequence runs to --tokens)
    autoregressively at several batch sizes and with the n-gram drafter at several k (best of --repeats,
    taken round-robin over the points so drifting machine load hits all points alike).
-3. Fits exactly two CPU numbers on two calibration points — the per-forward overhead from AR at B=1 and the
-   n-gram per-step overhead from n-gram k=2 at B=1 — and predicts every other point with the simulator
-   (acceptance length taken from the engine's own metrics). Prints measured vs predicted and the median
-   absolute error over the held-out points. Noisy: the machine is shared; numbers are single best-of runs.
+3. Fits exactly three CPU numbers on three calibration points, in the simulator's `Efficiency`: the per-forward
+   overhead (`step_overhead_s`) from AR at B=1, the achieved fraction of the matmul peak (`flops_eff`) from AR
+   at B=16, and the host-side cost per sequence of a speculative step (`spec_seq_overhead_s`: n-gram lookup,
+   acceptance bookkeeping) from n-gram k=2 at B=1. Every other point is a prediction (acceptance length taken
+   from the engine's own metrics). Prints measured vs predicted and the median absolute error over the held-out
+   points; `--write` stores the fitted factors as the simulator's `cpu_efficiency` (used by `--from-run`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ PROMPTS = [
     "Question: what is 12 + 35? Answer: 47. Question: what is 21 + 14? Answer:",
     "red green blue red green blue red green blue red green blue red green",
 ]
-POINTS = [("none", 0, 1), ("none", 0, 4), ("none", 0, 16), ("none", 0, 32),
-          ("ngram", 2, 1), ("ngram", 4, 1), ("ngram", 2, 8), ("ngram", 4, 8)]
-CALIBRATION_POINTS = {("none", 0, 1), ("ngram", 2, 1)}
+POINTS = [("none", 0, 1), ("none", 0, 4), ("none", 0, 8), ("none", 0, 16), ("none", 0, 32),
+          ("ngram", 2, 1), ("ngram", 4, 1), ("ngram", 3, 4), ("ngram", 2, 8), ("ngram", 4, 8), ("ngram", 2, 16)]
+CALIBRATION_POINTS = {("none", 0, 1), ("none", 0, 16), ("ngram", 2, 1)}
 
 
 def make_runner(model, tok, drafter_kind: str, k: int, batch: int, tokens: int):
@@ -82,6 +84,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "sim_fidelity.json"))
+    ap.add_argument("--write", action="store_true", help="store the fitted factors as the simulator's cpu_efficiency")
     args = ap.parse_args()
     torch.manual_seed(0)
 
@@ -109,20 +112,35 @@ def main() -> None:
     for (kind, k, b), m in meas.items():
         print(f"measured {kind:<6} k={k} B={b:<3} {m['total_seconds']:.3f} s  AL {m['acceptance_length']:.2f}")
 
-    # fit the two CPU overheads on the calibration points (both predictions are linear in the overhead)
-    base = Efficiency(bw_eff=1.0, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, ngram_overhead_s=0.0)
+    # fit three CPU factors on the calibration points. Overheads enter the prediction linearly (solve exactly);
+    # flops_eff enters through max(compute, memory) (bisection). Two passes settle the small coupling.
+    eff = Efficiency(bw_eff=1.0, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, ngram_overhead_s=0.0,
+                     spec_seq_overhead_s=0.0)
 
-    def solve(field: str, point: tuple, eff: Efficiency) -> Efficiency:
+    def pred(e: Efficiency, point: tuple) -> float:
         kind, k, b = point
-        t0 = predict(prof_path, replace(eff, **{field: 0.0}), kind, k, b, args.tokens, meas[point])
-        t1 = predict(prof_path, replace(eff, **{field: 1e-3}), kind, k, b, args.tokens, meas[point])
-        slope = (t1 - t0) / 1e-3
-        return replace(eff, **{field: max(0.0, (meas[point]["total_seconds"] - t0) / slope)})
+        return predict(prof_path, e, kind, k, b, args.tokens, meas[point])
 
-    eff = solve("step_overhead_s", ("none", 0, 1), base)
-    eff = solve("ngram_overhead_s", ("ngram", 2, 1), eff)
-    print(f"fitted: step_overhead_s={eff.step_overhead_s * 1e3:.2f} ms, "
-          f"ngram_overhead_s={eff.ngram_overhead_s * 1e3:.2f} ms")
+    def solve_linear(field: str, point: tuple, e: Efficiency) -> Efficiency:
+        t0, t1 = pred(replace(e, **{field: 0.0}), point), pred(replace(e, **{field: 1e-3}), point)
+        return replace(e, **{field: max(0.0, (meas[point]["total_seconds"] - t0) / ((t1 - t0) / 1e-3))})
+
+    def solve_flops(point: tuple, e: Efficiency) -> Efficiency:
+        lo, hi = 1e-3, 1.0  # prediction falls as flops_eff rises
+        if pred(replace(e, flops_eff=hi), point) >= meas[point]["total_seconds"]:
+            return replace(e, flops_eff=hi)
+        for _ in range(40):
+            mid = (lo * hi) ** 0.5
+            lo, hi = (mid, hi) if pred(replace(e, flops_eff=mid), point) > meas[point]["total_seconds"] else (lo, mid)
+        return replace(e, flops_eff=hi)
+
+    for _ in range(2):
+        eff = solve_linear("step_overhead_s", ("none", 0, 1), eff)
+        eff = solve_flops(("none", 0, 16), eff)
+        eff = solve_linear("spec_seq_overhead_s", ("ngram", 2, 1), eff)
+    print(f"fitted: step_overhead_s={eff.step_overhead_s * 1e3:.2f} ms, flops_eff={eff.flops_eff:.3f} "
+          f"({eff.flops_eff * prof['peak_flops']['bf16'] / 1e9:.0f} GFLOP/s achieved), "
+          f"spec_seq_overhead_s={eff.spec_seq_overhead_s * 1e3:.2f} ms")
 
     rows = []
     print(f"{'point':<20}{'AL':>6}{'measured s':>12}{'predicted s':>13}{'error':>9}")
@@ -146,6 +164,12 @@ def main() -> None:
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     Path(args.out).write_text(json.dumps({"profile": prof, "efficiency": eff.to_dict(), "rows": rows}, indent=2))
     print(f"wrote {args.out}")
+    if args.write:
+        from specrl.sim.calibrate import write_calibration
+
+        src = (f"benchmarks/sim_fidelity.py: held-out median |error| {statistics.median(held):.3f} over "
+               f"{len(held)} points")
+        print(f"wrote {write_calibration(cpu=eff, cpu_source=src)}")
 
 
 if __name__ == "__main__":

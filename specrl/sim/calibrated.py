@@ -10,4 +10,15 @@ CALIBRATION = {'source': 'specrl simulate fit on paper_8b.json; median |error| 0
                 'mfu_train': 0.330498,
                 'prepare_fixed_s': 1.9068,
                 'data_s': 0.225},
- 'workload_sigma': {'RL-Think': 1.1227, 'RL-Zero': 0.637763}}
+ 'workload_sigma': {'RL-Think': 1.1227, 'RL-Zero': 0.637763},
+ 'cpu_source': 'runs/compare-default/autoregressive/metrics.jsonl',
+ 'cpu_efficiency': {'bw_eff': 1.0,
+                    'flops_eff': 0.349951,
+                    'step_overhead_s': 0.0534076,
+                    'draft_overhead_s': 0.0534076,
+                    'ngram_overhead_s': 0.0,
+                    'spec_seq_overhead_s': 0.00358079,
+                    'mfu_logprob': 1.0,
+                    'mfu_train': 0.873206,
+                    'prepare_fixed_s': 0.00982255,
+                    'data_s': 0.00145707}}

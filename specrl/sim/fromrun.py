@@ -104,7 +104,10 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
                   max_response_tokens=int(_get(run_cfg, "generation.max_new_tokens")),
                   prompt_tokens=prompt_tokens,
                   response_mean=max(mean_len, 1.0), response_sigma=length_sigma)
-    return SimConfig(model=str(model), hardware="cpu", gpus=1, drafter=drafter, k=k,
+    # a run with adaptive k is simulated with the simulator's own adaptive policy, acceptance measured at ~k_mean
+    auto = str(_get(run_cfg, "speculative.num_draft_tokens", 3)) == "auto"
+    return SimConfig(model=str(model), hardware="cpu", gpus=1, drafter=drafter, k="auto" if auto else k,
+                     acceptance_ref_k=k,
                      acceptance_length=al if drafter != "none" else None,
                      drafter_model=arg if drafter == "draft-model" else "qwen3-0.6b",
                      mode="sync", precision=prec.get(rollout_dtype, "bf16"),
@@ -147,7 +150,10 @@ def fit_cpu_efficiency(metrics_path: str | Path, cpu_profile: str | None = None,
     metrics_path = Path(metrics_path)
     records = read_metrics(metrics_path)
     run_cfg = read_run_config(metrics_path.parent)
-    unit = Efficiency(bw_eff=1.0, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, ngram_overhead_s=0.0,
+    # keep the decode factors the engine-fidelity benchmark fitted (matmul efficiency, per-sequence host cost)
+    prior = cpu_efficiency()
+    unit = Efficiency(bw_eff=1.0, flops_eff=prior.flops_eff, step_overhead_s=0.0, draft_overhead_s=0.0,
+                      ngram_overhead_s=0.0, spec_seq_overhead_s=prior.spec_seq_overhead_s,
                       mfu_logprob=1.0, mfu_train=1.0, prepare_fixed_s=0.0, data_s=0.0)
     cfg = config_for_run(run_cfg, records, cpu_profile, unit, prompt_tokens=prompt_tokens)
     steady = records[1:] or records

@@ -28,6 +28,7 @@ class Efficiency:
     step_overhead_s: float = 2e-3  # per target forward: scheduling, launch, sampling bookkeeping
     draft_overhead_s: float = 0.5e-3  # per drafter forward
     ngram_overhead_s: float = 0.5e-3  # per step: CPU n-gram lookup (assumed, not fitted)
+    spec_seq_overhead_s: float = 0.0  # per sequence per speculative step: host-side drafting + acceptance work
     mfu_logprob: float = 0.3  # achieved fraction of peak in the trainer's logprob forward
     mfu_train: float = 0.35  # achieved fraction of peak in forward+backward
     prepare_fixed_s: float = 1.5  # weight-sync fixed cost (engine wake-up, cache reset)
@@ -38,7 +39,8 @@ class Efficiency:
             v = getattr(self, f)
             if not 0.0 < v <= 1.0:
                 raise SpecRLError(f"efficiency {f}={v} must be a fraction in (0, 1]")
-        for f in ("step_overhead_s", "draft_overhead_s", "ngram_overhead_s", "prepare_fixed_s", "data_s"):
+        for f in ("step_overhead_s", "draft_overhead_s", "ngram_overhead_s", "spec_seq_overhead_s", "prepare_fixed_s",
+                  "data_s"):
             if getattr(self, f) < 0:
                 raise SpecRLError(f"efficiency {f}={getattr(self, f)} must be >= 0 seconds")
 

@@ -73,12 +73,14 @@ class StepModel:
     """Decode-step time for B sequences caching K tokens, AR or speculative with k drafts."""
 
     def __init__(self, target: ForwardCost, drafter: str, draft: ForwardCost | None,
-                 acceptance: Acceptance | None, k: int | str, ngram_overhead_s: float) -> None:
+                 acceptance: Acceptance | None, k: int | str, ngram_overhead_s: float,
+                 seq_overhead_s: float = 0.0) -> None:
         if drafter not in DRAFTERS:
             raise SpecRLError(f"unknown drafter {drafter!r}; valid: {', '.join(DRAFTERS)}")
         self.target, self.drafter, self.draft = target, drafter, draft
         self.acceptance, self.k = acceptance, k
         self.ngram_overhead_s = ngram_overhead_s
+        self.seq_overhead_s = seq_overhead_s  # host work per sequence per speculative step (any drafter)
         self.speculative = drafter != "none"
         if self.speculative:
             if acceptance is None:
@@ -103,10 +105,11 @@ class StepModel:
         return self.target(b, kv)
 
     def draft_seconds(self, b: float, kv: float, k: int) -> float:
+        host = b * self.seq_overhead_s
         if self.drafter == "ngram":
-            return self.ngram_overhead_s
+            return self.ngram_overhead_s + host
         assert self.draft is not None
-        return k * self.draft(b, kv)
+        return k * self.draft(b, kv) + host
 
     def spec_seconds(self, b: float, kv: float, k: int) -> float:
         verify = self.target(b * (k + 1), kv, attn_pairs=(k + 1) * kv)

@@ -81,3 +81,18 @@ def test_workload_lengths_and_histogram(tmp_path):
     assert list(vals) == [100, 1000] and list(counts) == [3, 1]
     r2 = Workload(prompts_per_step=8, generations_per_prompt=1, length_histogram=str(h)).response_lengths()
     assert sorted(r2) == [100] * 6 + [1000] * 2
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "eagle3"])
+def test_host_overhead_per_sequence_scales_with_batch(drafter):
+    m, hw = get_model("qwen3-8b"), get_hardware("h100")
+    eff = Efficiency(ngram_overhead_s=0.0)
+    target = ForwardCost(m, hw, eff, "bf16", 1, eff.step_overhead_s)
+    draft = ForwardCost(get_model("qwen3-0.6b"), hw, eff, "bf16", 1, eff.draft_overhead_s)
+    acc = Acceptance.from_length(2.0, 3)
+    plain = StepModel(target, drafter, draft, acc, 3, 0.0, seq_overhead_s=0.0)
+    host = StepModel(target, drafter, draft, acc, 3, 0.0, seq_overhead_s=1e-3)
+    for b in (1, 8, 64):
+        extra = host.spec_seconds(b, 100.0, 3) - plain.spec_seconds(b, 100.0, 3)
+        assert extra == pytest.approx(b * 1e-3, rel=1e-9)
+        assert host.ar_seconds(b, 100.0) == plain.ar_seconds(b, 100.0)  # plain decoding pays no drafting cost
