@@ -103,3 +103,21 @@ def test_progress_rich_panel_renders():
     Console(file=buf, width=120).print(d._renderable(record(2, al=2.5)))
     out = buf.getvalue()
     assert "2/5" in out and "2.50" in out and "gen" in out
+
+
+def test_acceptance_compare(tmp_path):
+    from specrl.rl.report import acceptance_compare_table, write_acceptance_compare
+
+    frozen = [record(s, al=2.0 - 0.1 * s) for s in range(1, 7)]
+    online = [{**record(s, al=1.8 + 0.05 * s), "draft_updates": 1 + 4 * (s == 3), "draft_refreshed": s == 3}
+              for s in range(1, 7)]
+    table = acceptance_compare_table({"frozen": frozen, "online": online, "ar": [record(1)]})
+    assert table["frozen"]["acceptance_length_first_third"] == pytest.approx((1.9 + 1.8) / 2)
+    assert table["frozen"]["acceptance_length_last_third"] == pytest.approx((1.5 + 1.4) / 2)
+    assert table["online"]["draft_updates"] == 10 and table["online"]["refreshes"] == 1
+    assert table["ar"]["acceptance_length_mean"] is None and table["frozen"]["draft_updates"] == 0
+    png, jpath, mpath = write_acceptance_compare(tmp_path, {"frozen": frozen, "online": online})
+    assert png.name == "acceptance_frozen_vs_online.png" and png.stat().st_size > 5000
+    assert json.loads(jpath.read_text())["online"]["steps"] == 6
+    md = mpath.read_text()
+    assert "| frozen | 6 | 1.850 | 1.450 | 1.650 | 0 | 0 |" in md and "| online | 6 |" in md

@@ -411,3 +411,45 @@ def test_zeroed_drafter_collapses(tiny, monkeypatch):
         recs = [t.step() for _ in range(2)]
     assert all(1.0 <= r["acceptance_length"] <= 1.2 for r in recs)
     assert [r["drafter_collapsed"] for r in recs] == [False, True]
+
+
+def test_frozen_vs_online_benchmark(tiny, tmp_path):
+    """benchmarks/drafter_frozen_vs_online.py on the tiny model: both arms, the plot and table; only the online
+    arm's drafter changes."""
+    import importlib.util
+
+    from safetensors.torch import load_file
+
+    from specrl import load_model
+    from specrl.drafters import EagleDrafter
+    from specrl.drafters.io import save_drafter
+
+    model, _ = load_model(tiny, dtype=torch.float32)
+    torch.manual_seed(1)
+    ddir = save_drafter(EagleDrafter(model), tmp_path / "eagle")
+    cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__num_draft_tokens=2,
+                                                  drafter__learning_rate=1e-2))
+    path = ROOT / "benchmarks" / "drafter_frozen_vs_online.py"
+    spec = importlib.util.spec_from_file_location("drafter_frozen_vs_online", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--config", str(cfg), "--steps", "2", "--out", str(tmp_path / "fvo"),
+                    "--drafter", f"eagle:{ddir}"])
+    for name in ("acceptance_frozen_vs_online.png", "acceptance_frozen_vs_online.md",
+                 "acceptance_frozen_vs_online.json", "frozen/metrics.jsonl", "online/metrics.jsonl",
+                 "online/report.md"):
+        assert (out / name).exists(), name
+    table = json.loads((out / "acceptance_frozen_vs_online.json").read_text())
+    assert table["frozen"]["draft_updates"] == 0 and table["online"]["draft_updates"] >= 2
+    assert all(table[a]["steps"] == 2 and table[a]["acceptance_length_last_third"] >= 1.0 for a in table)
+    assert "| frozen | 2 |" in (out / "acceptance_frozen_vs_online.md").read_text()
+    init = load_file(ddir / "model.safetensors")
+    for arm, should_change in (("frozen", False), ("online", True)):
+        final = load_file(out / arm / "drafter_final" / "model.safetensors")
+        assert final.keys() == init.keys()
+        changed = any(not torch.equal(init[k], final[k].to(init[k].dtype)) for k in init)
+        assert changed is should_change, arm
+    for arm in ("frozen", "online"):
+        recs = read_metrics(out / arm / "metrics.jsonl")
+        assert [r["step"] for r in recs] == [1, 2] and all(r["acceptance_length"] is not None for r in recs)
+        assert yaml.safe_load((out / arm / "config.yaml").read_text())["drafter"]["online"] is (arm == "online")
