@@ -329,6 +329,10 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     assert any(not torch.equal(drafter[k], v) for k, v in t.drafter.state_dict().items())  # drafter moved
     assert [g["lr"] for g in t.optimizer.param_groups] == lrs  # the scheduler was not stepped
     assert all(p.grad is None for p in t.drafter.parameters())
+    with torch.no_grad():
+        t.drafter.fc.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match="step 1: non-finite drafter loss in drafter refresh update 1"):
+        t.refresh_drafter(batch)
 
 
 def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):

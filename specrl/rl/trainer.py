@@ -377,8 +377,9 @@ class GRPOTrainer:
                 dl = draft_loss(self.drafter, c)
                 if not torch.isfinite(dl):
                     self.optimizer.zero_grad(set_to_none=True)
-                    raise NonFiniteError(f"step {self.step_count + 1}: non-finite drafter loss in refresh update "
-                                         f"{i + 1}; update skipped")
+                    raise NonFiniteError(f"step {self.step_count + 1}: non-finite drafter loss in drafter refresh "
+                                         f"update {i + 1}; that update was skipped (the step's policy update and "
+                                         "earlier refresh updates were applied)")
                 (dl / len(batch.captured)).backward()
             if any(p.grad is not None for p in self.policy.parameters()):
                 raise RuntimeError("drafter refresh produced policy gradients; the drafter loss must be detached "
