@@ -3,7 +3,13 @@
 For each batch size and drafter, runs AR once per repeat and each k (1..7 and auto) right after it, on the
 same prompts (each prompt repeated --group times, as GRPO samples a group per prompt), and prints:
 speedup over AR, acceptance length AL, the drafter/target cost ratio c (drafter seconds per drafted token
-÷ AR seconds per step, both measured), the ideal AL/(1 + k·c) and the efficiency measured/ideal.
+÷ AR seconds per step, both measured), the ideal AL/(1 + k·c) and the efficiency measured/ideal. The ideal
+assumes a verify forward over k+1 tokens per sequence costs one AR step; on a CPU it does not (a bf16 GEMM over
+16 rows costs ~1.5x one row), so the script also measures v = verify seconds per speculative step ÷ AR seconds
+per step and prints the hardware ideal AL/(v + k·c) and the engine efficiency measured/hardware-ideal, which
+isolates what the engine loses (bookkeeping, sampling, drafter state) from what the hardware charges.
+Each point submits max(--min-requests, B) requests to an engine of max_batch_size B (continuous batching), so
+small batches still generate enough tokens to time.
 
     .venv/bin/python benchmarks/spec_vs_ar.py --drafters ngram,suffix,eagle:DIR --batch-sizes 1,4,16,32 \
         --ks 1,2,3,4,5,6,7,auto [--temperature 1.0] [--new-tokens 96] [--threads 1] [--json out.json]
@@ -31,6 +37,8 @@ def main() -> None:
     ap.add_argument("--verify", default="rejection")
     ap.add_argument("--task", default=None, help="task name (e.g. chain_sum): held-out in-domain prompts from "
                     "specrl.rl.tasks instead of the generic prompt set")
+    ap.add_argument("--min-requests", type=int, default=8,
+                    help="requests per point at least (B=1 runs them one after another)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -50,20 +58,22 @@ def main() -> None:
     ks = [k if k == "auto" else int(k) for k in a.ks.split(",")]
     rows = []
     print(f"T={a.temperature} new_tokens<={a.new_tokens} group={a.group} threads={a.threads} verify={a.verify}")
-    print(f"{'drafter':>16} {'B':>3} {'k':>5} {'speedup':>8} {'AL':>5} {'c':>6} {'ideal':>6} {'eff':>5} {'k_mean':>6}")
+    print(f"{'drafter':>16} {'B':>3} {'k':>5} {'speedup':>8} {'AL':>5} {'c':>6} {'ideal':>6} {'eff':>5} {'k_mean':>6} "
+          f"{'v':>5} {'hw_ideal':>8} {'eng_eff':>7}")
     for spec in a.drafters.split(","):
         for b in [int(x) for x in a.batch_sizes.split(",")]:
-            n_base = max(1, b // a.group)
+            n_req = max(a.min_requests, b)
+            n_base = max(1, n_req // a.group)
             base = task_prompts[:n_base] if task_prompts else prompt_ids(tok, n_base)
-            ids = [p for p in base for _ in range(a.group)][:b]
-            ids += [base[0]] * (b - len(ids))
+            ids = [p for p in base for _ in range(a.group)][:n_req]
+            ids += [base[0]] * (n_req - len(ids))
             ar = RolloutEngine(model, max_batch_size=b, max_seq_len=512)
             ar.generate(ids, SamplingParams(max_new_tokens=4))  # warm up
             for k in ks:
                 drafter = make_drafter(spec, model)
                 eng = RolloutEngine(model, max_batch_size=b, max_seq_len=512, drafter=drafter, num_draft_tokens=k,
                                     verify=a.verify)
-                ar_tps, sd_tps, al, c_list, kmean = [], [], [], [], []
+                ar_tps, sd_tps, al, c_list, kmean, v_list = [], [], [], [], [], []
                 for r in range(a.repeats):
                     sp_r = SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens, stop_token_ids=stops,
                                           seed=r)
@@ -80,16 +90,22 @@ def main() -> None:
                         per_draft_tok = m["draft_seconds"] / max(1, m["spec_steps"]) / (m["draft_tokens"] /
                                                                                      max(1, m["verify_steps"]))
                         c_list.append(per_draft_tok / t_ar_step)
+                    if m["spec_steps"]:
+                        v_list.append(m["verify_seconds"] / m["spec_steps"] / t_ar_step)
                 speed = median(sd_tps) / median(ar_tps)
                 AL = median(al)
                 c = median(c_list) if c_list else 0.0
                 kk = median(kmean)
                 ideal = AL / (1 + kk * c) if kk else 1.0
+                v = median(v_list) if v_list else 1.0
+                hw_ideal = AL / (v + kk * c) if kk else 1.0
                 row = dict(drafter=spec, batch_size=b, k=k, speedup=speed, acceptance_length=AL, c=c, ideal=ideal,
-                           efficiency=speed / ideal, k_mean=kk, ar_tok_s=median(ar_tps), spec_tok_s=median(sd_tps))
+                           efficiency=speed / ideal, k_mean=kk, verify_cost=v, hw_ideal=hw_ideal,
+                           engine_efficiency=speed / hw_ideal, ar_tok_s=median(ar_tps), spec_tok_s=median(sd_tps))
                 rows.append(row)
                 print(f"{spec[:16]:>16} {b:>3} {k!s:>5} {speed:>7.2f}x {AL:>5.2f} {c:>6.3f} {ideal:>6.2f} "
-                      f"{speed / ideal:>5.2f} {kk:>6.2f}", flush=True)
+                      f"{speed / ideal:>5.2f} {kk:>6.2f} {v:>5.2f} {hw_ideal:>8.2f} {speed / hw_ideal:>7.2f}",
+                      flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
