@@ -48,15 +48,26 @@ def _parse_k(k: str) -> int | str:
 
 
 @app.command()
-def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import into the cache.")):
-    """Import the embedded default model (one time; later calls are instant)."""
+def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import into the cache."),
+            drafter: str = typer.Option("none", help="Also build the default drafter of the embedded model: "
+                                        "none | eagle | mtp (first use trains it in a few minutes).")):
+    """Import the embedded default model (one time; later calls are instant); optionally its default drafter."""
     from specrl.model import presets
 
     try:
+        if drafter not in ("none", "eagle", "mtp"):
+            raise SpecRLError(f"--drafter {drafter!r}: default drafters exist for eagle and mtp (or none)")
+        if drafter != "none" and model != "smollm2-135m":
+            raise SpecRLError(f"--drafter builds the default drafter of smollm2-135m, not of {model!r}; "
+                              "use `specrl draft init --model ... --out DIR` for other models")
         path = presets.prepare(model)
+        typer.echo(f"[specrl] model {model} ready at {path}")
+        if drafter != "none":
+            from specrl.drafters import ensure_default_drafter
+
+            typer.echo(f"[specrl] default {drafter} drafter ready at {ensure_default_drafter(drafter)}")
     except SpecRLError as e:
         _fail(e)
-    typer.echo(f"[specrl] model {model} ready at {path}")
 
 
 DEMO_PROMPTS = [

@@ -52,3 +52,10 @@ def test_generate_bad_input(tmp_path):
     assert r.exit_code == 2 and "top_p must be in (0, 1]" in r.output
     r = runner.invoke(app, ["generate", "--model", "no-such-model", "--prompts", str(prompts), "--out", "x"])
     assert r.exit_code == 2 and "presets are ['smollm2-135m']" in r.output
+
+
+def test_prepare_bad_drafter_is_rejected_before_any_work():
+    r = runner.invoke(app, ["prepare", "--drafter", "ngram"])
+    assert r.exit_code == 2 and "default drafters exist for eagle and mtp" in r.output
+    r = runner.invoke(app, ["prepare", "--model", "qwen3-8b", "--drafter", "eagle"])
+    assert r.exit_code == 2 and "default drafter of smollm2-135m, not of 'qwen3-8b'" in r.output

@@ -38,7 +38,49 @@ def test_unknown_drafter_spec_and_missing_paths(target, tmp_path):
         make_drafter(f"eagle:{tmp_path}/nope", target)
 
 
-def test_missing_default_drafter_says_how_to_build_it(target, tmp_path, monkeypatch):
+def test_default_drafter_of_another_model_says_how_to_build_one(target, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
-    with pytest.raises(SpecRLError, match="specrl draft init --drafter eagle"):
+    with pytest.raises(SpecRLError, match=r"embedded smollm2-135m.*specrl draft init --model PATH --drafter eagle"):
         make_drafter("eagle:default", target)
+    assert not (tmp_path / "drafters").exists()  # nothing was built for the wrong model
+
+
+def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
+    import specrl.drafters as drafters
+    import specrl.drafters.init_cli as init_cli
+
+    monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
+    calls = []
+
+    def fake_init(model, kind, task, samples, epochs, out, max_new_tokens, progress):
+        calls.append((model, kind, task, samples, epochs))
+        assert ".building-" in str(out)  # written beside the final directory, renamed when complete
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return out
+
+    monkeypatch.setattr(init_cli, "draft_init_main", fake_init)
+    path = drafters.ensure_default_drafter("eagle", progress=False)
+    assert path == drafters.default_drafter_dir("eagle") and (path / "config.json").exists()
+    assert calls == [("smollm2-135m", "eagle", "chain_sum", drafters.DEFAULT_BUILD["samples"],
+                      drafters.DEFAULT_BUILD["epochs"])]
+    assert drafters.ensure_default_drafter("eagle", progress=False) == path and len(calls) == 1  # cached
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary directory left behind
+    with pytest.raises(SpecRLError, match="no default 'ngram' drafter"):
+        drafters.ensure_default_drafter("ngram")
+
+
+def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):
+    import specrl.drafters as drafters
+    import specrl.drafters.init_cli as init_cli
+
+    monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
+
+    def failing_init(model, kind, task, samples, epochs, out, max_new_tokens, progress):
+        out.mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(init_cli, "draft_init_main", failing_init)
+    with pytest.raises(KeyboardInterrupt):
+        drafters.ensure_default_drafter("eagle", progress=False)
+    assert not drafters.default_drafter_dir("eagle").exists()
