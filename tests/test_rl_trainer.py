@@ -312,6 +312,19 @@ def test_drafter_health_reference_and_streak():
     assert h2 == h
 
 
+def test_drafter_health_reference_follows_improvement_but_not_one_noisy_step():
+    from specrl.rl.draft_online import DrafterHealth
+
+    h = DrafterHealth(fraction=0.85, collapse_threshold=1.05, collapse_patience=2)
+    h.observe(1.5)
+    h.observe(2.5)  # one lucky step moves the average only part of the way
+    assert 1.5 < h.reference < 2.0
+    for _ in range(12):  # online training made the drafter better: the bar rises with it
+        h.observe(2.4)
+    assert h.reference == pytest.approx(2.4, abs=0.05)
+    assert h.observe(1.9)[0]  # back at the old level is now stale (1.9 < 0.85 * 2.4)
+
+
 def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     t = online_trainer(tiny, monkeypatch, drafter__refresh_steps=3)
     idx = t.stage_data()
@@ -354,7 +367,7 @@ def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):
     recs += [t.step() for _ in range(2)]
     assert [r["draft_refreshed"] for r in recs[2:]] == [False, True]
     assert [r["acceptance_length_reference"] for r in recs[2:]] == [1.5, 1.5]
-    assert t.state_parts()["trainer"]["drafter_health"] == {"reference": None, "streak": 0}
+    assert t.state_parts()["trainer"]["drafter_health"] == {"reference": None, "streak": 0, "ema": None}
 
 
 def test_staleness_refresh_disabled_or_frozen(tiny, monkeypatch):

@@ -34,11 +34,14 @@ class DrafterHealth:
     """Per-step acceptance-length bookkeeping of the staleness control loop and the collapse warning.
 
     Only steps whose generation verified at least one draft ("speculative steps") are observed. The
-    reference AL is the AL of the first speculative step after the start of the run (or resume) or after
-    the last refresh, i.e. the first step generated with the drafter as a refresh left it; the regular
-    per-step online update does not reset it (it happens every step, so the loop could never see drift).
-    A step is stale when its AL < `fraction` x reference; after a refresh (`refreshed()`) the next
-    speculative step sets a new reference, so a refresh that did not help is not repeated every step.
+    reference AL starts as the AL of the first speculative step after the start of the run (or resume) or
+    after the last refresh, i.e. the first step generated with the drafter as a refresh left it, and then
+    follows improvements: it is raised to an exponential moving average of AL (weight `ema_weight` on the
+    newest step) whenever that average exceeds it, so a drafter that online training made better is held to
+    its better level, while one noisy step cannot raise the bar. The regular per-step online update does not
+    reset it (it happens every step, so the loop could never see drift). A step is stale when its AL <
+    `fraction` x reference; after a refresh (`refreshed()`) the next speculative step sets a new reference,
+    so a refresh that did not help is not repeated every step.
     `streak` counts consecutive speculative steps with AL <= `collapse_threshold`; a step without
     speculation resets it.
     """
@@ -48,25 +51,32 @@ class DrafterHealth:
     collapse_patience: int
     reference: float | None = None
     streak: int = 0
+    ema: float | None = None
+    ema_weight: float = 0.3
 
     def observe(self, al: float | None) -> tuple[bool, bool]:
         """Record one step's AL (None: no speculation this step); return (stale, collapsed)."""
         if al is None:
             self.streak = 0
             return False, False
+        stale = self.reference is not None and al < self.fraction * self.reference
         if self.reference is None:
-            self.reference = al
+            self.reference = self.ema = al
+        else:
+            self.ema = al if self.ema is None else (1 - self.ema_weight) * self.ema + self.ema_weight * al
+            self.reference = max(self.reference, self.ema)
         self.streak = self.streak + 1 if al <= self.collapse_threshold else 0
-        return al < self.fraction * self.reference, self.streak >= self.collapse_patience
+        return stale, self.streak >= self.collapse_patience
 
     def refreshed(self) -> None:
-        self.reference = None
+        self.reference = self.ema = None
 
     def state_dict(self) -> dict:
-        return {"reference": self.reference, "streak": self.streak}
+        return {"reference": self.reference, "streak": self.streak, "ema": self.ema}
 
     def load_state_dict(self, state: dict) -> None:
         self.reference, self.streak = state.get("reference"), int(state.get("streak", 0))
+        self.ema = state.get("ema")
 
 
 def check_trainable(drafter: Any) -> None:
