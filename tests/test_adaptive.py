@@ -1,5 +1,6 @@
 """The adaptive draft-length controller follows measured throughput."""
 
+import pytest
 import torch
 
 from specrl.rollout.adaptive import DraftLengthController
@@ -44,6 +45,38 @@ def test_new_batch_size_starts_from_nearest_measured_choice():
     for _ in range(40):  # batch 8 on a memory-bound machine: settles on deep drafting
         k = c.choose(8, 10)
         c.observe_target(8, k + 1, 10, 1.0 + 0.02 * k, emitted=int(8 * min(1 + 0.8 * k, 4.2)))
-    best8 = max((k for (b, k) in c.tput if b == 8), key=lambda k: c.tput[(8, k)])
+    best8 = c._best(8)
     assert best8 >= 3
-    assert c.choose(4, 10) == best8  # the batch drained to 4: no re-exploration from k=0
+    # the batch drained to 4: one plain step as this size's baseline, then straight back to best8 (no re-climb)
+    first = c.choose(4, 10)
+    assert first == 0
+    c.observe_target(4, 1, 10, 0.9)
+    assert c.choose(4, 10) == best8
+
+
+def test_gain_is_measured_against_plain_decoding_at_the_same_batch_size():
+    # plain step time grows with n (t = 0.5 + 0.05 n); a k=1 step always costs exactly a plain step at that n
+    # and emits 1.5 tokens per sequence, so its gain is 1.5 at every n, although its raw tokens/s varies 3x
+    c = DraftLengthController(7, "auto")
+    for n in (32, 24, 16, 9):
+        c.observe_target(n, 1, 10, 0.5 + 0.05 * n)
+    assert c.ar_seconds(20) == pytest.approx(1.5)
+    for n in (30, 17, 12):
+        c.observe_target(n, 2, 10, 0.5 + 0.05 * n, emitted=int(1.5 * n) if n % 2 == 0 else round(1.5 * n))
+    assert c.gain[(32, 1)] == pytest.approx(1.5, rel=0.05)
+    assert c.gain[(16, 1)] == pytest.approx(1.5, rel=0.05)
+
+
+def test_speculation_that_loses_at_a_drained_batch_size_is_switched_off_there():
+    # big batch: compute-bound, speculation loses; small batch: memory-bound, it wins
+    def cost(n, k):
+        return 0.2 + 0.01 * n * (k + 1)
+
+    c = DraftLengthController(4, "auto")
+    chosen = {32: [], 2: []}
+    for n in [32] * 40 + [2] * 40:
+        k = c.choose(n, 10)
+        chosen[n].append(k)
+        c.observe_target(n, k + 1, 10, cost(n, k), emitted=n * (1 + 0.3 * k) if k else n)
+    assert chosen[32][-16:].count(0) >= 14
+    assert min(chosen[2][-16:]) >= 2

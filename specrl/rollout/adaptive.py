@@ -1,12 +1,16 @@
 """Adaptive draft length: choose k in 0..k_max per engine step to maximise measured tokens per second.
 
-The quantity that matters is realised throughput: tokens emitted per second of (draft + verify) time, which
-folds in the hardware's real cost of a B·(k+1)-token forward, the drafter's cost and the acceptance at once.
-The controller keeps an EMA of it per (batch-size bucket, k), measured online on the hardware it runs on, and
-hill-climbs over k: every bucket first measures k=0 (plain decoding) and k=1, then tries k+1 while that keeps
-improving; every `recheck` steps it re-measures a neighbour of the current best so a drifting cost or
-acceptance moves the choice. Until a bucket has its own measurements it starts from the choice of the nearest
-measured bucket. With a fixed k the controller only returns that k.
+The quantity that matters is realised throughput, folding in the hardware's real cost of a B·(k+1)-token
+forward, the drafter's cost and the acceptance at once. Raw tokens/s cannot be compared across steps, because
+it depends on how many sequences are still running (a plain step over 32 sequences emits far more per second
+than one over 17, both in the same batch-size bucket). So every speculative step is scored as a *gain* over
+plain decoding at the same batch size: gain = (tokens emitted per sequence) × t_ar(n) / (draft + verify
+seconds), where t_ar(n) = a + b·n is a least-squares line through recent plain steps (exponentially
+forgotten, so it follows the machine). Plain decoding has gain 1 by definition. The controller keeps an EMA of
+the gain per (batch-size bucket, k) and hill-climbs over k: a new bucket takes one plain step (a baseline for
+t_ar at that size) and then starts from the best k of the nearest measured bucket (k=1 at first); it measures
+both neighbours of its best, and every `recheck` steps re-measures a neighbour so a drifting cost or acceptance
+moves the choice. With a fixed k the controller only returns that k.
 """
 
 from __future__ import annotations
@@ -15,22 +19,38 @@ from torch import Tensor
 
 
 class DraftLengthController:
-    def __init__(self, k_max: int, num_draft_tokens: int | str, ema: float = 0.3, recheck: int = 8):
+    def __init__(self, k_max: int, num_draft_tokens: int | str, ema: float = 0.3, recheck: int = 8,
+                 forget: float = 0.97):
         self.k_max = k_max
         self.fixed = None if num_draft_tokens == "auto" else int(num_draft_tokens)
         self.ema = ema
         self.recheck = recheck
-        self.tput: dict[tuple[int, int], float] = {}  # (bucket, k) -> tokens/s EMA
+        self.forget = forget
+        self.gain: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA of speedup over plain decoding
         self.steps: dict[int, int] = {}  # bucket -> steps taken
+        self.ar_buckets: set[int] = set()  # buckets with a plain-step baseline
+        self._fit = [0.0] * 5  # decayed sums for t_ar(n) = a + b n: w, w n, w n^2, w t, w n t
         self.acc = [0.0] * k_max
         self.att = [0.0] * k_max
-        self._pending: tuple[int, int] | None = None  # (bucket, k) of the step being measured
         self._draft_s = 0.0
         self.last_choice: int | None = None
 
     @staticmethod
     def _bucket(n: int) -> int:
         return 1 << max(0, (n - 1).bit_length())  # 1, 2, 4, 8, ...
+
+    def ar_seconds(self, n: int) -> float | None:
+        """Predicted plain-step seconds at n sequences (None before any plain step)."""
+        w, sn, snn, st, snt = self._fit
+        if w <= 0:
+            return None
+        det = w * snn - sn * sn
+        if det <= 1e-9 * max(1.0, w * snn):  # one batch size seen so far: the mean
+            return st / w
+        b = (w * snt - sn * st) / det
+        a = (st - b * sn) / w
+        t = a + b * n
+        return t if t > 0 else st / w
 
     # ---------------------------------------------------------------- observations
     def observe_draft(self, n: int, k: int, seconds: float) -> None:
@@ -39,14 +59,24 @@ class DraftLengthController:
     def observe_target(self, n: int, tokens_per_seq: int, ctx_len: int, seconds: float,
                        emitted: int | None = None) -> None:
         """One engine step finished: n sequences, `emitted` tokens (n for a plain step) in verify seconds."""
-        key = (self._bucket(n), tokens_per_seq - 1)
+        k = tokens_per_seq - 1
         total = seconds + self._draft_s
         self._draft_s = 0.0
-        if self.fixed is not None or total <= 0:
+        if self.fixed is not None or total <= 0 or n <= 0:
             return
-        value = (n if emitted is None else emitted) / total
-        old = self.tput.get(key)
-        self.tput[key] = value if old is None else (1 - self.ema) * old + self.ema * value
+        bucket = self._bucket(n)
+        if k == 0:
+            f = self.forget
+            self._fit = [f * x + y for x, y in zip(self._fit, (1.0, n, n * n, total, n * total), strict=True)]
+            self.ar_buckets.add(bucket)
+            self.gain[(bucket, 0)] = 1.0
+            return
+        t_ar = self.ar_seconds(n)
+        if t_ar is None:
+            return
+        value = ((n if emitted is None else emitted) / n) * t_ar / total
+        old = self.gain.get((bucket, k))
+        self.gain[(bucket, k)] = value if old is None else (1 - self.ema) * old + self.ema * value
 
     def observe_acceptance(self, num_accepted: Tensor, k: int) -> None:
         for i in range(k):
@@ -59,7 +89,7 @@ class DraftLengthController:
 
     # ---------------------------------------------------------------- choice
     def _best(self, bucket: int) -> int | None:
-        tried = {k: v for (b, k), v in self.tput.items() if b == bucket}
+        tried = {k: v for (b, k), v in self.gain.items() if b == bucket}
         return max(tried, key=tried.get) if tried else None
 
     def choose(self, n: int, ctx_len: int) -> int:
@@ -72,16 +102,18 @@ class DraftLengthController:
         return k
 
     def _choose(self, b: int, step: int) -> int:
-        tried = {k: v for (bb, k), v in self.tput.items() if bb == b}
-        if not tried:  # a new batch size: start from the best k of the nearest measured bucket (or k=1)
-            others = {bb for bb, _ in self.tput}
+        if b not in self.ar_buckets:  # one plain step: the baseline every gain in this bucket is measured against
+            return 0
+        tried = {k: v for (bb, k), v in self.gain.items() if bb == b and k > 0}
+        if not tried:  # start from the best k of the nearest bucket with speculative measurements (or k=1)
+            others = {bb for bb, k in self.gain if k > 0}
             if not others:
                 return min(1, self.k_max)
             near = min(others, key=lambda bb: abs(bb.bit_length() - b.bit_length()))
-            return self._best(near)
-        best = max(tried, key=tried.get)
+            return min(max(1, self._best(near)), self.k_max)  # where the nearest switched off, retry k=1 once
+        best = self._best(b)
         for nb in (best - 1, best + 1):  # measure both neighbours of the best before settling
-            if 0 <= nb <= self.k_max and nb not in tried:
+            if 1 <= nb <= self.k_max and (b, nb) not in self.gain:
                 return nb
         if step % self.recheck == 0:  # re-measure a neighbour so the choice can move
             up = (step // self.recheck) % 2 == 1
