@@ -28,7 +28,8 @@ def test_set_overrides(tmp_path):
     p.write_text("grpo:\n  num_generations: 4\n")
     cfg = load_config(p, ["policy.learning_rate=3e-6", "speculative.num_draft_tokens=auto",
                           "speculative.drafter=eagle:default", "task.options={max_terms: 3}",
-                          "run.tensorboard=false"])
+                          "run.tensorboard=false", "drafter.learning_rate=1e-3"])
+    assert cfg.drafter.learning_rate == 1e-3  # YAML reads 1e-3 as a string; it is still a number here
     assert cfg.grpo.num_generations == 4
     assert cfg.policy.learning_rate == 3e-6
     assert cfg.speculative.num_draft_tokens == "auto"

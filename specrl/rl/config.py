@@ -185,6 +185,11 @@ class DrafterConfig(_Section):
     def _lr(cls, v: Any) -> float | None:
         if v is None:
             return v
+        if isinstance(v, str):  # YAML reads 1e-3 (no dot) as a string; accept it like every other float field
+            try:
+                v = float(v)
+            except ValueError:
+                pass
         if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
             raise ValueError(f"must be a number > 0 or null, got {v!r}")
         return float(v)
