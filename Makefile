@@ -21,7 +21,7 @@ export TOKENIZERS_PARALLELISM := false
 install: .venv/.installed
 
 run: .venv/.installed
-	$(PY) -m specrl.cli prepare
+	$(PY) -m specrl.cli prepare --drafter eagle
 	$(PY) -m specrl.cli run
 
 test: .venv/.installed
