@@ -216,18 +216,7 @@ def test_bf16_mixed_step(tiny):
 
 @pytest.mark.parametrize("kind", ["eagle", "mtp"])
 def test_online_drafter_training(tiny, monkeypatch, kind):
-    from specrl.drafters import EagleDrafter, MTPDrafter
-
-    def build(spec, model, tok):
-        if spec == "none":
-            return None
-        torch.manual_seed(1)
-        return EagleDrafter(model) if kind == "eagle" else MTPDrafter(model)
-
-    monkeypatch.setattr(trainer_mod, "build_drafter", build)
-    cfg = validate_config(cfg_dict(tiny, speculative__drafter=f"{kind}:x", speculative__num_draft_tokens=2,
-                                   drafter__online=True, drafter__learning_rate=1e-2))
-    t = GRPOTrainer.from_config(cfg)
+    t = online_trainer(tiny, monkeypatch, kind)
     before = {k: v.clone() for k, v in t.drafter.state_dict().items()}
     rec = t.step()
     assert rec["draft_loss"] is not None and rec["draft_loss"] > 0

@@ -106,11 +106,17 @@ def plot_acceptance(records: list[dict], path: Path, title: str = "acceptance le
     else:
         ax.text(0.5, 0.5, "autoregressive run: no drafter, no acceptance length", ha="center", va="center",
                 transform=ax.transAxes)
-    ax.set_xlabel("step")
-    ax.set_ylabel("tokens per policy forward")
+    return _finish(plt, fig, ax, path, "step", "tokens per policy forward", title)
+
+
+def _finish(plt, fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """Label, grid, save and close one single-axes figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -138,15 +144,7 @@ def plot_acceptance_compare(runs: dict[str, list[dict]], path: str | Path,
     else:
         ax.text(0.5, 0.5, "no run has speculative steps: no acceptance length", ha="center", va="center",
                 transform=ax.transAxes)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("acceptance length (tokens per verify)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "RL step", "acceptance length (tokens per verify)", title)
 
 
 def acceptance_compare_table(runs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
