@@ -83,13 +83,18 @@ def reference_draft_logits(drafter, target, seq: list[int], drafts: list[int], k
         return [drafter.head(j, outs[j][0, n - 2]) for j in range(k)]
 
 
+SCHEDULES = {"mixed": [3, 2, 0, 3, 0, 0, 1, 3],
+             "long plain streaks": [0] * 11 + [3] + [0] * 4 + [2]}  # 11 > the EAGLE queue (k_max + 2 = 9)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_drafts_equal_from_scratch_recomputation(target, kind):
-    """The incremental drafter state (KV cache, pending features, catch-up after AR steps, compaction)
-    gives exactly the drafts a from-scratch forward over the whole sequence gives."""
+def test_drafts_equal_from_scratch_recomputation(target, kind, schedule):
+    """The incremental drafter state (KV cache, pending features, entries queued by AR steps and caught up
+    later, a full queue, compaction) gives exactly the drafts a from-scratch forward over the sequence gives."""
     drafter = make(kind, target)
     eng = RolloutEngine(target, max_batch_size=3, max_seq_len=64, drafter=drafter, num_draft_tokens=3)
-    scripted_k(eng, [3, 2, 0, 3, 0, 0, 1, 3])
+    scripted_k(eng, SCHEDULES[schedule])
     seen = []
     propose = drafter.propose
 
@@ -99,7 +104,8 @@ def test_drafts_equal_from_scratch_recomputation(target, kind):
         return prop
 
     drafter.propose = spy
-    sp = SamplingParams(temperature=1.0, max_new_tokens=14, seed=3, stop_token_ids=(5,))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=14 if schedule == "mixed" else 30, seed=3,
+                        stop_token_ids=(5,))
     eng.generate(PROMPTS, sp)
     checked = 0
     for tokens, drafts, probs, k in seen:
@@ -109,7 +115,7 @@ def test_drafts_equal_from_scratch_recomputation(target, kind):
                 q = torch.softmax(ref[i], -1)
                 assert torch.allclose(q, probs[b, i], atol=2e-5), (kind, b, i)
                 checked += 1
-    assert checked > 50
+    assert checked > (50 if schedule == "mixed" else 25)  # long streaks draft rarely
 
 
 def test_reduced_vocab_probs_are_full_vocab_with_zeros(target):

@@ -8,13 +8,13 @@ proj([norm(embed(x_{t+1})); norm(g_t)]) (2H -> H), the embedding is the target's
 and the LM head is the drafter's own, optionally over a reduced vocabulary with `d2t` mapping draft index ->
 target id (returned probabilities are always over the full target vocabulary, zero outside the subset).
 
-Drafting k tokens at sequence length n: the first forward consumes the *pending* entries (target features
-that arrived with the last verification, whose next tokens are known only now) and ends at entry n-2, whose
-output gives draft 1; drafts 2..k feed the layer's own output hidden back in place of the target feature
-(EAGLE-3). Entries written with drafted features sit past the verified length and are overwritten before
-they can be read (attention masks by position), so rollback is free. The training forward
-(`forward_train`) reproduces exactly this computation with "training-time test" masks, so tests can compare
-what the engine drafted with a from-scratch recomputation.
+Drafting k tokens at sequence length n: the first forward consumes the *pending* entries (target features that
+arrived with the last verification, plus those queued by plain (k=0) steps since, whose next tokens are known only
+now) and ends at entry n-2, whose output gives draft 1; drafts 2..k feed the layer's own output hidden back in
+place of the target feature (EAGLE-3). Entries written with drafted features sit past the verified length and are
+overwritten before they can be read (attention masks by position), so rollback is free. The training forward
+(`forward_train`) reproduces exactly this computation with "training-time test" masks, so tests can compare what
+the engine drafted with a from-scratch recomputation.
 """
 
 from __future__ import annotations
@@ -285,9 +285,17 @@ class EagleDrafter(nn.Module, Drafter):
     def on_verified(self, batch: DraftBatch, proposal: Proposal | None, num_emitted: Tensor,
                     captured: dict | None) -> None:
         n = batch.size
-        if bool((self.pend_cnt[:n] > 0).any()):  # an AR step: the pending entries were not drafted from
-            self._catch_up(batch.tokens, n)
         fused = self.fuse({i: captured[i] for i in self.fuse_layers})
+        cnt = self.pend_cnt[:n]
+        if proposal is None and int(cnt.max()) < self.pend.shape[1]:
+            # an AR step: queue its entry behind the pending ones instead of running the layer now; the backlog
+            # is consumed in one forward when drafting resumes (or the queue is full), so plain decoding with a
+            # drafter attached costs almost nothing extra
+            self.pend[torch.arange(n), cnt.to(self.pend.device)] = fused[:, 0]
+            self.pend_cnt[:n] += 1
+            return
+        if bool((cnt > 0).any()):  # pending entries that were not drafted from (a full queue)
+            self._catch_up(batch.tokens, n)
         self.pend[:n, : fused.shape[1]] = fused
         self.pend_cnt[:n] = num_emitted
 
