@@ -101,7 +101,10 @@ def plot_acceptance(records: list[dict], path: Path, title: str = "acceptance le
         ax.plot(xs, ys, "-o", ms=3, color="#3aa655", label="acceptance length (tokens per verify)")
         kx, ky = _series(records, "num_draft_tokens_mean")
         if ky:
-            ax.plot(kx, [k + 1 for k in ky], "--", color="gray", label="upper bound k+1")
+            # with auto k the mean includes plain (k=0) steps, so 1 + mean k is not a bound on AL (which counts
+            # speculative steps only): it shows how much the engine speculated
+            ax.plot(kx, [k + 1 for k in ky], "--", color="gray", label="1 + mean draft length k per engine step "
+                    "(k = 0: plain decoding)")
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "autoregressive run: no drafter, no acceptance length", ha="center", va="center",
