@@ -61,6 +61,28 @@ def cached_block(block: Block, rope: Rope, x: Tensor, pos: Tensor, cache: KVCach
     return block(x, cos, sin, mask, layer, cache, pos, kv_len)
 
 
+def cached_kv(block: Block, rope: Rope, x: Tensor, pos: Tensor, cache: KVCache, layer: int) -> None:
+    """Write only the keys/values `cached_block` would write for x at pos: no attention, no MLP.
+
+    In a one-layer drafter an entry's K/V depend on its own input alone, so entries whose output is not needed
+    (the prompt, and all but the last entry of a catch-up) only have to land in the cache.
+    """
+    attn = block.self_attn
+    a = attn.args
+    b, t, _ = x.shape
+    h = block.input_layernorm(x)
+    cos, sin = rope(pos, x.dtype)
+    k = attn.k_proj(h).view(b, t, a.num_kv_heads, a.head_dim)
+    v = attn.v_proj(h).view(b, t, a.num_kv_heads, a.head_dim)
+    if a.qk_norm:
+        k = attn.k_norm(k)
+    k = _rotate(k.transpose(1, 2), cos, sin)
+    rows = torch.arange(b, device=x.device)[:, None]
+    kc, vc = cache.k[layer], cache.v[layer]
+    kc[rows, :, pos] = k.transpose(1, 2).to(kc.dtype)
+    vc[rows, :, pos] = v.to(vc.dtype)
+
+
 def check_target(kind: str, cfg: dict, target_args: ModelArgs) -> None:
     """Raise a SpecRLError when a drafter config was made for a different target."""
     for key, name in (("hidden_size", "hidden size"), ("vocab_size", "vocabulary size"),
@@ -238,19 +260,27 @@ class EagleDrafter(nn.Module, Drafter):
         x = self.layer_input(feature, next_tokens.to(self.device))
         return cached_block(self.block, self.rope, x, pos.to(self.device), self.cache.slots(slot0, slot0 + n), 0)
 
-    def _catch_up(self, tokens: list[list[int]], n: int) -> Tensor:
-        """Run the pending entries of slots 0..n-1 (their next tokens are in `tokens`); return o at n-2."""
-        cnt, start = self.pend_cnt[:n], self.pend_start[:n]
+    def _catch_up(self, tokens: list[list[int]], n: int, need_output: bool = True) -> Tensor | None:
+        """Run the pending entries of slots 0..n-1 (their next tokens are in `tokens`); return o at n-2.
+
+        Every pending entry's K/V is written; the full layer (attention + MLP) runs only for the last entry of
+        each slot, whose output starts drafting (and not at all with need_output=False).
+        """
+        cnt, start = self.pend_cnt[:n].clone(), self.pend_start[:n].clone()  # copies: both are reset below
         t = int(cnt.max())
         # the pending entries' next tokens are the last cnt[b] tokens of each sequence
         tail = torch.tensor([r[-t:] if len(r) >= t else [0] * (t - len(r)) + r for r in tokens])
         nxt = tail.gather(1, (t - cnt[:, None] + torch.arange(t)[None, :]).clamp_max(t - 1))
-        pos = start[:, None] + torch.arange(t)[None, :]
-        o = self._entries(self.pend[:n, :t], nxt, pos, 0)
-        last = o[torch.arange(n), (cnt - 1).clamp_min(0).to(o.device)]
+        pos = (start[:, None] + torch.arange(t)[None, :]).to(self.device)
+        x = self.layer_input(self.pend[:n, :t], nxt.to(self.device))
+        cache = self.cache.slots(0, n)
+        cached_kv(self.block, self.rope, x, pos, cache, 0)
         self.pend_start[:n] += cnt
         self.pend_cnt[:n] = 0
-        return last
+        if not need_output:
+            return None
+        rows, last = torch.arange(n, device=x.device), (cnt - 1).clamp_min(0).to(x.device)
+        return cached_block(self.block, self.rope, x[rows, last][:, None], pos[rows, last][:, None], cache, 0)[:, 0]
 
     def on_prefill(self, slot_start: int, batch_tokens: list[list[int]], captured: dict | None) -> None:
         if self.cache is None:
@@ -259,9 +289,12 @@ class EagleDrafter(nn.Module, Drafter):
         lens = torch.tensor([len(t) - 1 for t in batch_tokens])  # prompt lengths
         fused = self.fuse(captured)  # [m, maxP, H]
         t = fused.shape[1] - 1
-        if t > 0:  # entries 0..P-2 (token x_{t+1} is a prompt token); entry P-1 stays pending
+        if t > 0:  # entries 0..P-2 (token x_{t+1} is a prompt token); entry P-1 stays pending. Their outputs are
+            # never used, so only their keys/values are written
             nxt = torch.tensor([r[1: t + 1] + [0] * (t + 1 - len(r)) for r in batch_tokens])
-            self._entries(fused[:, :t], nxt, torch.arange(t).expand(m, t), slot_start)
+            x = self.layer_input(fused[:, :t], nxt.to(self.device))
+            cached_kv(self.block, self.rope, x, torch.arange(t, device=x.device).expand(m, t),
+                      self.cache.slots(slot_start, slot_start + m), 0)
         sl = slice(slot_start, slot_start + m)
         self.pend[sl, 0] = fused[torch.arange(m), (lens - 1).to(fused.device)]
         self.pend_cnt[sl] = 1
@@ -295,7 +328,7 @@ class EagleDrafter(nn.Module, Drafter):
             self.pend_cnt[:n] += 1
             return
         if bool((cnt > 0).any()):  # pending entries that were not drafted from (a full queue)
-            self._catch_up(batch.tokens, n)
+            self._catch_up(batch.tokens, n, need_output=False)
         self.pend[:n, : fused.shape[1]] = fused
         self.pend_cnt[:n] = num_emitted
 
