@@ -1,16 +1,18 @@
 """Adaptive draft length: choose k in 0..k_max per engine step to maximise measured tokens per second.
 
-The quantity that matters is realised throughput, folding in the hardware's real cost of a B·(k+1)-token
-forward, the drafter's cost and the acceptance at once. Raw tokens/s cannot be compared across steps, because
-it depends on how many sequences are still running (a plain step over 32 sequences emits far more per second
-than one over 17, both in the same batch-size bucket). So every speculative step is scored as a *gain* over
-plain decoding at the same batch size: gain = (tokens emitted per sequence) × t_ar(n) / (draft + verify
-seconds), where t_ar(n) = a + b·n is a least-squares line through recent plain steps (exponentially
-forgotten, so it follows the machine). Plain decoding has gain 1 by definition. The controller keeps an EMA of
-the gain per (batch-size bucket, k) and hill-climbs over k: a new bucket takes one plain step (a baseline for
-t_ar at that size) and then starts from the best k of the nearest measured bucket (k=1 at first); it measures
-both neighbours of its best, and every `recheck` steps re-measures a neighbour so a drifting cost or acceptance
-moves the choice. With a fixed k the controller only returns that k.
+The quantity that matters is realised throughput, folding in the hardware's real cost of a B·(k+1)-token forward,
+the drafter's cost and the acceptance at once. Raw tokens/s cannot be compared across steps, because it depends on
+how many sequences are still running (a plain step over 32 sequences emits far more per second than one over 17,
+both in the same batch-size bucket). So every speculative step is scored against plain decoding at the same batch
+size, in two low-noise parts: its *cost* c(b, k) = (draft + verify seconds) / t_ar(n), where t_ar(n) = a + b·n is
+a least-squares line through recent plain steps (exponentially forgotten, so it follows the machine), kept as an
+EMA per (batch-size bucket, k); and its *yield* E[tokens | k] = 1 + Σ_j Π_{i<j} r_i from the per-position
+acceptance rates r_i measured over all speculative steps (also forgotten slowly). The gain of k is yield / cost;
+plain decoding has gain 1. (Scoring each step by its own emitted tokens, as before, made the choice at small batch
+a coin flip: one sequence emits 1 or k+1 tokens per step.) The controller hill-climbs over k on these gains: a new
+bucket takes one plain step (a baseline for t_ar at that size) and then starts from the best k of the nearest
+measured bucket (k=1 at first); it measures both neighbours of its best, and every `recheck` steps re-measures a
+neighbour so a drifting cost or acceptance moves the choice. With a fixed k the controller only returns that k.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class DraftLengthController:
         self.ema = ema
         self.recheck = recheck
         self.forget = forget
-        self.gain: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA of speedup over plain decoding
+        self.cost: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA of step seconds / t_ar(n); k=0: 1
         self.steps: dict[int, int] = {}  # bucket -> steps taken
         self.ar_buckets: set[int] = set()  # buckets with a plain-step baseline
         self._fit = [0.0] * 5  # decayed sums for t_ar(n) = a + b n: w, w n, w n^2, w t, w n t
@@ -69,16 +71,20 @@ class DraftLengthController:
             f = self.forget
             self._fit = [f * x + y for x, y in zip(self._fit, (1.0, n, n * n, total, n * total), strict=True)]
             self.ar_buckets.add(bucket)
-            self.gain[(bucket, 0)] = 1.0
+            self.cost[(bucket, 0)] = 1.0
             return
         t_ar = self.ar_seconds(n)
         if t_ar is None:
             return
-        value = ((n if emitted is None else emitted) / n) * t_ar / total
-        old = self.gain.get((bucket, k))
-        self.gain[(bucket, k)] = value if old is None else (1 - self.ema) * old + self.ema * value
+        value = total / t_ar
+        old = self.cost.get((bucket, k))
+        self.cost[(bucket, k)] = value if old is None else (1 - self.ema) * old + self.ema * value
 
     def observe_acceptance(self, num_accepted: Tensor, k: int) -> None:
+        f = self.forget
+        for i in range(self.k_max):  # forget old evidence a little at every speculative step
+            self.att[i] *= f
+            self.acc[i] *= f
         for i in range(k):
             self.att[i] += int((num_accepted >= i).sum())
             self.acc[i] += int((num_accepted > i).sum())
@@ -87,9 +93,28 @@ class DraftLengthController:
         """Conditional per-position acceptance measured so far (for reporting)."""
         return [a / t if t else 0.0 for a, t in zip(self.acc, self.att, strict=True)]
 
+    def expected_tokens(self, k: int) -> float:
+        """Tokens one sequence emits in a step with k drafts: 1 + sum_j prod_{i<j} r_i (unmeasured positions
+        take the rate of the last measured one; 0.5 before any measurement)."""
+        total, p, r = 1.0, 1.0, 0.5
+        for i in range(k):
+            if self.att[i] > 0:
+                r = self.acc[i] / self.att[i]
+            p *= r
+            total += p
+        return total
+
+    def gain(self, bucket: int, k: int) -> float | None:
+        """Estimated speedup of k drafts over plain decoding at this batch-size bucket (None: cost not measured)."""
+        c = self.cost.get((bucket, k))
+        return None if c is None else self.expected_tokens(k) / c
+
     # ---------------------------------------------------------------- choice
+    def _gains(self, bucket: int) -> dict[int, float]:
+        return {k: self.gain(b, k) for (b, k) in self.cost if b == bucket}
+
     def _best(self, bucket: int) -> int | None:
-        tried = {k: v for (b, k), v in self.gain.items() if b == bucket}
+        tried = self._gains(bucket)
         return max(tried, key=tried.get) if tried else None
 
     def choose(self, n: int, ctx_len: int) -> int:
@@ -104,16 +129,16 @@ class DraftLengthController:
     def _choose(self, b: int, step: int) -> int:
         if b not in self.ar_buckets:  # one plain step: the baseline every gain in this bucket is measured against
             return 0
-        tried = {k: v for (bb, k), v in self.gain.items() if bb == b and k > 0}
+        tried = {k for (bb, k) in self.cost if bb == b and k > 0}
         if not tried:  # start from the best k of the nearest bucket with speculative measurements (or k=1)
-            others = {bb for bb, k in self.gain if k > 0}
+            others = {bb for bb, k in self.cost if k > 0}
             if not others:
                 return min(1, self.k_max)
             near = min(others, key=lambda bb: abs(bb.bit_length() - b.bit_length()))
             return min(max(1, self._best(near)), self.k_max)  # where the nearest switched off, retry k=1 once
         best = self._best(b)
         for nb in (best - 1, best + 1):  # measure both neighbours of the best before settling
-            if 1 <= nb <= self.k_max and (b, nb) not in self.gain:
+            if 1 <= nb <= self.k_max and (b, nb) not in self.cost:
                 return nb
         if step % self.recheck == 0:  # re-measure a neighbour so the choice can move
             up = (step // self.recheck) % 2 == 1
