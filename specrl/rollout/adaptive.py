@@ -22,12 +22,14 @@ from torch import Tensor
 
 class DraftLengthController:
     def __init__(self, k_max: int, num_draft_tokens: int | str, ema: float = 0.3, recheck: int = 8,
-                 forget: float = 0.97):
+                 forget: float = 0.97, margin: float = 0.05):
         self.k_max = k_max
         self.fixed = None if num_draft_tokens == "auto" else int(num_draft_tokens)
         self.ema = ema
         self.recheck = recheck
         self.forget = forget
+        self.margin = margin  # speculate only where the estimated gain beats plain decoding by this much: the
+        # engine has per-step costs outside the timed draft/verify work (retirement, drafter compaction)
         self.cost: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA of step seconds / t_ar(n); k=0: 1
         self.steps: dict[int, int] = {}  # bucket -> steps taken
         self.ar_buckets: set[int] = set()  # buckets with a plain-step baseline
@@ -111,7 +113,10 @@ class DraftLengthController:
 
     # ---------------------------------------------------------------- choice
     def _gains(self, bucket: int) -> dict[int, float]:
-        return {k: self.gain(b, k) for (b, k) in self.cost if b == bucket}
+        g = {k: self.gain(b, k) for (b, k) in self.cost if b == bucket}
+        if 0 in g:
+            g[0] = 1.0 + self.margin
+        return g
 
     def _best(self, bucket: int) -> int | None:
         tried = self._gains(bucket)

@@ -298,9 +298,9 @@ class RolloutEngine:
                           verify_mode=self.verify_mode)
 
     def _spec_step(self, active: list[_Seq], k: int, metrics: SpecMetrics) -> None:
+        t0 = time.perf_counter()  # like _ar_step, the step's clock includes building its batch
         n = len(active)
         batch = self._draft_batch(active)
-        t0 = time.perf_counter()
         proposal = self.drafter.propose(batch, k)
         t1 = time.perf_counter()
         last = torch.tensor([[s.out[-1]] for s in active], dtype=torch.long)
