@@ -45,6 +45,16 @@ def test_default_drafter_of_another_model_says_how_to_build_one(target, tmp_path
     assert not (tmp_path / "drafters").exists()  # nothing was built for the wrong model
 
 
+def test_embedded_model_shape_is_recognised():
+    from types import SimpleNamespace
+
+    from specrl.drafters import _is_embedded
+    from specrl.model.transformer import ModelArgs
+
+    assert _is_embedded(SimpleNamespace(args=ModelArgs(vocab_size=49152)))  # SmolLM2-135M: build its default
+    assert not _is_embedded(SimpleNamespace(args=ModelArgs(vocab_size=49152, num_layers=12)))
+
+
 def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
     import specrl.drafters as drafters
     import specrl.drafters.init_cli as init_cli

@@ -46,7 +46,7 @@ def default_drafter_dir(kind: str) -> Path:
 
 # First-use budget for `eagle:default` / `mtp:default` (measured on an idle 2-core CPU: see README).
 DEFAULT_BUILD = {"task": "chain_sum", "samples": 320, "epochs": 3, "max_new_tokens": 64}
-EMBEDDED_SHAPE = {"dim": 576, "n_layers": 30, "vocab_size": 49152}  # SmolLM2-135M
+EMBEDDED_SHAPE = {"hidden_size": 576, "num_layers": 30, "vocab_size": 49152}  # SmolLM2-135M (ModelArgs fields)
 
 
 def _is_embedded(target) -> bool:
