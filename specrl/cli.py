@@ -218,15 +218,18 @@ def train(config: str = typer.Option("examples/default.yaml", help="YAML config.
 @draft_app.command("init")
 def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.Option("eagle"),
                task: str = typer.Option("chain_sum"), samples: int = 256, epochs: int = 2,
-               out: Path | None = typer.Option(None), data: Path | None = typer.Option(None)):
-    """Train a drafter offline on in-domain rollouts (or on --data JSONL texts)."""
+               out: Path | None = typer.Option(None), data: Path | None = typer.Option(None),
+               draft_layers: int = typer.Option(4, help="--drafter draft-model: how many of the target's first "
+                                                "layers the draft model keeps before distillation"),
+               max_new_tokens: int = typer.Option(160, help="rollout length cap for the training data")):
+    """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
     try:
         from specrl.drafters.init_cli import draft_init_main
     except ImportError as e:
         _fail(SpecRLError(f"drafter training is not available: {e}"))
     try:
         path = draft_init_main(model, drafter, task, samples, epochs, out or Path("drafters") / f"{drafter}-{task}",
-                               str(data) if data else None)
+                               str(data) if data else None, max_new_tokens=max_new_tokens, draft_layers=draft_layers)
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] drafter saved to {path}")

@@ -85,3 +85,66 @@ def test_unknown_drafter_kind(target):
 def test_out_of_vocab_tokens(target):
     with pytest.raises(SpecRLError, match=r"outside \[0, 32\)"):
         train_drafter(MTPDrafter(target), target, [[1, 2, 3, 4], [1, 2, 99]], progress=False)
+
+
+def test_draft_model_distillation_lowers_loss_and_accepts_more(target, data, tmp_path):
+    """A slice of the target's layers, distilled on its rollouts, matches it better; target and the
+    (frozen, tied) embeddings are untouched; the saved checkpoint reloads as the same draft model."""
+    from specrl.drafters import make_drafter
+    from specrl.drafters.draft_model import DraftModelDrafter, slice_layers
+    from specrl.drafters.init_cli import _save_draft_model
+    from specrl.model.checkpoint import save_checkpoint
+
+    prompts, seqs = data
+    before = {n: p.clone() for n, p in target.named_parameters()}
+    draft = slice_layers(target, [0])
+    assert draft.args.num_layers == 1 and target.args.num_layers == 4
+    draft.embed_tokens.weight.requires_grad_(False)
+    emb = draft.embed_tokens.weight.clone()
+    d = DraftModelDrafter(draft)
+    held = [[5, 9, 30], [11, 2, 7], [1, 1, 4], [20, 21, 22]]
+    untrained = heldout_acceptance(target, d, held, k=3, max_new_tokens=16)
+    torch.manual_seed(0)
+    res = train_drafter(d, target, seqs, epochs=6, lr=3e-3, batch_size=8, progress=False,
+                        prompt_lens=[len(p) for p in prompts])
+    assert res["heldout_loss"] < res["initial_heldout_loss"] - 0.05, res
+    trained = heldout_acceptance(target, d, held, k=3, max_new_tokens=16)
+    assert 1.0 <= untrained < trained <= 4.0
+    assert torch.equal(draft.embed_tokens.weight, emb) and draft.lm_head.weight is draft.embed_tokens.weight
+    for n, p in target.named_parameters():
+        assert torch.equal(p, before[n]) and p.grad is None
+    tdir = save_checkpoint(target, tmp_path / "target")
+    _save_draft_model(draft, tdir, tmp_path / "draft")
+    again = make_drafter(f"draft-model:{tmp_path / 'draft'}", target, dtype=torch.float32)
+    assert isinstance(again, DraftModelDrafter)
+    for (n, p), (_, q) in zip(draft.state_dict().items(), again.model.state_dict().items(), strict=True):
+        assert torch.equal(p, q), n
+
+
+def test_slice_layers_bad_input(target):
+    from specrl.drafters.draft_model import slice_layers
+
+    with pytest.raises(SpecRLError, match="at least one layer"):
+        slice_layers(target, [])
+    with pytest.raises(SpecRLError, match=r"increasing target layer indices in \[0, 4\)"):
+        slice_layers(target, [0, 4])
+    with pytest.raises(SpecRLError, match="increasing"):
+        slice_layers(target, [1, 0])
+
+
+def test_draft_model_with_other_vocab_is_refused(target, data):
+    from specrl.drafters.draft_model import DraftModelDrafter
+
+    other = tiny_model("llama", vocab_size=48, seed=1)
+    with pytest.raises(SpecRLError, match="draft model's vocabulary has 48 tokens but the target's has 32"):
+        train_drafter(DraftModelDrafter(other), target, data[1], progress=False)
+
+
+def test_draft_init_rejects_bad_layer_count(target, tmp_path):
+    from specrl.drafters.init_cli import draft_init_main
+    from specrl.model.checkpoint import save_checkpoint
+
+    tdir = save_checkpoint(target, tmp_path / "target")
+    for bad in (0, 4, "3"):
+        with pytest.raises(SpecRLError, match=r"draft_layers must be an integer in \[1, 3\]"):
+            draft_init_main(str(tdir), "draft-model", out=tmp_path / "d", draft_layers=bad, progress=False)

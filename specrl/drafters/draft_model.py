@@ -15,6 +15,29 @@ from specrl.drafters.base import DraftBatch, Drafter, Proposal
 from specrl.errors import SpecRLError
 
 
+def slice_layers(target, layers: list[int] | tuple[int, ...]):
+    """A draft model made of some of the target's layers (+ its embeddings, final norm and LM head).
+
+    The copy is independent of the target (training it never touches the target). `layers` are target layer
+    indices in increasing order, e.g. `range(4)` for the first four ("layer skip" draft) before distillation.
+    """
+    import copy
+    import dataclasses
+
+    from torch import nn
+
+    n = target.args.num_layers
+    layers = [int(i) for i in layers]
+    if not layers:
+        raise SpecRLError("a sliced draft model needs at least one layer; give target layer indices, e.g. [0, 1, 2, 3]")
+    if any(i < 0 or i >= n for i in layers) or layers != sorted(set(layers)):
+        raise SpecRLError(f"draft layers {layers} must be distinct, increasing target layer indices in [0, {n})")
+    draft = copy.deepcopy(target)
+    draft.layers = nn.ModuleList(draft.layers[i] for i in layers)
+    draft.args = dataclasses.replace(target.args, num_layers=len(layers))
+    return draft
+
+
 class DraftModelDrafter(Drafter):
     kind = "draft-model"
 

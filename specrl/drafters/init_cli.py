@@ -1,9 +1,11 @@
 """`specrl draft init` body: in-domain rollouts -> offline drafter training -> a drafter directory.
 
 `draft_init_main` generates rollouts of the target on a task's prompts (or on given prompt strings, or
-reads them from a JSONL file), trains an EAGLE or MTP drafter on them (`training.train_drafter`), measures
-the held-out acceptance length with the real engine on prompts it did not train on, and saves the drafter
-(`io.save_drafter`) with a `train_report.json` and the training data (`data.jsonl`, reusable via data_jsonl).
+reads them from a JSONL file), trains an EAGLE or MTP drafter, or a draft model made of `draft_layers` of the
+target's layers, on them (`training.train_drafter`), measures the held-out acceptance length with the real
+engine on prompts it did not train on, and saves the drafter (`io.save_drafter`; a draft model as an HF
+checkpoint with the target's tokenizer, loadable by transformers as an `assistant_model` too) with a
+`train_report.json` and the training data (`data.jsonl`, reusable via data_jsonl).
 """
 
 from __future__ import annotations
@@ -53,12 +55,29 @@ def _read_jsonl(path: Path) -> tuple[list[list[int]], list[int]]:
     return seqs, plens
 
 
+def _save_draft_model(draft, model: str | os.PathLike, out: Path) -> None:
+    """The draft model as an HF checkpoint plus the target's tokenizer files (so both we and transformers load it)."""
+    import shutil
+
+    from specrl.model import presets
+    from specrl.model.checkpoint import save_checkpoint
+
+    save_checkpoint(draft, out)
+    src = Path(model) if Path(model).exists() else presets.prepare(str(model))
+    for f in src.iterdir():
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json",
+                                                                          "merges.txt", "generation_config.json")):
+            shutil.copy2(f, out / f.name)
+
+
 def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", task="chain_sum", samples: int = 512,
                     epochs: int = 3, out: str | os.PathLike = "drafters/eagle", data_jsonl: str | None = None,
                     difficulty: str = "easy", max_new_tokens: int = 160, temperature: float = 1.0,
                     draft_vocab_size: int = 8192, num_modules: int = 3, lr: float = 1e-3, batch_size: int = 8,
-                    heldout: int = 32, k: int = 3, seed: int = 0, progress: bool = True) -> Path:
+                    heldout: int = 32, k: int = 3, seed: int = 0, progress: bool = True,
+                    draft_layers: int = 4) -> Path:
     """Generate in-domain data, train a drafter, report held-out acceptance, save. Returns the directory."""
+    from specrl.drafters.draft_model import DraftModelDrafter, slice_layers
     from specrl.drafters.eagle import EagleDrafter
     from specrl.drafters.io import save_drafter
     from specrl.drafters.mtp import MTPDrafter
@@ -68,12 +87,17 @@ def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", ta
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
 
-    if drafter_kind not in ("eagle", "mtp"):
-        raise SpecRLError(f"unknown drafter kind {drafter_kind!r}; `specrl draft init` trains 'eagle' or 'mtp'")
+    if drafter_kind not in ("eagle", "mtp", "draft-model"):
+        raise SpecRLError(f"unknown drafter kind {drafter_kind!r}; `specrl draft init` trains 'eagle', 'mtp' or "
+                          "'draft-model'")
     if not isinstance(samples, int) or samples < 2:
         raise SpecRLError(f"samples must be an integer >= 2, got {samples!r}")
     out = Path(out)
     target, tokenizer = load_model(model)
+    if drafter_kind == "draft-model" and not (isinstance(draft_layers, int) and
+                                              1 <= draft_layers < target.args.num_layers):
+        raise SpecRLError(f"draft_layers must be an integer in [1, {target.args.num_layers - 1}] (the target has "
+                          f"{target.args.num_layers} layers), got {draft_layers!r}")
     if tokenizer is None:
         raise SpecRLError(f"{model} has no tokenizer; draft init needs one to render prompts")
     stops = stop_token_ids(tokenizer, target.args)
@@ -102,16 +126,24 @@ def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", ta
         vocab = None if draft_vocab_size >= target.args.vocab_size else \
             select_draft_vocab([s[n:] for s, n in zip(seqs, plens, strict=True)], draft_vocab_size, always=stops)
         drafter = EagleDrafter(target, draft_vocab=vocab)
-    else:
+    elif drafter_kind == "mtp":
         drafter = MTPDrafter(target, num_modules=num_modules)
+    else:
+        draft = slice_layers(target, range(draft_layers)).float()
+        draft.embed_tokens.weight.requires_grad_(False)  # tied to the LM head: keep the target's token geometry
+        drafter = DraftModelDrafter(draft)
     torch.manual_seed(seed)
     result = train_drafter(drafter, target, seqs, epochs=epochs, lr=lr, batch_size=batch_size, progress=progress,
                            prompt_lens=plens, seed=seed)
     acc = heldout_acceptance(target, drafter, val_prompts, k=min(k, getattr(drafter, "num_modules", k)),
                              temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=seed)
-    save_drafter(drafter, out)
+    if drafter_kind == "draft-model":
+        _save_draft_model(drafter.model.to(target.dtype), model, out)
+    else:
+        save_drafter(drafter, out)
     report = {**result, "heldout_acceptance_length": acc, "k": k, "temperature": temperature, "model": str(model),
               "task": task if isinstance(task, str) else "prompts", "samples": len(seqs),
+              "draft_layers": draft_layers if drafter_kind == "draft-model" else None,
               "tokens": sum(len(s) for s in seqs), "draft_vocab_size": int(getattr(drafter, "d2t", torch.zeros(0))
                                                                            .numel()) or None}
     (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")

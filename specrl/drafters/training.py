@@ -1,4 +1,4 @@
-"""Offline drafter initialisation: distil the target's next-token distributions into an EAGLE or MTP drafter.
+"""Offline drafter initialisation: distil the target's next-token distributions into an EAGLE, MTP or draft model.
 
 `collect` runs the target once over every training sequence (no grad, the target is never modified) and keeps
 what the drafter learns from: the hidden states it reads (three fused layers for EAGLE, the final-normed
@@ -10,6 +10,9 @@ then trains the drafter with that soft cross-entropy (forward KL up to a constan
   `EagleDrafter.forward_train`), weighted 0.8^(s-1). With a reduced draft vocabulary the target mass outside
   the subset simply cannot be matched (the loss only sums over the subset).
 * MTP: module j at t predicts the target distribution at t+j (`MTPDrafter.forward_train`).
+* Draft model (`DraftModelDrafter`, e.g. a slice of the target's layers): position t predicts the target
+  distribution at t from the tokens alone (no target features); its embeddings / LM head train only if they
+  require grad.
 Positions before `prompt_lens` (the prompt) are context only, never loss. `heldout_acceptance` measures the
 drafter the way it will be used: the real engine, k drafts per step, returning the acceptance length.
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specrl.drafters.draft_model import DraftModelDrafter
 from specrl.drafters.eagle import EagleDrafter
 from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
@@ -47,8 +51,16 @@ def _kind(drafter) -> str:
         return "eagle"
     if isinstance(drafter, MTPDrafter):
         return "mtp"
-    raise SpecRLError(f"train_drafter trains EAGLE and MTP drafters; got {type(drafter).__name__} (unknown drafter "
-                      "kind; use specrl.drafters.eagle.EagleDrafter or specrl.drafters.mtp.MTPDrafter)")
+    if isinstance(drafter, DraftModelDrafter):
+        return "draft-model"
+    raise SpecRLError(f"train_drafter trains EAGLE, MTP and draft-model drafters; got {type(drafter).__name__} "
+                      "(unknown drafter kind; use specrl.drafters.eagle.EagleDrafter, specrl.drafters.mtp.MTPDrafter "
+                      "or specrl.drafters.DraftModelDrafter)")
+
+
+def _module(drafter) -> torch.nn.Module:
+    """The trainable module: the drafter itself (EAGLE, MTP) or the draft model it wraps."""
+    return drafter.model if isinstance(drafter, DraftModelDrafter) else drafter
 
 
 def validate_sequences(sequences, vocab_size: int, prompt_lens=None) -> list[list[int]]:
@@ -123,7 +135,8 @@ def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, to
         probs = torch.softmax(logits, dim=-1)
         top_p, top_i = probs.topk(kk, dim=-1)
         top1 = logits.argmax(-1)
-        feats = torch.cat([captured[i] for i in capture], -1) if kind == "eagle" else hidden
+        feats = torch.cat([captured[i] for i in capture], -1) if kind == "eagle" else \
+            hidden[..., :0] if kind == "draft-model" else hidden
         for b, i in enumerate(idx):
             n = len(sequences[i])
             out[i] = Example(tokens=tok[b, :n].clone(), feats=feats[b, :n].cpu().clone(),
@@ -188,6 +201,15 @@ def batch_loss(drafter, batch: dict, ttt_steps: int = 3) -> tuple[Tensor, dict]:
                 stats["positions"] = int(valid.sum())
                 stats["top1"] = int(((pred == top1) & valid).sum())
         return total / weight_sum, stats
+    if kind == "draft-model":
+        # index t (tokens x_0..x_t) predicts x_{t+1} with the target's distribution at t; logits only where counted
+        valid = (pos <= lens[:, None] - 2) & (pos + 1 >= loss_from[:, None])
+        hidden, _ = drafter.model.forward_hidden(tok)
+        logits = drafter.model.logits(hidden[valid])
+        ce = _soft_ce(logits, batch["top_idx"][valid], batch["top_p"][valid])
+        stats["positions"] = int(valid.sum())
+        stats["top1"] = int((logits.argmax(-1) == batch["top1"][valid]).sum())
+        return ce.sum() / valid.sum().clamp_min(1), stats
     outs = drafter.forward_train(batch["feats"].to(drafter.dtype), tok)
     for j, h in enumerate(outs, start=1):
         # module j, index t predicts x_{t+j+1} with the target's distribution at t+j
@@ -204,18 +226,23 @@ def batch_loss(drafter, batch: dict, ttt_steps: int = 3) -> tuple[Tensor, dict]:
     return total / len(outs), stats
 
 
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
 def evaluate(drafter, examples: list[Example], batch_size: int = 8, ttt_steps: int = 3) -> dict:
-    was_training = drafter.training
-    drafter.eval()
+    module = _module(drafter)
+    was_training = module.training
+    module.eval()
     loss_sum, n_pos, n_top1, n_batches = 0.0, 0, 0, 0
     with torch.no_grad():
         for a in range(0, len(examples), batch_size):
-            loss, st = batch_loss(drafter, _pad(examples[a: a + batch_size], drafter.device), ttt_steps)
+            loss, st = batch_loss(drafter, _pad(examples[a: a + batch_size], _device(module)), ttt_steps)
             loss_sum += float(loss)
             n_batches += 1
             n_pos += st["positions"]
             n_top1 += st["top1"]
-    drafter.train(was_training)
+    module.train(was_training)
     return {"loss": loss_sum / max(n_batches, 1), "top1": n_top1 / max(n_pos, 1)}
 
 
@@ -239,13 +266,19 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
     if kind == "eagle" and (not isinstance(ttt_steps, int) or ttt_steps < 1):
         raise SpecRLError(f"ttt_steps must be an integer >= 1, got {ttt_steps!r}")
     seqs = validate_sequences(sequences, target.args.vocab_size, prompt_lens)
-    if target.args.hidden_size != drafter.target_args.hidden_size or \
+    module = _module(drafter)
+    if kind == "draft-model":
+        if drafter.model.args.vocab_size != target.args.vocab_size:
+            raise SpecRLError(f"the draft model's vocabulary has {drafter.model.args.vocab_size} tokens but the "
+                              f"target's has {target.args.vocab_size}; a draft model must share the target's tokenizer")
+    elif target.args.hidden_size != drafter.target_args.hidden_size or \
             target.args.vocab_size != drafter.target_args.vocab_size:
         raise SpecRLError(f"the drafter was built for a target with hidden size {drafter.target_args.hidden_size} "
                           f"and vocabulary {drafter.target_args.vocab_size}, but the target has "
                           f"{target.args.hidden_size} and {target.args.vocab_size}")
     t0 = time.perf_counter()
-    drafter.attach(target)
+    if kind != "draft-model":
+        drafter.attach(target)
     rng = random.Random(seed)
     order = list(range(len(seqs)))
     rng.shuffle(order)
@@ -256,7 +289,9 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
     train_ex = [examples[i] for i in train_ids]
     held_ex = [examples[i] for i in held_ids]
     initial = evaluate(drafter, held_ex, batch_size, ttt_steps)
-    params = [p for p in drafter.parameters() if p.requires_grad]
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise SpecRLError("the drafter has no parameter that requires grad; nothing to train")
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     steps_per_epoch = math.ceil(len(train_ex) / batch_size)
     total_steps = steps_per_epoch * epochs
@@ -273,7 +308,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
         from tqdm import tqdm
 
         bar = tqdm(total=total_steps, desc=f"train {kind} drafter", unit="step")
-    drafter.train()
+    module.train()
     step, recent = 0, []
     for _epoch in range(epochs):
         # batches of similar length (less padding), in a seeded random order
@@ -283,7 +318,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
         for chunk in batches:
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
-            loss, _ = batch_loss(drafter, _pad(chunk, drafter.device), ttt_steps)
+            loss, _ = batch_loss(drafter, _pad(chunk, _device(module)), ttt_steps)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -295,7 +330,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
                 bar.set_postfix(loss=f"{sum(recent[-20:]) / len(recent[-20:]):.3f}")
     if bar is not None:
         bar.close()
-    drafter.eval()
+    module.eval()
     final = evaluate(drafter, held_ex, batch_size, ttt_steps)
     tail = recent[-max(1, steps_per_epoch):]
     return {"train_loss": sum(tail) / len(tail), "heldout_loss": final["loss"], "heldout_top1": final["top1"],
