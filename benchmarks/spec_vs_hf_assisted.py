@@ -1,43 +1,55 @@
 """Our speculative engine vs transformers assisted generation (`assistant_model=`), B=1, same model pair.
 
-Target: SmolLM2-135M (bf16). Draft: the target's first --draft-layers layers + its final norm and head,
-saved once as an HF checkpoint next to the model cache, loaded by both sides (a self-speculative "layer
-skip" draft: no training needed, real but modest acceptance). Greedy and T=1, interleaved runs, exactly
---new-tokens tokens each; prints tokens/s of each, our acceptance length, and the ratio.
+Target: SmolLM2-135M (bf16). Draft (`--draft`): an HF checkpoint directory with the target's tokenizer, loaded by
+both sides. Default: the target's first --draft-layers layers + its final norm and head, untrained (a "layer
+skip" draft, AL ~1.05); a distilled one comes from `specrl draft init --drafter draft-model --out DIR`.
 
-    .venv/bin/python benchmarks/spec_vs_hf_assisted.py [--draft-layers 8] [--k 4] [--threads 1]
+Four configurations per sampling mode, each run interleaved over the same prompts and seeds:
+  ours k=K       our engine, K drafts per step
+  ours auto      our engine, adaptive draft length (the default a user would pick)
+  HF k=K         transformers with the assistant's generation config set to K tokens, constant schedule and no
+                 confidence stop (the same work per step as ours k=K)
+  HF default     transformers' own defaults for the assistant: up to 20 tokens, stop drafting when the draft's
+                 probability falls below 0.4 (what a user gets without tuning)
+Both sides stop at the end-of-turn token or --new-tokens; tokens/s = generated tokens / wall seconds, summed over
+all runs. Prints tokens/s, our acceptance length, and ours/HF ratios (same k, and best of each side).
+
+    .venv/bin/python benchmarks/spec_vs_hf_assisted.py --draft DIR --task chain_sum [--k 3] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 
 import torch
-from common import median, prompt_ids, timed
+from common import prompt_ids, timed
 
 
 def layer_skip_draft(n_layers: int):
-    import copy
-
-    from specrl.model.checkpoint import load_checkpoint, save_checkpoint
+    from specrl.drafters.draft_model import slice_layers
+    from specrl.drafters.init_cli import _save_draft_model
+    from specrl.model.checkpoint import load_checkpoint
     from specrl.model.presets import cache_root, prepare
 
     out = cache_root() / "models" / f"smollm2-135m-first{n_layers}"
-    if not (out / "model.safetensors").exists():
+    if not (out / "tokenizer.json").exists():
         full = load_checkpoint(prepare("smollm2-135m"), dtype=torch.float32)
-        small = copy.deepcopy(full)
-        small.layers = small.layers[:n_layers]
-        small.args.num_layers = n_layers
-        save_checkpoint(small, out)
+        _save_draft_model(slice_layers(full, range(n_layers)), "smollm2-135m", out)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--draft", default=None, help="draft model directory (default: untrained first --draft-layers)")
     ap.add_argument("--draft-layers", type=int, default=8)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--task", default=None, help="in-domain prompts of this task (e.g. chain_sum) instead of the "
+                    "generic prompt set")
+    ap.add_argument("--modes", default="greedy,T=1")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -47,35 +59,77 @@ def main() -> None:
     from specrl.drafters import DraftModelDrafter
     from specrl.model.checkpoint import load_checkpoint
     from specrl.model.presets import prepare
+    from specrl.model.tokenizer import stop_token_ids
 
-    draft_dir = layer_skip_draft(a.draft_layers)
+    draft_dir = a.draft or layer_skip_draft(a.draft_layers)
     target, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
-    draft = load_checkpoint(draft_dir, dtype=torch.bfloat16)
+    stops = stop_token_ids(tok, target.args)
+    if a.task:
+        from specrl.rl.tasks import PromptFormatter, make_task
+
+        _, val = make_task(a.task, difficulty="easy", train_size=4, val_size=a.prompts, seed=1)
+        fmt = PromptFormatter(tok)
+        prompts = [fmt.encode(p.question) for p in val.problems][: a.prompts]
+    else:
+        prompts = prompt_ids(tok, a.prompts)
     hf_t = AutoModelForCausalLM.from_pretrained(str(prepare("smollm2-135m")), dtype=torch.bfloat16).eval()
-    hf_d = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.bfloat16).eval()
-    engine = RolloutEngine(target, max_batch_size=1, max_seq_len=512, drafter=DraftModelDrafter(draft),
-                           num_draft_tokens=a.k)
-    print(f"draft = first {a.draft_layers} of 30 layers, k={a.k}, threads={a.threads}, B=1")
-    print(f"{'mode':>6} {'prompt':>6} {'ours tok/s':>10} {'HF assisted tok/s':>18} {'AL':>5} {'ratio':>6}")
-    for mode in ("greedy", "T=1"):
-        temp = 0.0 if mode == "greedy" else 1.0
-        ours, theirs, als = [], [], []
-        for ids in prompt_ids(tok, 4):
+    hf_fixed = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.bfloat16).eval()
+    hf_fixed.generation_config.num_assistant_tokens = a.k
+    hf_fixed.generation_config.num_assistant_tokens_schedule = "constant"
+    hf_fixed.generation_config.assistant_confidence_threshold = 0.0
+    hf_default = copy.copy(hf_fixed)  # same weights, transformers' default assistant settings
+    hf_default.generation_config = copy.deepcopy(hf_fixed.generation_config)
+    for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
+        setattr(hf_default.generation_config, key, None)  # -> library defaults (20, constant, 0.4)
+
+    def ours(k):
+        draft = load_checkpoint(draft_dir, dtype=torch.bfloat16)
+        return RolloutEngine(target, max_batch_size=1, max_seq_len=512, drafter=DraftModelDrafter(draft),
+                             num_draft_tokens=k)
+
+    engines = {f"ours k={a.k}": ours(a.k), "ours auto": ours("auto")}
+    assistants = {f"HF k={a.k}": hf_fixed, "HF default": hf_default}
+    with torch.no_grad():  # warm up every configuration once (first-call allocations are not what we compare)
+        for eng in engines.values():
+            eng.generate([prompts[0]], SamplingParams(temperature=0.0, max_new_tokens=8))
+        for asst in assistants.values():
+            hf_t.generate(torch.tensor([prompts[0]]), assistant_model=asst, max_new_tokens=8, do_sample=False,
+                          pad_token_id=tok.eos_token_id)
+    print(f"draft = {draft_dir}, k={a.k}, threads={a.threads}, B=1, {len(prompts)} prompts "
+          f"({a.task or 'generic'}) x {a.repeats} seeds, <= {a.new_tokens} new tokens")
+    print(f"{'mode':>6} " + " ".join(f"{n:>12}" for n in [*engines, *assistants]) +
+          f" {'AL k':>5} {'AL auto':>7} {'same-k':>7} {'best/best':>9}   (tokens/s)")
+    for mode in a.modes.split(","):
+        temp = 0.0 if mode == "greedy" else float(mode.removeprefix("T="))
+        toks = {n: 0 for n in [*engines, *assistants]}
+        secs = {n: 0.0 for n in toks}
+        als = {n: [] for n in engines}
+        for ids in prompts:
             x = torch.tensor([ids])
-            kw = dict(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, assistant_model=hf_d,
-                      do_sample=temp > 0, pad_token_id=tok.eos_token_id, num_assistant_tokens=a.k)
+            kw = dict(max_new_tokens=a.new_tokens, do_sample=temp > 0, pad_token_id=tok.eos_token_id,
+                      eos_token_id=list(stops))
             if temp > 0:
-                kw.update(temperature=1.0, top_k=0, top_p=1.0)
+                kw.update(temperature=temp, top_k=0, top_p=1.0)
             with torch.no_grad():
                 for r in range(a.repeats):
-                    sp = SamplingParams(temperature=temp, max_new_tokens=a.new_tokens, seed=r)
-                    dt, _ = timed(lambda: engine.generate([ids], sp))  # noqa: B023
-                    ours.append(a.new_tokens / dt)
-                    als.append(engine.last_metrics["acceptance_length"])
-                    dt, _ = timed(lambda: hf_t.generate(x, **kw))  # noqa: B023
-                    theirs.append(a.new_tokens / dt)
-        print(f"{mode:>6} {'all':>6} {median(ours):>10.1f} {median(theirs):>18.1f} {median(als):>5.2f} "
-              f"{median(ours) / median(theirs):>5.2f}x", flush=True)
+                    sp = SamplingParams(temperature=temp, max_new_tokens=a.new_tokens, stop_token_ids=stops, seed=r)
+                    for name, eng in engines.items():
+                        dt, out = timed(lambda eng=eng, ids=ids, sp=sp: eng.generate([ids], sp))
+                        toks[name] += len(out[0].token_ids)
+                        secs[name] += dt
+                        als[name].append(eng.last_metrics["acceptance_length"])
+                    for name, asst in assistants.items():
+                        torch.manual_seed(r)
+                        dt, out = timed(lambda asst=asst, x=x, kw=kw: hf_t.generate(x, assistant_model=asst,
+                                                                                         **kw))
+                        toks[name] += out.shape[1] - x.shape[1]
+                        secs[name] += dt
+        tps = {n: toks[n] / secs[n] for n in toks}
+        same = tps[f"ours k={a.k}"] / tps[f"HF k={a.k}"]
+        best = max(tps[n] for n in engines) / max(tps[n] for n in assistants)
+        al_k, al_auto = (sum(v) / len(v) for v in als.values())
+        print(f"{mode:>6} " + " ".join(f"{tps[n]:>12.1f}" for n in tps) +
+              f" {al_k:>5.2f} {al_auto:>7.2f} {same:>6.2f}x {best:>8.2f}x", flush=True)
 
 
 if __name__ == "__main__":

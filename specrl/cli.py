@@ -221,7 +221,9 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
                out: Path | None = typer.Option(None), data: Path | None = typer.Option(None),
                draft_layers: int = typer.Option(4, help="--drafter draft-model: how many of the target's first "
                                                 "layers the draft model keeps before distillation"),
-               max_new_tokens: int = typer.Option(160, help="rollout length cap for the training data")):
+               max_new_tokens: int = typer.Option(160, help="rollout length cap for the training data"),
+               draft_vocab_size: int = typer.Option(8192, help="eagle / draft-model: draft over this many of the "
+                                                    "most frequent response tokens (the full vocabulary if larger)")):
     """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
     try:
         from specrl.drafters.init_cli import draft_init_main
@@ -229,7 +231,8 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
         _fail(SpecRLError(f"drafter training is not available: {e}"))
     try:
         path = draft_init_main(model, drafter, task, samples, epochs, out or Path("drafters") / f"{drafter}-{task}",
-                               str(data) if data else None, max_new_tokens=max_new_tokens, draft_layers=draft_layers)
+                               str(data) if data else None, max_new_tokens=max_new_tokens, draft_layers=draft_layers,
+                               draft_vocab_size=draft_vocab_size)
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] drafter saved to {path}")

@@ -148,3 +148,22 @@ def test_draft_init_rejects_bad_layer_count(target, tmp_path):
     for bad in (0, 4, "3"):
         with pytest.raises(SpecRLError, match=r"draft_layers must be an integer in \[1, 3\]"):
             draft_init_main(str(tdir), "draft-model", out=tmp_path / "d", draft_layers=bad, progress=False)
+
+
+def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
+    import json
+
+    from specrl.drafters import make_drafter
+    from specrl.drafters.draft_model import DRAFT_VOCAB_FILE
+    from specrl.model.checkpoint import save_checkpoint
+
+    d = save_checkpoint(tiny_model("llama", vocab_size=32, seed=7, num_layers=1), tmp_path / "draft")
+    assert make_drafter(f"draft-model:{d}", target, dtype=torch.float32).d2t is None
+    (d / DRAFT_VOCAB_FILE).write_text(json.dumps([3, 1, 4]))
+    assert make_drafter(f"draft-model:{d}", target, dtype=torch.float32).d2t.tolist() == [3, 1, 4]
+    for bad, msg in (("[3, 1, 3]", "repeated token ids"), ("[1, 40]", r"outside the target vocabulary \[0, 32\)"),
+                     ("[]", "is empty"), ('{"a": 1}', "expected a JSON list of integer token ids"),
+                     ("[1,", "not valid JSON")):
+        (d / DRAFT_VOCAB_FILE).write_text(bad)
+        with pytest.raises(SpecRLError, match=msg):
+            make_drafter(f"draft-model:{d}", target, dtype=torch.float32)

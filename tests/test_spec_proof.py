@@ -25,12 +25,14 @@ def make_drafter(kind):
         return NGramDrafter()
     if kind == "suffix":
         return SuffixDrafter()
-    return DraftModelDrafter(tiny_model("llama", vocab_size=V, seed=99, num_layers=1))
+    # draft-model-subset drafts only over some token ids: q is zero elsewhere, which the residual must cover
+    return DraftModelDrafter(tiny_model("llama", vocab_size=V, seed=99, num_layers=1),
+                             draft_vocab=[0, 2, 3, 5, 7] if kind == "draft-model-subset" else None)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
-@pytest.mark.parametrize("kind", ["ngram", "suffix", "draft-model"])
+@pytest.mark.parametrize("kind", ["ngram", "suffix", "draft-model", "draft-model-subset"])
 def test_exact_distribution(target, kind, mode, setting):
     sp = SamplingParams(max_new_tokens=3, seed=1234, **SETTINGS[setting])
     k = 2 if kind != "suffix" else 1  # k=1 makes the bonus token part of the tested continuation
@@ -49,13 +51,14 @@ def target64():
 
 
 def make64(kind):
-    if kind == "draft-model":
-        return DraftModelDrafter(tiny_model("llama", vocab_size=64, seed=4, num_layers=1))
+    if kind.startswith("draft-model"):
+        return DraftModelDrafter(tiny_model("llama", vocab_size=64, seed=4, num_layers=1),
+                                 draft_vocab=list(range(0, 64, 2)) if kind == "draft-model-subset" else None)
     return make_drafter(kind)
 
 
 @pytest.mark.parametrize("k", [1, 3, "auto"])
-@pytest.mark.parametrize("kind", ["ngram", "suffix", "draft-model"])
+@pytest.mark.parametrize("kind", ["ngram", "suffix", "draft-model", "draft-model-subset"])
 def test_greedy_identical_to_ar(target64, kind, k):
     sp = SamplingParams(temperature=0, max_new_tokens=40)
     ar = RolloutEngine(target64, max_batch_size=3, max_seq_len=64).generate(PROMPTS, sp)

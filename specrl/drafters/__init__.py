@@ -84,6 +84,25 @@ def ensure_default_drafter(kind: str, progress: bool = True) -> Path:
     return final
 
 
+def read_draft_vocab(ckpt_dir: Path, vocab_size: int):
+    """The draft vocabulary stored next to a draft-model checkpoint (`draft_vocab.json`), or None."""
+    import json
+
+    from specrl.drafters.base import check_draft_vocab
+    from specrl.drafters.draft_model import DRAFT_VOCAB_FILE
+
+    f = ckpt_dir / DRAFT_VOCAB_FILE
+    if not ckpt_dir.is_dir() or not f.exists():
+        return None
+    try:
+        ids = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise SpecRLError(f"{f}: not valid JSON ({e}); expected a list of target token ids") from None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise SpecRLError(f"{f}: expected a JSON list of integer token ids")
+    return check_draft_vocab(ids, vocab_size, where=str(f))
+
+
 def make_drafter(spec: str | None, target=None, dtype=None) -> Drafter | None:
     """Build a drafter from a spec string; None/'none' means plain autoregressive decoding."""
     if spec is None or spec == "none":
@@ -100,7 +119,7 @@ def make_drafter(spec: str | None, target=None, dtype=None) -> Drafter | None:
             if not Path(arg).exists() and "/" in arg:
                 raise SpecRLError(f"draft model path {arg} does not exist")
             model, _ = load_model(arg, dtype=dtype or target.dtype)
-            return DraftModelDrafter(model)
+            return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
         from specrl.drafters.io import load_drafter
 
         if arg == "default":

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specrl.drafters.base import DraftBatch, Drafter, Proposal
+from specrl.drafters.base import DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
 from specrl.errors import SpecRLError
 from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm, _rope_inv_freq, _rotate
 
@@ -94,15 +94,6 @@ def check_target(kind: str, cfg: dict, target_args: ModelArgs) -> None:
                               "(`specrl draft init`)")
 
 
-def full_vocab_logits(red: Tensor, d2t: Tensor | None, vocab: int) -> Tensor:
-    """Scatter reduced-vocabulary logits [..., Vd] into [..., V] with -inf outside the subset."""
-    if d2t is None:
-        return red.float()
-    out = red.new_full((*red.shape[:-1], vocab), float("-inf"), dtype=torch.float32)
-    out[..., d2t] = red.float()
-    return out
-
-
 def default_layers(num_layers: int) -> tuple[int, int, int]:
     return (1, num_layers // 2 - 1, num_layers - 4)
 
@@ -132,13 +123,7 @@ class EagleDrafter(nn.Module, Drafter):
             d2t = torch.arange(v)
             self.full_vocab = True
         else:
-            d2t = torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
-            if d2t.numel() == 0:
-                raise SpecRLError("draft_vocab is empty; give the target token ids the drafter may propose")
-            if int(d2t.min()) < 0 or int(d2t.max()) >= v:
-                raise SpecRLError(f"draft_vocab has ids outside the target vocabulary [0, {v})")
-            if d2t.unique().numel() != d2t.numel():
-                raise SpecRLError("draft_vocab has repeated token ids")
+            d2t = check_draft_vocab(draft_vocab, v)
             self.full_vocab = d2t.numel() == v and bool((d2t == torch.arange(v)).all())
         self.register_buffer("d2t", d2t)
         self.args = draft_layer_args(a, 1, intermediate_size)

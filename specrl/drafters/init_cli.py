@@ -77,7 +77,7 @@ def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", ta
                     heldout: int = 32, k: int = 3, seed: int = 0, progress: bool = True,
                     draft_layers: int = 4) -> Path:
     """Generate in-domain data, train a drafter, report held-out acceptance, save. Returns the directory."""
-    from specrl.drafters.draft_model import DraftModelDrafter, slice_layers
+    from specrl.drafters.draft_model import DRAFT_VOCAB_FILE, DraftModelDrafter, slice_layers
     from specrl.drafters.eagle import EagleDrafter
     from specrl.drafters.io import save_drafter
     from specrl.drafters.mtp import MTPDrafter
@@ -135,17 +135,23 @@ def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", ta
     torch.manual_seed(seed)
     result = train_drafter(drafter, target, seqs, epochs=epochs, lr=lr, batch_size=batch_size, progress=progress,
                            prompt_lens=plens, seed=seed)
+    if drafter_kind == "draft-model" and draft_vocab_size < target.args.vocab_size:
+        # trained over the full vocabulary; drafts over the most frequent response tokens (a cheaper head)
+        drafter = DraftModelDrafter(drafter.model, draft_vocab=select_draft_vocab(
+            [s[n:] for s, n in zip(seqs, plens, strict=True)], draft_vocab_size, always=stops))
     acc = heldout_acceptance(target, drafter, val_prompts, k=min(k, getattr(drafter, "num_modules", k)),
                              temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=seed)
     if drafter_kind == "draft-model":
         _save_draft_model(drafter.model.to(target.dtype), model, out)
+        if drafter.d2t is not None:
+            (out / DRAFT_VOCAB_FILE).write_text(json.dumps([int(t) for t in drafter.d2t]))
     else:
         save_drafter(drafter, out)
     report = {**result, "heldout_acceptance_length": acc, "k": k, "temperature": temperature, "model": str(model),
               "task": task if isinstance(task, str) else "prompts", "samples": len(seqs),
               "draft_layers": draft_layers if drafter_kind == "draft-model" else None,
-              "tokens": sum(len(s) for s in seqs), "draft_vocab_size": int(getattr(drafter, "d2t", torch.zeros(0))
-                                                                           .numel()) or None}
+              "tokens": sum(len(s) for s in seqs),
+              "draft_vocab_size": None if getattr(drafter, "d2t", None) is None else int(drafter.d2t.numel())}
     (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     if progress:
         print(f"[specrl] {drafter_kind} drafter -> {out}: held-out acceptance length {acc:.2f} at k={k}, "
