@@ -2,7 +2,8 @@
 
 Target: SmolLM2-135M (bf16). Draft (`--draft`): an HF checkpoint directory with the target's tokenizer, loaded by
 both sides. Default: the target's first --draft-layers layers + its final norm and head, untrained (a "layer
-skip" draft, AL ~1.05); a distilled one comes from `specrl draft init --drafter draft-model --out DIR`.
+skip" draft, AL ~1.05); a distilled one comes from `specrl draft init --drafter draft-model --out DIR`. If DIR has
+a `draft_vocab.json`, our engine drafts over that subset of the head (transformers cannot; it loads the same weights).
 
 Four configurations per sampling mode, each run interleaved over the same prompts and seeds:
   ours k=K       our engine, K drafts per step
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from pathlib import Path
 
 import torch
 from common import prompt_ids, timed
@@ -56,7 +58,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from specrl import RolloutEngine, SamplingParams, load_model
-    from specrl.drafters import DraftModelDrafter
+    from specrl.drafters import DraftModelDrafter, read_draft_vocab
     from specrl.model.checkpoint import load_checkpoint
     from specrl.model.presets import prepare
     from specrl.model.tokenizer import stop_token_ids
@@ -82,10 +84,11 @@ def main() -> None:
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         setattr(hf_default.generation_config, key, None)  # -> library defaults (20, constant, 0.4)
 
-    def ours(k):
+    def ours(k):  # with the draft vocabulary stored next to the checkpoint, if any (transformers ignores it)
         draft = load_checkpoint(draft_dir, dtype=torch.bfloat16)
-        return RolloutEngine(target, max_batch_size=1, max_seq_len=512, drafter=DraftModelDrafter(draft),
-                             num_draft_tokens=k)
+        vocab = read_draft_vocab(Path(draft_dir), draft.args.vocab_size)
+        return RolloutEngine(target, max_batch_size=1, max_seq_len=512,
+                             drafter=DraftModelDrafter(draft, draft_vocab=vocab), num_draft_tokens=k)
 
     engines = {f"ours k={a.k}": ours(a.k), "ours auto": ours("auto")}
     assistants = {f"HF k={a.k}": hf_fixed, "HF default": hf_default}

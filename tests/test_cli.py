@@ -59,3 +59,13 @@ def test_prepare_bad_drafter_is_rejected_before_any_work():
     assert r.exit_code == 2 and "default drafters exist for eagle and mtp" in r.output
     r = runner.invoke(app, ["prepare", "--model", "qwen3-8b", "--drafter", "eagle"])
     assert r.exit_code == 2 and "default drafter of smollm2-135m, not of 'qwen3-8b'" in r.output
+
+
+def test_draft_init_passes_draft_model_options(tmp_path):
+    """`specrl draft init --drafter draft-model --draft-layers N` reaches draft_init_main (checked before any work)."""
+    tdir = save_checkpoint(tiny_model("llama", vocab_size=32, seed=0), tmp_path / "t")
+    r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "draft-model", "--draft-layers", "9",
+                            "--out", str(tmp_path / "d")])
+    assert r.exit_code == 2 and "draft_layers must be an integer in [1, 3]" in r.output, r.output
+    r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "medusa"])
+    assert r.exit_code == 2 and "trains 'eagle', 'mtp' or 'draft-model'" in r.output, r.output
