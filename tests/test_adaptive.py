@@ -117,3 +117,24 @@ def test_a_marginal_gain_does_not_switch_speculation_on():
     assert c._best(8) == 0
     c.acc[0] = 10.0  # acceptance 0.10: a clear gain
     assert c._best(8) == 1
+
+
+def test_probes_back_off_while_plain_decoding_keeps_winning():
+    # compute-bound: k=0 stays best; its k=1 probes come every 16, 32, 64, 64, ... steps, not every 16
+    chosen = drive({k: 1.0 * (k + 1) for k in range(8)}, 0.5, steps=400)
+    probes = [i for i, k in enumerate(chosen) if k > 0 and i >= 20]
+    assert 3 <= len(probes) <= 8, probes
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps[-1] == 64 and all(g1 <= g2 for g1, g2 in zip(gaps, gaps[1:], strict=False)), gaps
+
+
+def test_probe_interval_resets_once_speculation_wins_again():
+    c, gen = DraftLengthController(7, "auto"), torch.Generator().manual_seed(0)
+    for _ in range(200):  # compute-bound: switched off, probes backed off
+        k = c.choose(8, 10)
+        step(c, 8, k, 1.0 * (k + 1), 0.5, gen)
+    assert c._best(8) == 0 and c._quiet[8] >= 2
+    for _ in range(200):  # the machine turns memory-bound and acceptance rises: the next probe switches it on
+        k = c.choose(8, 10)
+        step(c, 8, k, 1.0 + 0.02 * k, 0.9, gen)
+    assert c._best(8) >= 2 and c._quiet[8] == 0

@@ -111,3 +111,38 @@ def test_spec_batch_invariance(target64, kind, mode, k):
         alone = RolloutEngine(target64, max_batch_size=1, max_seq_len=64, drafter=make64(kind), num_draft_tokens=k,
                               verify=mode).generate([PROMPTS[i]], sp, request_ids=[i])
         assert alone[0].token_ids == full[i].token_ids
+
+
+def test_draft_model_catch_up_after_plain_streaks_keeps_its_cache_exact(target64):
+    """A draft model equal to the target must have every greedy draft accepted, also right after plain (k=0)
+    streaks of different lengths per sequence, which it catches up on in one ragged forward (timed apart)."""
+    import copy
+
+    drafter = DraftModelDrafter(copy.deepcopy(target64))
+    eng = RolloutEngine(target64, max_batch_size=4, max_seq_len=96, drafter=drafter, num_draft_tokens="auto")
+    pattern = iter([0, 0, 0, 2, 0, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2] * 40)
+    catch_ups = []
+
+    def choose(n, ctx):
+        k = next(pattern)
+        if k:
+            catch_ups.append(None)
+        return k
+
+    eng.controller.choose = choose
+    orig = drafter.propose
+
+    def propose(batch, k):
+        out = orig(batch, k)
+        catch_ups[-1] = drafter.catch_up_seconds
+        return out
+
+    drafter.propose = propose
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12], [13, 14], [15, 16, 17, 18, 19]]
+    params = [SamplingParams(temperature=0, max_new_tokens=m) for m in (60, 25, 70, 40, 55)]
+    sd = eng.generate(prompts, params)
+    ar = RolloutEngine(target64, max_batch_size=4, max_seq_len=96).generate(prompts, params)
+    assert [o.token_ids for o in sd] == [o.token_ids for o in ar]
+    m = eng.last_metrics
+    assert m["draft_tokens"] > 50 and m["accepted_tokens"] == m["draft_tokens"], m
+    assert any(c > 0 for c in catch_ups) and any(c == 0 for c in catch_ups)

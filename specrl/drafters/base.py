@@ -69,6 +69,9 @@ class Drafter:
 
     kind: str = "base"
     target_layers: tuple[int, ...] = ()  # target hidden states this drafter needs from verify forwards
+    # seconds of the last `propose` spent catching up on tokens emitted by plain (k=0) steps: the deferred cost of
+    # those steps, which the adaptive draft length does not charge to the speculative step that pays it
+    catch_up_seconds: float = 0.0
 
     def bind(self, engine) -> None:
         """Called once by the engine: check compatibility with the target, allocate state."""

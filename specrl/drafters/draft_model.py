@@ -16,6 +16,8 @@ the checkpoint; transformers ignores that file.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specrl.drafters.base import DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
@@ -76,27 +78,30 @@ class DraftModelDrafter(Drafter):
         return full_vocab_logits(hidden @ self._head.T, self.d2t.to(hidden.device), self.model.args.vocab_size)
 
     @torch.no_grad()
-    def _feed(self, rows: list[list[int]], starts: list[int]) -> torch.Tensor:
-        """Feed ragged token rows for slots 0..n-1 starting at positions `starts`; logits at each row's end."""
-        n = len(rows)
-        m = max(len(r) for r in rows)
+    def _run(self, rows: list[list[int]], starts: list[int], slot0: int = 0) -> torch.Tensor:
+        """Feed ragged token rows into slots slot0.. from positions `starts`; return the hidden states [n, m, H].
+
+        Short rows are padded; the padding writes keys/values past the row's end, which are rewritten before any
+        query reads them (a query at p reads keys <= p only), clamped to the cache's last position (never a real
+        entry: the engine keeps k_max + 1 positions of margin)."""
+        n, m = len(rows), max(len(r) for r in rows)
         toks = torch.zeros(n, m, dtype=torch.long)
         for b, r in enumerate(rows):
-            toks[b, : len(r)] = torch.tensor(r)
-        pos = torch.tensor(starts)[:, None] + torch.arange(m)[None, :]
-        h, _ = self.model.forward_hidden(toks, pos, self.cache.slots(0, n))
-        last = h[torch.arange(n), torch.tensor([len(r) - 1 for r in rows])]
+            toks[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+        pos = (torch.tensor(starts)[:, None] + torch.arange(m)[None, :]).clamp_max(self.cache.max_seq_len - 1)
+        h, _ = self.model.forward_hidden(toks, pos, self.cache.slots(slot0, slot0 + n))
+        return h
+
+    def _feed(self, rows: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Feed ragged token rows for slots 0..n-1 starting at positions `starts`; logits at each row's end."""
+        h = self._run(rows, starts)
+        last = h[torch.arange(len(rows)), torch.tensor([len(r) - 1 for r in rows])]
         return self._logits(last)
 
     @torch.no_grad()
     def on_prefill(self, slot_start, batch_tokens, captured) -> None:
-        n = len(batch_tokens)
         rows = [t[:-1] for t in batch_tokens]
-        m = max(len(r) for r in rows)
-        toks = torch.zeros(n, m, dtype=torch.long)
-        for b, r in enumerate(rows):
-            toks[b, : len(r)] = torch.tensor(r)
-        self.model.forward_hidden(toks, torch.arange(m).expand(n, m), self.cache.slots(slot_start, slot_start + n))
+        self._run(rows, [0] * len(rows), slot_start)
         for b, r in enumerate(rows):
             self.cached[slot_start + b] = len(r)
 
@@ -104,7 +109,16 @@ class DraftModelDrafter(Drafter):
     def propose(self, batch: DraftBatch, k: int) -> Proposal:
         n = batch.size
         rows = [toks[self.cached[b]:] for b, toks in enumerate(batch.tokens)]
-        logits = self._feed(rows, self.cached[:n])
+        starts = self.cached[:n]
+        self.catch_up_seconds = 0.0
+        if max(len(r) for r in rows) > 2:  # a backlog from plain steps (a speculative step leaves at most 2 tokens)
+            t0 = time.perf_counter()
+            back = [r[:-1] for r in rows]
+            self._run(back, starts)
+            starts = [s + len(r) for s, r in zip(starts, back, strict=True)]
+            rows = [r[-1:] for r in rows]
+            self.catch_up_seconds = time.perf_counter() - t0
+        logits = self._feed(rows, starts)
         tokens, probs = [], []
         for i in range(k):
             tok, q = batch.sample(logits, i)

@@ -12,7 +12,10 @@ plain decoding has gain 1. (Scoring each step by its own emitted tokens, as befo
 a coin flip: one sequence emits 1 or k+1 tokens per step.) The controller hill-climbs over k on these gains: a new
 bucket takes one plain step (a baseline for t_ar at that size) and then starts from the best k of the nearest
 measured bucket (k=1 at first); it measures both neighbours of its best, and every `recheck` steps re-measures a
-neighbour so a drifting cost or acceptance moves the choice. With a fixed k the controller only returns that k.
+neighbour so a drifting cost or acceptance moves the choice (where k=0 is best, probes of k=1 back off to every
+8·`recheck` steps: a probe costs more than one step, since a stateful drafter first catches up on the tokens of the
+plain steps before it, and that catch-up is not charged to k, because in steady speculation it does not recur). With
+a fixed k the controller only returns that k.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class DraftLengthController:
         self.acc = [0.0] * k_max
         self.att = [0.0] * k_max
         self._draft_s = 0.0
+        self._due: dict[int, int] = {}  # bucket -> step of its next recheck
+        self._quiet: dict[int, int] = {}  # bucket -> rechecks in a row that confirmed k=0
+        self._up: dict[int, bool] = {}  # bucket -> direction of its last recheck
         self.last_choice: int | None = None
 
     @staticmethod
@@ -145,7 +151,14 @@ class DraftLengthController:
         for nb in (best - 1, best + 1):  # measure both neighbours of the best before settling
             if 1 <= nb <= self.k_max and (b, nb) not in self.cost:
                 return nb
-        if step % self.recheck == 0:  # re-measure a neighbour so the choice can move
-            up = (step // self.recheck) % 2 == 1
-            return min(best + 1, self.k_max) if up else max(best - 1, 0)
+        if step >= self._due.get(b, self.recheck):  # re-measure a neighbour so the choice can move
+            if best == 0:  # switched off: each probe that confirms it waits twice as long (up to 8 x recheck), as
+                # a probe also makes stateful drafters catch up on every token since the last one
+                quiet = self._quiet[b] = self._quiet.get(b, 0) + 1
+                self._due[b] = step + self.recheck * 2 ** min(quiet, 3)
+                return min(1, self.k_max)
+            self._quiet[b] = 0
+            self._due[b] = step + self.recheck
+            up = self._up[b] = not self._up.get(b, False)
+            return min(best + 1, self.k_max) if up else best - 1
         return best

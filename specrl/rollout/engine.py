@@ -331,6 +331,6 @@ class RolloutEngine:
         self.drafter.on_verified(batch, proposal, emitted, captured)
         t3 = time.perf_counter()
         metrics.record_spec(k, res.num_accepted, emitted, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1)
-        self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2))
+        self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2) - self.drafter.catch_up_seconds)
         self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1, emitted=int(emitted.sum()))
         self.controller.observe_acceptance(res.num_accepted, k)
