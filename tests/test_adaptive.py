@@ -138,3 +138,18 @@ def test_probe_interval_resets_once_speculation_wins_again():
         k = c.choose(8, 10)
         step(c, 8, k, 1.0 + 0.02 * k, 0.9, gen)
     assert c._best(8) >= 2 and c._quiet[8] == 0
+
+
+def test_plain_step_cost_is_predicted_from_the_same_batch_size_bucket():
+    # a CPU-like convex cost: flat while memory-bound, then linear. One line through all sizes misses the middle;
+    # the bucket's own plain steps do not
+    c = DraftLengthController(7, "auto")
+    cost = lambda n: max(1.0, 0.1 * n)  # noqa: E731
+    for n in (1, 2, 4, 8, 32, 24, 16, 12, 6, 3):
+        c.observe_target(n, 1, 10, cost(n))
+    glob = c._line(c._fit, 14)
+    assert abs(glob / cost(14) - 1) > 0.05  # the global chord is off by more than the speculation margin
+    assert c.ar_seconds(14) == pytest.approx(cost(14), rel=1e-6)  # bucket 16 saw n = 16 and 12
+    assert c.ar_seconds(28) == pytest.approx(cost(28), rel=1e-6)  # bucket 32 saw n = 32 and 24
+    c.observe_target(40, 1, 10, cost(40))  # bucket 64 has one point: the global line moved through it
+    assert c.ar_seconds(40) == pytest.approx(cost(40), rel=1e-6)

@@ -5,7 +5,8 @@ the drafter's cost and the acceptance at once. Raw tokens/s cannot be compared a
 how many sequences are still running (a plain step over 32 sequences emits far more per second than one over 17,
 both in the same batch-size bucket). So every speculative step is scored against plain decoding at the same batch
 size, in two low-noise parts: its *cost* c(b, k) = (draft + verify seconds) / t_ar(n), where t_ar(n) = a + b·n is
-a least-squares line through recent plain steps (exponentially forgotten, so it follows the machine), kept as an
+a least-squares line through recent plain steps of that batch-size bucket (exponentially forgotten, so it follows the
+machine; see `ar_seconds`), kept as an
 EMA per (batch-size bucket, k); and its *yield* E[tokens | k] = 1 + Σ_j Π_{i<j} r_i from the per-position
 acceptance rates r_i measured over all speculative steps (also forgotten slowly). The gain of k is yield / cost;
 plain decoding has gain 1. (Scoring each step by its own emitted tokens, as before, made the choice at small batch
@@ -37,6 +38,7 @@ class DraftLengthController:
         self.steps: dict[int, int] = {}  # bucket -> steps taken
         self.ar_buckets: set[int] = set()  # buckets with a plain-step baseline
         self._fit = [0.0] * 5  # decayed sums for t_ar(n) = a + b n: w, w n, w n^2, w t, w n t
+        self._fits: dict[int, list[float]] = {}  # the same sums per batch-size bucket
         self.acc = [0.0] * k_max
         self.att = [0.0] * k_max
         self._draft_s = 0.0
@@ -49,18 +51,38 @@ class DraftLengthController:
     def _bucket(n: int) -> int:
         return 1 << max(0, (n - 1).bit_length())  # 1, 2, 4, 8, ...
 
+    @staticmethod
+    def _line(sums: list[float], n: float) -> float | None:
+        """Least-squares line through decayed sums at n; None if there are no points or only one batch size."""
+        w, sn, snn, st, snt = sums
+        det = w * snn - sn * sn
+        if w <= 0 or det <= 1e-9 * max(1.0, w * snn):
+            return None
+        b = (w * snt - sn * st) / det
+        return (st - b * sn) / w + b * n
+
     def ar_seconds(self, n: int) -> float | None:
-        """Predicted plain-step seconds at n sequences (None before any plain step)."""
-        w, sn, snn, st, snt = self._fit
+        """Predicted plain-step seconds at n sequences (None before any plain step).
+
+        A line through all recent plain steps has the right shape but misses the level where the cost curve bends
+        (on a CPU, t(n) is flat while memory-bound and then steepens: the chord over-estimates the middle by 5-8 %,
+        which made marginal speculation look like a win). So within a batch-size bucket the prediction comes from
+        that bucket's own plain steps: a line through them, or the global line moved through their mean."""
+        w, sn, _, st, _ = self._fit
         if w <= 0:
             return None
-        det = w * snn - sn * sn
-        if det <= 1e-9 * max(1.0, w * snn):  # one batch size seen so far: the mean
-            return st / w
-        b = (w * snt - sn * st) / det
-        a = (st - b * sn) / w
-        t = a + b * n
-        return t if t > 0 else st / w
+        glob = self._line(self._fit, n)
+        if glob is None or glob <= 0:
+            glob = st / w
+        local = self._fits.get(self._bucket(n))
+        if local is None or local[0] <= 0:
+            return glob
+        t = self._line(local, n)
+        if t is not None and t > 0:
+            return t
+        mean_n, mean_t = local[1] / local[0], local[3] / local[0]
+        at_mean = self._line(self._fit, mean_n)
+        return glob * mean_t / at_mean if at_mean and at_mean > 0 else mean_t
 
     # ---------------------------------------------------------------- observations
     def observe_draft(self, n: int, k: int, seconds: float) -> None:
@@ -77,7 +99,11 @@ class DraftLengthController:
         bucket = self._bucket(n)
         if k == 0:
             f = self.forget
-            self._fit = [f * x + y for x, y in zip(self._fit, (1.0, n, n * n, total, n * total), strict=True)]
+            point = (1.0, n, n * n, total, n * total)
+            self._fit = [f * x + y for x, y in zip(self._fit, point, strict=True)]
+            for bb, sums in self._fits.items():
+                self._fits[bb] = [f * x for x in sums]
+            self._fits[bucket] = [x + y for x, y in zip(self._fits.get(bucket, [0.0] * 5), point, strict=True)]
             self.ar_buckets.add(bucket)
             self.cost[(bucket, 0)] = 1.0
             return
