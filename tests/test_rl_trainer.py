@@ -271,13 +271,14 @@ def online_trainer(tiny, monkeypatch, kind="eagle", **over) -> GRPOTrainer:
     return GRPOTrainer.from_config(validate_config(cfg_dict(tiny, **over)))
 
 
-def fake_acceptance(t: GRPOTrainer, values: list[float]) -> None:
+def fake_acceptance(t: GRPOTrainer, values: list[float], draft_tokens: int = 64) -> None:
     """Make each generate call report the next acceptance length (with speculative steps verified)."""
     real, it = t.engine.generate, iter(values)
 
     def generate(*a, **k):
         out = real(*a, **k)
-        t.engine.last_metrics = {**t.engine.last_metrics, "acceptance_length": next(it), "verify_steps": 7}
+        t.engine.last_metrics = {**t.engine.last_metrics, "acceptance_length": next(it), "verify_steps": 7,
+                                 "draft_tokens": draft_tokens}
         return out
 
     t.engine.generate = generate
@@ -459,3 +460,12 @@ def test_frozen_vs_online_benchmark(tiny, tmp_path):
         recs = read_metrics(out / arm / "metrics.jsonl")
         assert [r["step"] for r in recs] == [1, 2] and all(r["acceptance_length"] is not None for r in recs)
         assert yaml.safe_load((out / arm / "config.yaml").read_text())["drafter"]["online"] is (arm == "online")
+
+
+def test_a_few_drafts_do_not_count_as_drafter_health(tiny, monkeypatch):
+    # auto k probing once at a large batch drafts a handful of tokens: their AL (here 1.0) is noise, not staleness
+    t = online_trainer(tiny, monkeypatch, drafter__staleness_fraction=0.85)
+    fake_acceptance(t, [2.0, 1.0], draft_tokens=8)
+    recs = [t.step() for _ in range(2)]
+    assert [r["draft_refreshed"] for r in recs] == [False, False]
+    assert [r["acceptance_length_reference"] for r in recs] == [None, None]

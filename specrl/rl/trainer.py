@@ -49,6 +49,7 @@ from specrl.rl.weight_sync import LocalWeightSync, WeightSync, policy_state
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Test hook: SIGKILL this process at the start of the train stage of this step (resume tests).
 KILL_ENV = "SPECRL_TEST_SIGKILL_AT_STEP"
+MIN_DRAFTS_FOR_HEALTH = 32  # drafted tokens a step needs before its acceptance length counts for staleness/collapse
 
 
 class NonFiniteError(SpecRLError):
@@ -433,7 +434,9 @@ class GRPOTrainer:
         train = self.stage_train(batch)
         em = r.engine_metrics
         spec = self.engine.drafter is not None if hasattr(self.engine, "drafter") else False
-        spec_on = spec and em.get("acceptance_length") is not None and em.get("verify_steps", 1) > 0
+        # AL from a handful of drafts (auto k probing once at a large batch) is noise, not drafter health
+        spec_on = spec and em.get("acceptance_length") is not None and em.get("verify_steps", 0) > 0 and \
+            em.get("draft_tokens", 0) >= MIN_DRAFTS_FOR_HEALTH
         control = self._drafter_control(batch, em["acceptance_length"] if spec_on else None)
         t5 = time.perf_counter()
         times = dict(zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True))
