@@ -68,14 +68,14 @@ class DraftModelDrafter(Drafter):
         self.cache = self.model.new_cache(engine.max_batch_size, engine.cache.max_seq_len)
         self.cached = [0] * engine.max_batch_size
         if self.d2t is not None:  # the head rows of the subset, gathered once (the weights are frozen here)
-            self._head = self.model.lm_head.weight.detach()[self.d2t.to(self.model.lm_head.weight.device)] \
-                .contiguous()
+            self.d2t = self.d2t.to(self.model.lm_head.weight.device)
+            self._head = self.model.lm_head.weight.detach()[self.d2t].contiguous()
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits [n, V] (-inf outside the draft vocabulary, if there is one)."""
         if self._head is None:
             return self.model.logits(hidden)
-        return full_vocab_logits(hidden @ self._head.T, self.d2t.to(hidden.device), self.model.args.vocab_size)
+        return full_vocab_logits(hidden @ self._head.T, self.d2t, self.model.args.vocab_size)
 
     @torch.no_grad()
     def _run(self, rows: list[list[int]], starts: list[int], slot0: int = 0) -> torch.Tensor:

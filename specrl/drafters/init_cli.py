@@ -122,9 +122,10 @@ def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", ta
         with open(out / "data.jsonl", "w") as f:
             for p, o in zip(train_prompts, outs, strict=True):
                 f.write(json.dumps({"prompt_ids": p, "response_ids": o.token_ids}) + "\n")
+    # the most frequent response tokens: EAGLE's head, and what a draft model drafts over (None: full vocabulary)
+    vocab = None if draft_vocab_size >= target.args.vocab_size else \
+        select_draft_vocab([s[n:] for s, n in zip(seqs, plens, strict=True)], draft_vocab_size, always=stops)
     if drafter_kind == "eagle":
-        vocab = None if draft_vocab_size >= target.args.vocab_size else \
-            select_draft_vocab([s[n:] for s, n in zip(seqs, plens, strict=True)], draft_vocab_size, always=stops)
         drafter = EagleDrafter(target, draft_vocab=vocab)
     elif drafter_kind == "mtp":
         drafter = MTPDrafter(target, num_modules=num_modules)
@@ -135,10 +136,8 @@ def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", ta
     torch.manual_seed(seed)
     result = train_drafter(drafter, target, seqs, epochs=epochs, lr=lr, batch_size=batch_size, progress=progress,
                            prompt_lens=plens, seed=seed)
-    if drafter_kind == "draft-model" and draft_vocab_size < target.args.vocab_size:
-        # trained over the full vocabulary; drafts over the most frequent response tokens (a cheaper head)
-        drafter = DraftModelDrafter(drafter.model, draft_vocab=select_draft_vocab(
-            [s[n:] for s, n in zip(seqs, plens, strict=True)], draft_vocab_size, always=stops))
+    if drafter_kind == "draft-model" and vocab is not None:
+        drafter = DraftModelDrafter(drafter.model, draft_vocab=vocab)  # trained over the full vocabulary
     acc = heldout_acceptance(target, drafter, val_prompts, k=min(k, getattr(drafter, "num_modules", k)),
                              temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=seed)
     if drafter_kind == "draft-model":

@@ -39,9 +39,8 @@ class DraftLengthController:
         # runs and 0.99x / 0.87x in two runs with 10 %: run-to-run noise is as large as the effect
         self.cost: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA of step seconds / t_ar(n); k=0: 1
         self.steps: dict[int, int] = {}  # bucket -> steps taken
-        self.ar_buckets: set[int] = set()  # buckets with a plain-step baseline
         self._fit = [0.0] * 5  # decayed sums for t_ar(n) = a + b n: w, w n, w n^2, w t, w n t
-        self._fits: dict[int, list[float]] = {}  # the same sums per batch-size bucket
+        self._fits: dict[int, list[float]] = {}  # the same sums per batch-size bucket (key: it has a baseline)
         self.acc = [0.0] * k_max
         self.att = [0.0] * k_max
         self._draft_s = 0.0
@@ -107,7 +106,6 @@ class DraftLengthController:
             for bb, sums in self._fits.items():
                 self._fits[bb] = [f * x for x in sums]
             self._fits[bucket] = [x + y for x, y in zip(self._fits.get(bucket, [0.0] * 5), point, strict=True)]
-            self.ar_buckets.add(bucket)
             self.cost[(bucket, 0)] = 1.0
             return
         t_ar = self.ar_seconds(n)
@@ -167,7 +165,7 @@ class DraftLengthController:
         return k
 
     def _choose(self, b: int, step: int) -> int:
-        if b not in self.ar_buckets:  # one plain step: the baseline every gain in this bucket is measured against
+        if b not in self._fits:  # one plain step: the baseline every gain in this bucket is measured against
             return 0
         tried = {k for (bb, k) in self.cost if bb == b and k > 0}
         if not tried:  # start from the best k of the nearest bucket with speculative measurements (or k=1)
