@@ -50,10 +50,10 @@ def speed(model, drafter, prompts, stops, batch: int, k: int, repeats: int) -> t
     ratios, als = [], []
     for r in range(repeats):
         sp = SamplingParams(temperature=1.0, max_new_tokens=64, stop_token_ids=stops, seed=100 + r)
-        ar.generate(prompts, sp)
-        sd.generate(prompts, sp)
-        ratios.append(sd.last_metrics["tokens_per_second"] / ar.last_metrics["tokens_per_second"])
-        als.append(sd.last_metrics["acceptance_length"])
+        m_ar = ar.generate(prompts, sp).metrics
+        m_sd = sd.generate(prompts, sp).metrics
+        ratios.append(m_sd["tokens_per_second"] / m_ar["tokens_per_second"])
+        als.append(m_sd["acceptance_length"])
     ratios.sort()
     als.sort()
     return ratios[len(ratios) // 2], als[len(als) // 2]

@@ -59,8 +59,7 @@ def make_runner(model, tok, drafter_kind: str, k: int, batch: int, tokens: int):
     prompt_mean = sum(len(p) for p in prompts) / batch
 
     def run() -> dict:
-        engine.generate(prompts, params)
-        return dict(engine.last_metrics, prompt_tokens_mean=prompt_mean)
+        return dict(engine.generate(prompts, params).metrics, prompt_tokens_mean=prompt_mean)
 
     return run
 

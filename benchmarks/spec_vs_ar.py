@@ -79,11 +79,9 @@ def main() -> None:
                 for r in range(a.repeats):
                     sp_r = SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens, stop_token_ids=stops,
                                           seed=r)
-                    ar.generate(ids, sp_r)
-                    m_ar = ar.last_metrics
+                    m_ar = ar.generate(ids, sp_r).metrics
                     ar_tps.append(m_ar["tokens_per_second"])
-                    eng.generate(ids, sp_r)
-                    m = eng.last_metrics
+                    m = eng.generate(ids, sp_r).metrics
                     sd_tps.append(m["tokens_per_second"])
                     al.append(m["acceptance_length"])
                     kmean.append(m["num_draft_tokens_mean"])

@@ -120,7 +120,7 @@ def main() -> None:
                         dt, out = timed(lambda eng=eng, ids=ids, sp=sp: eng.generate([ids], sp))
                         toks[name] += len(out[0].token_ids)
                         secs[name] += dt
-                        als[name].append(eng.last_metrics["acceptance_length"])
+                        als[name].append(out.metrics["acceptance_length"])
                     for name, asst in assistants.items():
                         torch.manual_seed(r)
                         dt, out = timed(lambda asst=asst, x=x, kw=kw: hf_t.generate(x, assistant_model=asst,

@@ -112,7 +112,7 @@ def _demo() -> None:
     outs = engine.generate(prompts, sp)
     for p, o in zip(DEMO_PROMPTS, outs, strict=True):
         typer.echo(f"\n>>> {p}\n{tok.decode(o.token_ids, skip_special_tokens=True).strip()}")
-    m = engine.last_metrics
+    m = outs.metrics
     typer.echo(f"\n[specrl] {m['generated_tokens']} tokens in {m['total_seconds']:.2f} s = "
                f"{m['tokens_per_second']:.1f} tokens/s (batch {len(prompts)}, bf16, autoregressive)")
 
@@ -188,7 +188,7 @@ def generate(
             f.write(json.dumps({"prompt_index": i // num_samples, "sample_index": i % num_samples,
                                 "token_ids": o.token_ids, "logprobs": o.logprobs, "text": text,
                                 "finish_reason": o.finish_reason}) + "\n")
-    m = engine.last_metrics
+    m = outs.metrics
     line = (f"[specrl] {len(outs)} sequences, {m['generated_tokens']} tokens in {m['total_seconds']:.2f} s = "
             f"{m['tokens_per_second']:.1f} tokens/s")
     if drafter != "none":

@@ -41,7 +41,7 @@ def speculative_pvalue(engine, target, sp) -> float:
     Also asserts 0 < acceptance rate < 1, so both the accept and the reject paths ran."""
     exact = exact_distribution(target, sp, sp.max_new_tokens)
     outs = engine.generate([DIST_PROMPT] * N_SAMPLES, sp)
-    m = engine.last_metrics
+    m = outs.metrics
     assert 0 < m["acceptance_rate"] < 1, m
     keys = list(exact)
     index = {c: i for i, c in enumerate(keys)}

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specrl import RolloutEngine, SamplingParams
+from specrl.rollout.api import RolloutRequest
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
 
@@ -23,7 +24,7 @@ def test_batch_invariance_and_continuous_batching(model):
     small = RolloutEngine(model, max_batch_size=2, max_seq_len=64).generate(PROMPTS, sp)
     assert [o.token_ids for o in big] == [o.token_ids for o in small]
     # a sequence alone gives the same tokens as inside the batch (request id fixed)
-    alone = RolloutEngine(model, max_batch_size=1, max_seq_len=64).generate([PROMPTS[3]], sp, request_ids=[3])
+    alone = RolloutEngine(model, max_batch_size=1, max_seq_len=64).generate([RolloutRequest(PROMPTS[3], 3)], sp)
     assert alone[0].token_ids == big[3].token_ids
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specrl import RolloutEngine, SamplingParams
+from specrl.rollout.api import RolloutRequest
 from specrl.drafters import DraftModelDrafter, NGramDrafter, SuffixDrafter
 from specrl.model.transformer import tiny_model
 from tests.stats import SETTINGS, V, speculative_pvalue
@@ -83,7 +84,7 @@ def test_seed_exact_identical_to_ar_over_100k_tokens(target64, kind):
     assert total >= 100_000
     mismatched = [i for i, (a, b) in enumerate(zip(ar, sd, strict=True)) if a.token_ids != b.token_ids]
     assert not mismatched, f"{len(mismatched)} sequences differ, first {mismatched[:5]}"
-    assert eng.last_metrics["accepted_tokens"] > 0
+    assert sd.metrics["accepted_tokens"] > 0
 
 
 @pytest.mark.parametrize("kind", ["ngram", "suffix", "draft-model"])
@@ -109,7 +110,7 @@ def test_spec_batch_invariance(target64, kind, mode, k):
                          verify=mode).generate(PROMPTS, sp)
     for i in (1, 4):
         alone = RolloutEngine(target64, max_batch_size=1, max_seq_len=64, drafter=make64(kind), num_draft_tokens=k,
-                              verify=mode).generate([PROMPTS[i]], sp, request_ids=[i])
+                              verify=mode).generate([RolloutRequest(PROMPTS[i], i)], sp)
         assert alone[0].token_ids == full[i].token_ids
 
 
@@ -143,6 +144,6 @@ def test_draft_model_catch_up_after_plain_streaks_keeps_its_cache_exact(target64
     sd = eng.generate(prompts, params)
     ar = RolloutEngine(target64, max_batch_size=4, max_seq_len=96).generate(prompts, params)
     assert [o.token_ids for o in sd] == [o.token_ids for o in ar]
-    m = eng.last_metrics
+    m = sd.metrics
     assert m["draft_tokens"] > 50 and m["accepted_tokens"] == m["draft_tokens"], m
     assert any(c > 0 for c in catch_ups) and any(c == 0 for c in catch_ups)

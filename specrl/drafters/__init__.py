@@ -19,7 +19,10 @@ from specrl.drafters.ngram import NGramDrafter
 from specrl.drafters.suffix import SuffixDrafter
 from specrl.errors import SpecRLError
 
-DRAFTER_KINDS = ("none", "ngram", "suffix", "draft-model:PATH", "eagle:PATH", "mtp:PATH")
+from specrl.rollout.api import DRAFTER_KINDS
+
+_NEEDS_PATH = ("draft-model", "eagle", "mtp")
+DRAFTER_SPECS = tuple(f"{k}:PATH" if k in _NEEDS_PATH else k for k in DRAFTER_KINDS)  # how a spec is written
 
 __all__ = ["DraftBatch", "Drafter", "Proposal", "DraftModelDrafter", "NGramDrafter", "SuffixDrafter",
            "EagleDrafter", "MTPDrafter", "make_drafter", "DRAFTER_KINDS"]
@@ -129,4 +132,4 @@ def make_drafter(spec: str | None, target=None, dtype=None) -> Drafter | None:
                                   f"--drafter {kind} --task TASK --out DIR` and pass {kind}:DIR")
             arg = str(ensure_default_drafter(kind))
         return load_drafter(arg, target, expected_kind=kind)
-    raise SpecRLError(f"unknown drafter {spec!r}; use one of {list(DRAFTER_KINDS)}")
+    raise SpecRLError(f"unknown drafter {spec!r}; use one of {list(DRAFTER_SPECS)}")

@@ -1,103 +1,20 @@
-"""The drafter protocol: drafters only propose; the engine verifies (see `specrl.rollout.verify`).
+"""Helpers every drafter kind shares; the drafter protocol itself is the engine's (`specrl.rollout.drafter`).
 
-A drafter sees the active batch as a `DraftBatch` (sequences in engine slots 0..n-1, their tokens so far,
-sampling parameters and the position-keyed noise) and returns a `Proposal`: k tokens per sequence and, for
-drafters that sample from a full distribution, the processed probabilities q of every drafted position.
-Deterministic drafters (n-gram, suffix, argmax drafting) return `probs=None`, meaning one-hot q.
-Drafters with state (a KV cache, hidden features) keep it in step through the hooks: `on_prefill` when new
-sequences enter slots, `on_verified` after each verification (with the captured target hidden states when
-`target_layers` is non-empty), and `compact`/`move_slot` when the engine compacts its batch.
+Re-exports `Drafter`, `DraftBatch`, `Proposal` and `BindContext` from the rollout layer, and owns what several
+drafters need on top: padding ragged proposals, validating a reduced draft vocabulary, and scattering
+reduced-vocabulary logits back to the full vocabulary.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
-from specrl.rollout.sampling import (
-    STREAM_DRAFT,
-    STREAM_SAMPLE,
-    probs_from_logits,
-    sample_inverse_cdf,
-    uniform,
-)
+from specrl.rollout.drafter import BindContext, Drafter, DraftBatch, Proposal
 
-
-@dataclass
-class DraftBatch:
-    tokens: list[list[int]]  # per active sequence: prompt + generated tokens so far
-    positions: Tensor  # [n] position of the first token to draft (= current length)
-    seeds: Tensor  # [n]
-    request_ids: Tensor  # [n]
-    group_ids: list[int]  # [n] sequences sharing a prompt share a group id (suffix drafting)
-    temperature: Tensor  # [n]
-    top_p: Tensor  # [n]
-    top_k: Tensor  # [n]
-    verify_mode: str = "rejection"
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        return len(self.tokens)
-
-    def noise(self, offset: int) -> Tensor:
-        """The uniforms a sampling drafter uses for the token at positions + offset.
-
-        In seed_exact mode this is the policy's own sampling noise (so a good drafter reproduces the
-        policy's token); in rejection mode it is an independent stream.
-        """
-        stream = STREAM_SAMPLE if self.verify_mode == "seed_exact" else STREAM_DRAFT
-        return uniform(self.seeds, self.request_ids, self.positions + offset, stream)
-
-    def sample(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor]:
-        """Process drafter logits [n, V] with each request's T/top-p/top-k and draw one token each."""
-        q = probs_from_logits(logits, self.temperature, self.top_p, self.top_k)
-        return sample_inverse_cdf(q, self.noise(offset)), q
-
-
-@dataclass
-class Proposal:
-    tokens: Tensor  # [n, k] long
-    probs: Tensor | None = None  # [n, k, V] processed q, or None for one-hot drafts
-
-
-class Drafter:
-    """Base class; subclasses implement `propose` and, if stateful, the hooks."""
-
-    kind: str = "base"
-    target_layers: tuple[int, ...] = ()  # target hidden states this drafter needs from verify forwards
-    # seconds of the last `propose` spent catching up on tokens emitted by plain (k=0) steps: the deferred cost of
-    # those steps, which the adaptive draft length does not charge to the speculative step that pays it
-    catch_up_seconds: float = 0.0
-
-    def bind(self, engine) -> None:
-        """Called once by the engine: check compatibility with the target, allocate state."""
-
-    def on_prefill(self, slot_start: int, batch_tokens: list[list[int]], captured: dict | None) -> None:
-        """New sequences entered slots slot_start.. with these prompts (target prefill done)."""
-
-    def propose(self, batch: DraftBatch, k: int) -> Proposal:
-        raise NotImplementedError
-
-    def on_verified(self, batch: DraftBatch, proposal: Proposal, num_emitted: Tensor,
-                    captured: dict | None) -> None:
-        """The engine kept num_emitted[b] tokens of row b (accepted drafts + one policy token)."""
-
-    def move_slot(self, src: int, dst: int) -> None:
-        """The engine moved the sequence in slot src to slot dst."""
-
-    def compact(self, order: list[int]) -> None:
-        """Slots order[0], order[1], ... became slots 0, 1, ... (order is increasing, so moving one at a
-        time in ascending destination order never overwrites a source still to be read)."""
-        for dst, src in enumerate(order):
-            if src != dst:
-                self.move_slot(src, dst)
-
-    def on_finished(self, tokens: list[int], group_id: int) -> None:
-        """A sequence finished (suffix drafters index it for later rollouts of the same prompt)."""
+__all__ = ["BindContext", "Drafter", "DraftBatch", "Proposal", "pad_proposals", "check_draft_vocab",
+           "full_vocab_logits"]
 
 
 def pad_proposals(rows: list[list[int]], k: int, fill: Tensor | None = None) -> Tensor:

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from specrl.drafters.base import DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
+from specrl.drafters.base import BindContext, DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
 from specrl.errors import SpecRLError
 
 
@@ -60,13 +60,13 @@ class DraftModelDrafter(Drafter):
         self.cache = None
         self.cached: list[int] = []
 
-    def bind(self, engine) -> None:
-        t, d = engine.model.args, self.model.args
+    def bind(self, ctx: BindContext) -> None:
+        t, d = ctx.target.args, self.model.args
         if t.vocab_size != d.vocab_size:
             raise SpecRLError(f"draft model vocab size {d.vocab_size} differs from the target's {t.vocab_size}; "
                               "a draft model must share the target's tokenizer and vocabulary")
-        self.cache = self.model.new_cache(engine.max_batch_size, engine.cache.max_seq_len)
-        self.cached = [0] * engine.max_batch_size
+        self.cache = self.model.new_cache(ctx.max_batch_size, ctx.cache_len)
+        self.cached = [0] * ctx.max_batch_size
         if self.d2t is not None:  # the head rows of the subset, gathered once (the weights are frozen here)
             self.d2t = self.d2t.to(self.model.lm_head.weight.device)
             self._head = self.model.lm_head.weight.detach()[self.d2t].contiguous()
@@ -142,7 +142,3 @@ class DraftModelDrafter(Drafter):
     def compact(self, order: list[int]) -> None:
         self.cache.compact(order, max(self.cached[i] for i in order))
         self.cached[: len(order)] = [self.cached[i] for i in order]
-
-    def move_slot(self, src: int, dst: int) -> None:
-        self.cache.move_slot(src, dst, self.cached[src])
-        self.cached[dst] = self.cached[src]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specrl.drafters.base import DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
+from specrl.drafters.base import BindContext, DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
 from specrl.errors import SpecRLError
 from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm, _rope_inv_freq, _rotate
 
@@ -223,17 +223,17 @@ class EagleDrafter(nn.Module, Drafter):
         return outs
 
     # ---------------------------------------------------------------- Drafter protocol
-    def bind(self, engine) -> None:
-        ta = engine.model.args
+    def bind(self, ctx: BindContext) -> None:
+        ta = ctx.target.args
         check_target("EAGLE", {"hidden_size": self.target_args.hidden_size,
                                "vocab_size": self.target_args.vocab_size}, ta)
         if max(self.fuse_layers) >= ta.num_layers:
             raise SpecRLError(f"EAGLE layer indices {list(self.fuse_layers)} are out of range for a target with "
                               f"{ta.num_layers} layers")
-        self.attach(engine.model)
-        slots = engine.max_batch_size
-        cap = engine.k_max + 2
-        self.cache = KVCache(self.args, slots, engine.cache.max_seq_len + engine.k_max + 2, self.dtype,
+        self.attach(ctx.target)
+        slots = ctx.max_batch_size
+        cap = ctx.k_max + 2
+        self.cache = KVCache(self.args, slots, ctx.cache_len + ctx.k_max + 2, self.dtype,
                              self.device)
         h = self.target_args.hidden_size
         self.pend = torch.zeros(slots, cap, h, dtype=self.dtype, device=self.device)
@@ -316,9 +316,6 @@ class EagleDrafter(nn.Module, Drafter):
             self._catch_up(batch.tokens, n, need_output=False)
         self.pend[:n, : fused.shape[1]] = fused
         self.pend_cnt[:n] = num_emitted
-
-    def move_slot(self, src: int, dst: int) -> None:
-        self.compact_from([src], dst)
 
     def compact(self, order: list[int]) -> None:
         self.compact_from(order, 0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from specrl.drafters.base import DraftBatch, Drafter, Proposal
+from specrl.drafters.base import BindContext, DraftBatch, Drafter, Proposal
 from specrl.drafters.eagle import Rope, cached_block, check_target, draft_layer_args
 from specrl.errors import SpecRLError
 from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm
@@ -106,14 +106,14 @@ class MTPDrafter(nn.Module, Drafter):
         return outs
 
     # ---------------------------------------------------------------- Drafter protocol
-    def bind(self, engine) -> None:
+    def bind(self, ctx: BindContext) -> None:
         check_target("MTP", {"hidden_size": self.target_args.hidden_size,
-                             "vocab_size": self.target_args.vocab_size}, engine.model.args)
-        self.attach(engine.model)
-        slots, d, h = engine.max_batch_size, self.num_modules, self.target_args.hidden_size
-        self.cache = KVCache(self.args, slots, engine.cache.max_seq_len + engine.k_max + d + 4, self.dtype,
+                             "vocab_size": self.target_args.vocab_size}, ctx.target.args)
+        self.attach(ctx.target)
+        slots, d, h = ctx.max_batch_size, self.num_modules, self.target_args.hidden_size
+        self.cache = KVCache(self.args, slots, ctx.cache_len + ctx.k_max + d + 4, self.dtype,
                              self.device)
-        self.pend = torch.zeros(slots, engine.k_max + 2, h, dtype=self.dtype, device=self.device)
+        self.pend = torch.zeros(slots, ctx.k_max + 2, h, dtype=self.dtype, device=self.device)
         self.pend_cnt = torch.zeros(slots, dtype=torch.long)
         self.pend_start = torch.zeros(slots, dtype=torch.long)  # = f_1
         self.front = torch.zeros(slots, d, dtype=torch.long)  # f_j (may be <= 0 early on)
@@ -201,9 +201,6 @@ class MTPDrafter(nn.Module, Drafter):
         final = captured["final"]
         self.pend[:n, : final.shape[1]] = final.to(self.dtype)
         self.pend_cnt[:n] = num_emitted
-
-    def move_slot(self, src: int, dst: int) -> None:
-        self.compact_from([src], dst)
 
     def compact(self, order: list[int]) -> None:
         self.compact_from(order, 0)

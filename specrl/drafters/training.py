@@ -356,5 +356,4 @@ def heldout_acceptance(target, drafter, prompts: list[list[int]], k: int = 3, te
                            k_max=max(k, 1))
     sp = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                         stop_token_ids=tuple(stop_token_ids), seed=seed)
-    engine.generate([list(p) for p in prompts], sp)
-    return float(engine.last_metrics["acceptance_length"])
+    return float(engine.generate([list(p) for p in prompts], sp).metrics["acceptance_length"])

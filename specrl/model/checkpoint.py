@@ -102,6 +102,11 @@ def _hf_name(ours: str) -> str:
     return ours if ours.startswith("lm_head") else "model." + ours
 
 
+def hf_named_tensors(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's parameters under their HF checkpoint names, detached (tied weights appear once)."""
+    return {_hf_name(n): p.detach() for n, p in model.named_parameters()}
+
+
 def expected_tensor_names(model: Transformer) -> list[str]:
     names = [n for n, _ in model.named_parameters()]
     return [_hf_name(n) for n in names]
@@ -154,6 +159,22 @@ def load_state_into(model: Transformer, state: dict[str, torch.Tensor], where: s
                 raise SpecRLError(f"{where}: tensor {_hf_name(ours)} has shape {tuple(t.shape)}, the config "
                                   f"implies {tuple(p.shape)}")
             p.copy_(t.to(p.dtype))
+
+
+def copy_state(module: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Copy `state` into `module.state_dict()` in place (casting dtype); a clear error naming bad names/shapes."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise SpecRLError(f"{where}: tensors do not match; missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, t in expected.items():
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise SpecRLError(f"{where}: tensor {name!r} has shape {tuple(state[name].shape)}, expected "
+                              f"{tuple(t.shape)}")
+    with torch.no_grad():
+        for name, t in expected.items():
+            t.copy_(state[name].to(t.dtype))
 
 
 def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16) -> Transformer:

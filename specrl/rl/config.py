@@ -19,8 +19,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specrl.errors import SpecRLError
+from specrl.rollout.api import DRAFTER_KINDS
 
-DRAFTER_KINDS = ("none", "ngram", "suffix", "eagle", "mtp", "draft-model")
 _NEEDS_ARG = ("eagle", "mtp", "draft-model")
 # Names other libraries (TRL, NeMo-RL, vLLM) use for our keys, so a habit gets pointed at the right key.
 SYNONYMS = {

@@ -1,11 +1,13 @@
 """The batched rollout engine: continuous batching, autoregressive and speculative decoding.
 
-Shaped like gpt-fast's generate.py: `_prefill`, `_ar_step` and `_spec_step` are plain methods beside each
-other over one preallocated, slot-indexed KV cache. Active sequences always occupy slots 0..n-1 (a finished
-sequence's slot is refilled from the waiting queue, or the last active sequence is moved into it), so every
-forward runs on a contiguous view of the cache. Random draws depend only on (seed, request id, position),
-so outputs do not depend on batch composition. Speculative steps ask the drafter for k tokens, score them
-in one target forward and hand the decision to `specrl.rollout.verify` — the single verification point.
+The native implementation of the rollout backend protocol (`specrl.rollout.api`), and the exact reference
+(the only backend with `seed_exact`). Shaped like gpt-fast's generate.py: `_prefill`, `_ar_step` and
+`_spec_step` are plain methods beside each other over one preallocated, slot-indexed KV cache. Active sequences
+always occupy slots 0..n-1: when sequences finish, the survivors are compacted, in order, into the first slots
+(one gather per cache tensor) and waiting sequences are prefilled into the slots after them, so every forward
+runs on a contiguous view of the cache. Random draws depend only on (seed, request id, position), so outputs do
+not depend on batch composition. Speculative steps ask the drafter for k tokens, score them in one target
+forward and hand the decision to `specrl.rollout.verify` — the single verification point.
 """
 
 from __future__ import annotations
@@ -16,29 +18,31 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from specrl.drafters.base import DraftBatch
 from specrl.errors import SpecRLError
+from specrl.model.checkpoint import copy_state, load_state_into
 from specrl.rollout.adaptive import DraftLengthController
+from specrl.rollout.api import (
+    DRAFTER_KINDS,
+    BackendCapabilities,
+    GenerationResult,
+    RolloutOutput,
+    RolloutRequest,
+    check_weight_kind,
+)
+from specrl.rollout.drafter import BindContext, DraftBatch
 from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
     STREAM_SAMPLE,
     SamplingParams,
-    policy_logprobs,
-    probs_from_logits,
+    behaviour_logprobs,
+    probs_from_scaled,
     sample_inverse_cdf,
+    scaled_logits,
     uniform,
 )
 from specrl.rollout.verify import VERIFY_MODES, verify
-
-
-@dataclass
-class RolloutOutput:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
-    prompt_index: int = 0
 
 
 @dataclass
@@ -104,17 +108,19 @@ class RolloutEngine:
         self.cache = model.new_cache(max_batch_size, max_seq_len + k_max + 1)
         self.drafter = drafter
         if drafter is not None:
-            drafter.bind(self)
+            drafter.bind(BindContext(model, max_batch_size, self.cache.max_seq_len, k_max))
         self.controller = DraftLengthController(k_max, num_draft_tokens) if drafter is not None else None
-        self.last_metrics: dict = {}
+        self.capabilities = BackendCapabilities("native", VERIFY_MODES, DRAFTER_KINDS, k_max, exact_seeds=True)
+        self.policy_version = 0
+        self.drafter_version = 0
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-                 request_ids: list[int] | None = None, group_ids: list[int] | None = None,
-                 progress=None) -> list[RolloutOutput]:
-        """Generate a continuation for each prompt (token id lists). Returns outputs in prompt order."""
-        seqs = self._validate(prompts, params, request_ids, group_ids)
+    def generate(self, requests: list[RolloutRequest] | list[list[int]],
+                 params: SamplingParams | list[SamplingParams], progress=None) -> GenerationResult:
+        """Generate a continuation per request (`RolloutRequest`s, or plain token id lists whose request id is
+        their index). Returns the outputs in request order and the call's metrics (`SpecMetrics.as_dict`)."""
+        seqs = self._validate(requests, params)
         metrics = SpecMetrics(self.k_max)
         t0 = time.perf_counter()
         waiting = list(seqs)
@@ -135,42 +141,42 @@ class RolloutEngine:
                 self._ar_step(active, metrics)
             active = self._retire(active, metrics, progress)
         metrics.total_seconds = time.perf_counter() - t0
-        self.last_metrics = metrics.as_dict()
-        return [RolloutOutput(s.out, s.logprobs, s.finish_reason or "length", s.index) for s in seqs]
+        v = self.policy_version
+        outs = [RolloutOutput(s.out, s.logprobs, s.finish_reason or "length", s.index, v) for s in seqs]
+        return GenerationResult(outs, metrics.as_dict())
 
-    def load_weights(self, state_dict: dict[str, Tensor]) -> None:
-        """Weight sync: copy a policy state dict (our parameter names) into the rollout model in place."""
-        params = dict(self.model.named_parameters())
-        missing = sorted(set(params) - set(state_dict))
-        unexpected = sorted(set(state_dict) - set(params))
-        if missing or unexpected:
-            raise SpecRLError(f"load_weights: state dict does not match the rollout model; missing "
-                              f"{missing[:5]}, unexpected {unexpected[:5]}")
-        with torch.no_grad():
-            for name, p in params.items():
-                src = state_dict[name]
-                if src.shape != p.shape:
-                    raise SpecRLError(f"load_weights: {name} has shape {tuple(src.shape)}, expected "
-                                      f"{tuple(p.shape)}")
-                p.copy_(src)
+    def load_weights(self, which: str, named_tensors: dict[str, Tensor], version: int) -> None:
+        """Weight sync: copy HF-named policy tensors (or the drafter's own checkpoint names) in place."""
+        check_weight_kind(which)
+        if not isinstance(version, int) or version < 0:
+            raise SpecRLError(f"load_weights: version must be an integer >= 0, got {version!r}")
+        if which == "policy":
+            load_state_into(self.model, dict(named_tensors), "load_weights(policy)")
+            self.policy_version = version
+            return
+        if self.drafter is None or not isinstance(self.drafter, torch.nn.Module):
+            raise SpecRLError("load_weights(drafter): this engine has no drafter with weights (configure an "
+                              "eagle:, mtp: or draft-model: drafter)")
+        copy_state(self.drafter, dict(named_tensors), "load_weights(drafter)")
+        self.drafter_version = version
 
     # ------------------------------------------------------------------ validation
-    def _validate(self, prompts, params, request_ids, group_ids) -> list[_Seq]:
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise SpecRLError("prompts must be a non-empty list of token id lists")
-        n = len(prompts)
+    def _validate(self, requests, params) -> list[_Seq]:
+        if not isinstance(requests, (list, tuple)) or not requests:
+            raise SpecRLError("requests must be a non-empty list of RolloutRequest or token id lists")
+        n = len(requests)
         if isinstance(params, SamplingParams):
             plist = [params] * n
         else:
             plist = list(params)
             if len(plist) != n or not all(isinstance(p, SamplingParams) for p in plist):
-                raise SpecRLError(f"params must be one SamplingParams or a list of {n} (one per prompt), "
+                raise SpecRLError(f"params must be one SamplingParams or a list of {n} (one per request), "
                                   f"got {len(plist)} items")
-        rids = list(range(n)) if request_ids is None else list(request_ids)
+        reqs = [r if isinstance(r, RolloutRequest) else RolloutRequest(r, i) for i, r in enumerate(requests)]
+        prompts = [r.prompt_token_ids for r in reqs]
+        rids = [r.request_id for r in reqs]
         # default group: the prompt itself (samples of one prompt are siblings, across calls too)
-        gids = [hash(tuple(pr)) for pr in prompts] if group_ids is None else list(group_ids)
-        if len(rids) != n or len(gids) != n:
-            raise SpecRLError(f"request_ids/group_ids must have one entry per prompt ({n})")
+        gids = [hash(tuple(r.prompt_token_ids)) if r.group_id is None else r.group_id for r in reqs]
         vocab = self.model.args.vocab_size
         seqs = []
         for i, (pr, sp) in enumerate(zip(prompts, plist, strict=True)):
@@ -205,9 +211,10 @@ class RolloutEngine:
     def _sample_rows(self, logits: Tensor, seqs: list[_Seq], positions: Tensor) -> tuple[Tensor, Tensor]:
         """Sample one token per row [n, V] at the given positions (the AR rule); return tokens, logprobs."""
         seeds, rids, temp, top_p, top_k = self._param_tensors(seqs)
-        probs = probs_from_logits(logits, temp, top_p, top_k)
-        tok = sample_inverse_cdf(probs, uniform(seeds, rids, positions, STREAM_SAMPLE))
-        return tok, policy_logprobs(logits, tok, temp)
+        scaled = scaled_logits(logits, temp, top_p, top_k)
+        tok = sample_inverse_cdf(probs_from_scaled(logits, scaled, temp), uniform(seeds, rids, positions,
+                                                                                   STREAM_SAMPLE))
+        return tok, behaviour_logprobs(logits, scaled, tok, temp)
 
     def _retire(self, active: list[_Seq], metrics: SpecMetrics, progress) -> list[_Seq]:
         """Drop finished sequences; survivors move (in order) to slots 0..m-1 with one gather per layer."""
@@ -221,8 +228,6 @@ class RolloutEngine:
             metrics.finished += 1
             if progress is not None:
                 progress.update(1)
-            if self.drafter is not None:
-                self.drafter.on_finished(s.tokens, s.group_id)
         survivors = [active[i] for i in order]
         if survivors and order != list(range(len(order))):
             self.cache.compact(order, self._ctx_len(survivors))
@@ -310,15 +315,17 @@ class RolloutEngine:
         hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n),
                                                      capture=self.drafter.target_layers)
         logits = self.model.logits(hidden)  # [n, k+1, V]
-        probs = probs_from_logits(logits, batch.temperature[:, None].expand(n, k + 1),
-                                  batch.top_p[:, None].expand(n, k + 1), batch.top_k[:, None].expand(n, k + 1))
+        temp = batch.temperature[:, None].expand(n, k + 1)
+        scaled = scaled_logits(logits, temp, batch.top_p[:, None].expand(n, k + 1),
+                               batch.top_k[:, None].expand(n, k + 1))
+        probs = probs_from_scaled(logits, scaled, temp)
         out_pos = pos0[:, None] + torch.arange(k + 1)[None, :]
         seeds, rids = batch.seeds[:, None], batch.request_ids[:, None]
         res = verify(self.verify_mode, probs, proposal.tokens, proposal.probs,
                      uniform(seeds, rids, out_pos, STREAM_SAMPLE),
                      uniform(seeds, rids, out_pos[:, :k], STREAM_ACCEPT),
                      uniform(seeds, rids, out_pos[:, :k], STREAM_RESIDUAL))
-        lps = policy_logprobs(logits, res.tokens, batch.temperature[:, None].expand(n, k + 1))
+        lps = behaviour_logprobs(logits, scaled, res.tokens, temp)
         emitted = torch.zeros(n, dtype=torch.long)
         toks, lpl, ne = res.tokens.tolist(), lps.tolist(), res.num_emitted.tolist()
         for b, s in enumerate(active):

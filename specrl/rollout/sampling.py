@@ -74,19 +74,18 @@ def uniform(seed: Tensor, request: Tensor, position: Tensor, stream: int) -> Ten
     return (_srl(x, 11).double() + 0.5) / float(1 << 53)
 
 
-def probs_from_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
-    """Processed probabilities (float32) [..., V]; per-row parameters broadcast over leading dims.
+def scaled_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
+    """float32 logits / T with -inf outside each row's top-k / top-p set; per-row parameters broadcast over
+    leading dims (temperature/top_p/top_k have the leading shape of logits without V). Greedy rows (T = 0) are
+    scaled by 1.
 
-    temperature/top_p/top_k have the leading shape of logits without V. Temperature 0 gives a one-hot
-    argmax. Top-k keeps the k largest logits; top-p keeps the smallest prefix of the sorted distribution whose
-    mass reaches top_p (the token crossing the threshold is kept).
+    Top-k keeps the k largest logits; top-p keeps the smallest prefix of the sorted distribution whose mass
+    reaches top_p (the token crossing the threshold is kept).
     """
     logits = logits.float()
-    greedy = temperature <= 0
-    t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    t = torch.where(temperature <= 0, torch.ones_like(temperature), temperature).float()
     scaled = logits / t[..., None]
-    need_filter = bool(((top_k > 0) | (top_p < 1.0)).any())
-    if need_filter:
+    if bool(((top_k > 0) | (top_p < 1.0)).any()):
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
         v = logits.shape[-1]
         rank = torch.arange(v, device=logits.device)
@@ -98,11 +97,22 @@ def probs_from_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k:
         keep &= before < top_p[..., None].float()
         masked_sorted = sorted_logits.masked_fill(~keep, float("-inf"))
         scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, masked_sorted)
+    return scaled
+
+
+def probs_from_scaled(logits: Tensor, scaled: Tensor, temperature: Tensor) -> Tensor:
+    """The sampling distribution (float32) from `scaled_logits`; greedy rows (T = 0) are one-hot argmax."""
     probs = torch.softmax(scaled, dim=-1)
+    greedy = temperature <= 0
     if bool(greedy.any()):
         onehot = torch.zeros_like(probs).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy[..., None], onehot, probs)
     return probs
+
+
+def probs_from_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
+    """Processed probabilities (float32) [..., V]: temperature, top-k and top-p applied; T = 0 is one-hot."""
+    return probs_from_scaled(logits, scaled_logits(logits, temperature, top_p, top_k), temperature)
 
 
 def sample_inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
@@ -118,8 +128,15 @@ def sample_inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     return idx
 
 
-def policy_logprobs(logits: Tensor, tokens: Tensor, temperature: Tensor) -> Tensor:
-    """log softmax(logits / T)[token]: what the RL trainer recomputes (T = 1 for greedy requests)."""
-    t = torch.where(temperature <= 0, torch.ones_like(temperature), temperature).float()
-    lp = torch.log_softmax(logits.float() / t[..., None], dim=-1)
-    return lp.gather(-1, tokens[..., None]).squeeze(-1)
+def behaviour_logprobs(logits: Tensor, scaled: Tensor, tokens: Tensor, temperature: Tensor) -> Tensor:
+    """The behaviour log-probability of each emitted token: log of its probability under the distribution it
+    was sampled from (`scaled` = `scaled_logits(...)`: after temperature, top-k and top-p). For a greedy row
+    (T = 0, nothing was sampled) it is the log-probability under the unprocessed distribution (T = 1, no
+    filtering), since the one-hot it was "sampled" from carries no information. With top_p = 1 and top_k = 0
+    this equals log_softmax(logits / T)[token], the trainer's recomputation."""
+    lp = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    greedy = temperature <= 0
+    if bool(greedy.any()):
+        raw = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+        lp = torch.where(greedy, raw, lp)
+    return lp

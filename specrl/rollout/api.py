@@ -1,0 +1,122 @@
+"""THE rollout backend protocol: what a trainer may ask of any engine that generates rollouts.
+
+The native engine (`specrl.rollout.engine.RolloutEngine`) implements it, and so can a vLLM or remote backend
+without importing the native engine. A trainer reaches a backend only through these names:
+
+* `generate(requests, params) -> GenerationResult` — one `RolloutOutput` per request (token ids, behaviour
+  log-probs, finish reason, the policy version that produced it) plus the call's speculative metrics. There is
+  no side channel: everything a caller learns about a call is in its result.
+* `load_weights(which, named_tensors, version)` — `which` is "policy" or "drafter"; names are HF checkpoint
+  names (`model.layers.0.self_attn.q_proj.weight`, ...; a drafter's are the names in its own checkpoint file).
+  Each backend maps them to its internal names. `version` tags every output generated afterwards.
+* `capabilities` — a `BackendCapabilities`: verify modes (seed_exact is native-only), drafter kinds, the
+  largest k, whether per-request seeds reproduce exactly. `BackendCapabilities.require` turns a request for
+  something undeclared into a config error naming both what was asked and what the backend offers.
+
+Behaviour log-probs are defined once, here: the log-probability of the emitted token under the distribution
+it was actually sampled from, i.e. after temperature, top-k and top-p (for a greedy request, 0). The GRPO loss
+uses the trainer's own recomputation under temperature only (the policy pi_theta); the behaviour log-probs feed
+the optional truncated importance-sampling correction and the `token_mult_prob_error` diagnostic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from specrl.errors import SpecRLError
+from specrl.rollout.sampling import SamplingParams
+
+WEIGHT_KINDS = ("policy", "drafter")
+# The drafter kinds specrl knows by name (the part of a drafter spec before ":"); each backend declares the
+# subset it offers in its capabilities.
+DRAFTER_KINDS = ("none", "ngram", "suffix", "draft-model", "eagle", "mtp")
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One sequence to generate. Samples of one prompt share a `group_id` (suffix drafters read siblings)."""
+
+    prompt_token_ids: list[int]
+    request_id: int
+    group_id: int | None = None  # None: one group per distinct prompt
+
+
+@dataclass
+class RolloutOutput:
+    token_ids: list[int]
+    logprobs: list[float]  # behaviour log-probs of token_ids (see the module docstring)
+    finish_reason: str  # "stop" | "length"
+    prompt_index: int = 0
+    policy_version: int = 0
+
+
+@dataclass
+class GenerationResult(Sequence):
+    """The outputs of one `generate` call in request order (indexable like a list) and the call's metrics."""
+
+    outputs: list[RolloutOutput]
+    metrics: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.outputs[i]
+
+    def __iter__(self) -> Iterator[RolloutOutput]:
+        return iter(self.outputs)
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return [o.policy_version for o in self.outputs]
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    name: str
+    verify_modes: tuple[str, ...]
+    drafter_kinds: tuple[str, ...]  # "none" included when plain decoding is offered
+    max_k: int
+    exact_seeds: bool  # the same (seed, request id) reproduces the same tokens, whatever the batch
+
+    def require(self, verify: str | None = None, drafter: str | None = None, k: int | str | None = None,
+                exact_seeds: bool = False, where: str = "config") -> None:
+        """Raise a SpecRLError naming the unmet request and this backend's offer."""
+        if verify is not None and verify not in self.verify_modes:
+            raise SpecRLError(f"{where}: verify={verify!r} is not offered by the {self.name} backend (it offers "
+                              f"{list(self.verify_modes)}); choose one of those or another rollout backend")
+        kind = None if drafter is None else drafter.partition(":")[0]
+        if kind is not None and kind not in self.drafter_kinds:
+            raise SpecRLError(f"{where}: drafter {drafter!r} is not offered by the {self.name} backend (it offers "
+                              f"{list(self.drafter_kinds)}); choose one of those or another rollout backend")
+        if isinstance(k, int) and k > self.max_k:
+            raise SpecRLError(f"{where}: num_draft_tokens={k} exceeds the {self.name} backend's maximum k "
+                              f"({self.max_k})")
+        if exact_seeds and not self.exact_seeds:
+            raise SpecRLError(f"{where}: per-request seeds are not exact on the {self.name} backend")
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    capabilities: BackendCapabilities
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the policy weights the next `generate` uses."""
+
+    def generate(self, requests: Sequence[RolloutRequest | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams]) -> GenerationResult:
+        """Generate one continuation per request; plain token lists get request id = their index."""
+
+    def load_weights(self, which: Literal["policy", "drafter"], named_tensors: Mapping[str, Tensor],
+                     version: int) -> None:
+        """Replace the policy's or the drafter's weights (HF checkpoint names) and tag them with `version`."""
+
+
+def check_weight_kind(which: str) -> None:
+    if which not in WEIGHT_KINDS:
+        raise SpecRLError(f"load_weights: which={which!r}; use one of {list(WEIGHT_KINDS)}")

@@ -1,0 +1,95 @@
+"""The drafter protocol: the engine's contract with every drafter (drafters propose, the engine verifies).
+
+A drafter is bound once to a rollout engine through a `BindContext` (the target model, the number of batch
+slots, the cache length and k_max: nothing else of the engine). Each speculative step it sees the active batch
+as a `DraftBatch` (sequences in slots 0..n-1, their tokens so far, sampling parameters and the position-keyed
+noise) and returns a `Proposal`: k tokens per sequence and, for drafters that sample from a full distribution,
+the processed probabilities q of every drafted position. Deterministic drafters (n-gram, suffix, argmax
+drafting) return `probs=None`, meaning one-hot q. Drafters with state (a KV cache, hidden features) keep it in
+step through the hooks: `on_prefill` when new sequences enter slots, `on_verified` after each verification (and
+after each plain step, with `proposal=None`), carrying the captured target hidden states when `target_layers` is
+non-empty, and `compact` when the engine drops finished sequences from its batch. The decision which drafted
+tokens are kept is never the drafter's: it is `specrl.rollout.verify.verify`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from specrl.rollout.sampling import STREAM_DRAFT, STREAM_SAMPLE, probs_from_logits, sample_inverse_cdf, uniform
+
+
+@dataclass(frozen=True)
+class BindContext:
+    """What a drafter may know about the engine it serves."""
+
+    target: object  # the engine's target model (a specrl Transformer)
+    max_batch_size: int  # slots 0..max_batch_size-1
+    cache_len: int  # positions per slot in the engine's KV cache (max_seq_len + k_max + 1)
+    k_max: int  # the largest k the engine will ask for
+
+
+@dataclass
+class DraftBatch:
+    tokens: list[list[int]]  # per active sequence: prompt + generated tokens so far
+    positions: Tensor  # [n] position of the first token to draft (= current length)
+    seeds: Tensor  # [n]
+    request_ids: Tensor  # [n]
+    group_ids: list[int]  # [n] sequences sharing a prompt share a group id (suffix drafting)
+    temperature: Tensor  # [n]
+    top_p: Tensor  # [n]
+    top_k: Tensor  # [n]
+    verify_mode: str = "rejection"
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def noise(self, offset: int) -> Tensor:
+        """The uniforms a sampling drafter uses for the token at positions + offset.
+
+        In seed_exact mode this is the policy's own sampling noise (so a good drafter reproduces the
+        policy's token); in rejection mode it is an independent stream.
+        """
+        stream = STREAM_SAMPLE if self.verify_mode == "seed_exact" else STREAM_DRAFT
+        return uniform(self.seeds, self.request_ids, self.positions + offset, stream)
+
+    def sample(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        """Process drafter logits [n, V] with each request's T/top-p/top-k and draw one token each."""
+        q = probs_from_logits(logits, self.temperature, self.top_p, self.top_k)
+        return sample_inverse_cdf(q, self.noise(offset)), q
+
+
+@dataclass
+class Proposal:
+    tokens: Tensor  # [n, k] long
+    probs: Tensor | None = None  # [n, k, V] processed q, or None for one-hot drafts
+
+
+class Drafter:
+    """Base class; subclasses implement `propose` and, if stateful, the hooks."""
+
+    kind: str = "base"
+    target_layers: tuple[int, ...] = ()  # target hidden states this drafter needs from verify forwards
+    # seconds of the last `propose` spent catching up on tokens emitted by plain (k=0) steps: the deferred cost of
+    # those steps, which the adaptive draft length does not charge to the speculative step that pays it
+    catch_up_seconds: float = 0.0
+
+    def bind(self, ctx: BindContext) -> None:
+        """Called once by the engine: check compatibility with the target, allocate state."""
+
+    def on_prefill(self, slot_start: int, batch_tokens: list[list[int]], captured: dict | None) -> None:
+        """New sequences entered slots slot_start.. with these prompts (target prefill done)."""
+
+    def propose(self, batch: DraftBatch, k: int) -> Proposal:
+        raise NotImplementedError
+
+    def on_verified(self, batch: DraftBatch, proposal: Proposal | None, num_emitted: Tensor,
+                    captured: dict | None) -> None:
+        """The engine kept num_emitted[b] tokens of row b (accepted drafts + one policy token; 1 after a plain
+        step, where proposal is None)."""
+
+    def compact(self, order: list[int]) -> None:
+        """Slots order[0], order[1], ... became slots 0, 1, ... (order is increasing); the rest are free."""
