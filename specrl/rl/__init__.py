@@ -1,8 +1,10 @@
-"""specrl.rl: synchronous GRPO with speculative rollouts.
+"""specrl.rl: GRPO post-training that consumes rollouts through the rollout backend protocol.
 
-tasks.py (reasoning-gym prompts, answers, rewards) · grpo.py (advantages, DAPO loss, KL, diagnostics) ·
-config.py (the `specrl train` YAML schema and its errors) · trainer.py (the five-stage step, `train_main`) ·
-run.py (run loop, resume, compare mode) · weight_sync.py · draft_online.py (online drafter loss, staleness and
-collapse bookkeeping) · checkpoint.py (atomic, verified checkpoints) · metrics.py / report.py (metrics.jsonl,
-TensorBoard, report.md, frozen vs online AL plot) · testing.py (tiny offline model + tokenizer for tests).
+This package owns the tasks and their rewards (`tasks.py`), the GRPO math (`grpo.py`), the `specrl train`
+config schema (`config.py`), the producer that turns data and generation into Rollouts (`producer.py`), the
+learner that recomputes log-probs, takes the policy step and trains the drafter online (`learner.py`,
+`draft_online.py`), the synchronous trainer composing the two (`trainer.py`), versioned weight sync to the
+backend (`weight_sync.py`), the in-domain default drafter (`default_drafter.py`), the run loop with resume and
+compare mode (`run.py`), checkpoints (`checkpoint.py`), per-step metrics and the end-of-run report
+(`metrics.py`, `report.py`) and offline test stand-ins (`testing.py`).
 """

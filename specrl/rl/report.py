@@ -32,6 +32,27 @@ def _plt():
     return plt
 
 
+def _figure():
+    """A new 7 x 4 inch single-axes figure: (plt, fig, ax)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    return plt, fig, ax
+
+
+def _finish(plt, fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str, grid: bool = True) -> Path:
+    """Label (and grid) the main axes, save the figure at the report's resolution, close it; return the path."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if grid:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     xs, ys = [], []
     for r in records:
@@ -48,16 +69,13 @@ def _mean(vals: list[float]) -> float | None:
 
 def plot_reward(records: list[dict], path: Path, title: str = "reward",
                 validation: list[dict] | None = None) -> Path:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    plt, fig, ax = _figure()
     xs, ys = _series(records, "reward_mean")
     ax.plot(xs, ys, "-o", ms=3, lw=1, color="#3a6ea5", alpha=0.5, label="train reward (batch mean)")
     w = max(1, min(5, len(ys) // 4))
     if w > 1:
         smooth = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
         ax.plot(xs, smooth, "-", lw=2.2, color="#3a6ea5", label=f"train reward ({w}-step moving mean)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
     ax2 = ax.twinx()
     axs, acc = _series(validation if validation else records, "accuracy")
     if acc:
@@ -66,36 +84,23 @@ def plot_reward(records: list[dict], path: Path, title: str = "reward",
     ax2.set_ylim(0, 1)
     lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax.legend(lines, [ln.get_label() for ln in lines], loc="upper left", fontsize=8)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "step", "reward", title)
 
 
 def plot_stages(records: list[dict], path: Path, title: str = "stage time per step") -> Path:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    plt, fig, ax = _figure()
     steps = [int(r["step"]) for r in records]
     bottom = [0.0] * len(records)
     for s in STAGES:
         h = [float(r["stage_seconds"].get(s, 0.0)) for r in records]
         ax.bar(steps, h, bottom=bottom, color=_STAGE_COLOR[s], label=s, width=0.8)
         bottom = [b + x for b, x in zip(bottom, h, strict=True)]
-    ax.set_xlabel("step")
-    ax.set_ylabel("seconds")
-    ax.set_title(title)
     ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.15))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "step", "seconds", title, grid=False)
 
 
 def plot_acceptance(records: list[dict], path: Path, title: str = "acceptance length") -> Path:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    plt, fig, ax = _figure()
     xs, ys = _series(records, "acceptance_length")
     if ys:
         ax.plot(xs, ys, "-o", ms=3, color="#3aa655", label="acceptance length (tokens per verify)")
@@ -112,24 +117,10 @@ def plot_acceptance(records: list[dict], path: Path, title: str = "acceptance le
     return _finish(plt, fig, ax, path, "step", "tokens per policy forward", title)
 
 
-def _finish(plt, fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> Path:
-    """Label, grid, save and close one single-axes figure."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def plot_acceptance_compare(runs: dict[str, list[dict]], path: str | Path,
                             title: str = "acceptance length over RL steps") -> Path:
     """AL per RL step of each run, one line per run; crosses mark steps where the drafter was refreshed."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    plt, fig, ax = _figure()
     plotted = False
     for name, recs in runs.items():
         xs, ys = _series(recs, "acceptance_length")
@@ -316,19 +307,13 @@ def write_compare(out_dir: str | Path, ar: list[dict], sd: list[dict],
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = compare_summary(ar, sd, checks)
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    plt, fig, ax = _figure()
     for recs, label, color in ((ar, "autoregressive", "#3a6ea5"), (sd, "speculative", "#3aa655")):
         xs, ys = _series(recs, "reward_mean")
         ax.plot(xs, ys, "-o", ms=3, label=label, color=color, alpha=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("train reward (mean)")
-    ax.set_title("reward: autoregressive vs speculative rollouts")
     ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_dir / "compare_reward.png", dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, out_dir / "compare_reward.png", "step", "train reward (mean)",
+            "reward: autoregressive vs speculative rollouts")
     jpath = out_dir / "compare.json"
     jpath.write_text(json.dumps(summary, indent=2) + "\n")
     rows = [

@@ -5,41 +5,48 @@ the drafter's cost and the acceptance at once. Raw tokens/s cannot be compared a
 how many sequences are still running (a plain step over 32 sequences emits far more per second than one over 17,
 both in the same batch-size bucket). So every speculative step is scored against plain decoding at the same batch
 size, in two low-noise parts: its *cost* c(b, k) = (draft + verify seconds) / t_ar(n), where t_ar(n) = a + b·n is
-a least-squares line through recent plain steps of that batch-size bucket (exponentially forgotten, so it follows the
-machine; see `ar_seconds`), kept as an
-EMA per (batch-size bucket, k); and its *yield* E[tokens | k] = 1 + Σ_j Π_{i<j} r_i from the per-position
-acceptance rates r_i measured over all speculative steps (also forgotten slowly). The gain of k is yield / cost;
-plain decoding has gain 1. (Scoring each step by its own emitted tokens, as before, made the choice at small batch
-a coin flip: one sequence emits 1 or k+1 tokens per step.) The controller hill-climbs over k on these gains: a new
-bucket takes one plain step (a baseline for t_ar at that size) and then starts from the best k of the nearest
-measured bucket (k=1 at first); it measures both neighbours of its best, and every `recheck` steps re-measures a
-neighbour so a drifting cost or acceptance moves the choice (where k=0 is best, probes of k=1 back off to every
-8·`recheck` steps: a probe costs more than one step, since a stateful drafter first catches up on the tokens of the
-plain steps before it, and that catch-up is not charged to k, because in steady speculation it does not recur). With
-a fixed k the controller only returns that k.
+a least-squares line through recent plain steps of that batch-size bucket (exponentially forgotten, so it follows
+the machine; see `ar_seconds`), kept as an EMA per (batch-size bucket, k); and its *yield*
+E[tokens | k] = 1 + Σ_j Π_{i<j} r_i from the per-position acceptance rates r_i measured over all speculative steps
+(also forgotten slowly). The gain of k is yield / cost; plain decoding has gain 1. (A step's own emitted tokens are
+no score at small batch: one sequence emits 1 or k+1.)
+
+The controller hill-climbs over k on these gains: a new bucket takes one plain step (a baseline for t_ar at that
+size) and then starts from the best k of the nearest measured bucket (k=1 at first); it measures both neighbours of
+its best, and every `recheck` steps re-measures a neighbour so a drifting cost or acceptance moves the choice. Where
+k=0 is best, probes of k=1 back off to every 8·`recheck` steps (`MAX_PROBE_DOUBLINGS`): a probe costs more than one
+step, since a stateful drafter first catches up on the tokens of the plain steps before it, and that catch-up is not
+charged to k, because in steady speculation it does not recur. With a fixed k the controller only returns that k.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
+EMA = 0.3  # weight of the newest step in a (bucket, k) cost estimate
+RECHECK_STEPS = 8  # steps between re-measurements of a neighbour of the best k
+FORGET = 0.97  # per-step decay of old plain-step timings and acceptance counts, so the estimates follow the machine
+# Speculate only where the estimated gain beats plain decoding by this much: gain estimates are good to several
+# percent, and a choice that flips around the threshold pays drafter catch-up both ways.
+MARGIN = 0.10
+PRIOR_ACCEPTANCE = 0.5  # per-position acceptance rate assumed before any measurement
+MAX_PROBE_DOUBLINGS = 3  # while k=0 wins, the k=1 probe interval doubles up to 2**3 = 8 x `recheck`
+_FIT_SUMS = 5  # decayed sums of the t_ar(n) = a + b n fit: w, w n, w n^2, w t, w n t
+_SINGULAR = 1e-9  # relative determinant below which the fit points span only one batch size
+
 
 class DraftLengthController:
-    def __init__(self, k_max: int, num_draft_tokens: int | str, ema: float = 0.3, recheck: int = 8,
-                 forget: float = 0.97, margin: float = 0.10):
+    def __init__(self, k_max: int, num_draft_tokens: int | str, ema: float = EMA, recheck: int = RECHECK_STEPS,
+                 forget: float = FORGET, margin: float = MARGIN):
         self.k_max = k_max
         self.fixed = None if num_draft_tokens == "auto" else int(num_draft_tokens)
         self.ema = ema
         self.recheck = recheck
         self.forget = forget
-        self.margin = margin  # speculate only where the estimated gain beats plain decoding by this much. Gains
-        # are estimated within ~7 % (EAGLE at B=16, per bucket: estimated 0.84 / 1.02 / 0.99 vs measured 0.85 /
-        # 0.95 / 1.08 at 16 / 8 / 4), and a choice that flips around the threshold pays switching costs (drafter
-        # catch-up) both ways. At B=16 (EAGLE, decode-only) auto measured 0.87-0.92x with a 5 % margin in four
-        # runs and 0.99x / 0.87x in two runs with 10 %: run-to-run noise is as large as the effect
+        self.margin = margin  # see MARGIN
         self.cost: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA of step seconds / t_ar(n); k=0: 1
         self.steps: dict[int, int] = {}  # bucket -> steps taken
-        self._fit = [0.0] * 5  # decayed sums for t_ar(n) = a + b n: w, w n, w n^2, w t, w n t
+        self._fit = [0.0] * _FIT_SUMS  # decayed sums for t_ar(n) = a + b n: w, w n, w n^2, w t, w n t
         self._fits: dict[int, list[float]] = {}  # the same sums per batch-size bucket (key: it has a baseline)
         self.acc = [0.0] * k_max
         self.att = [0.0] * k_max
@@ -47,7 +54,6 @@ class DraftLengthController:
         self._due: dict[int, int] = {}  # bucket -> step of its next recheck
         self._quiet: dict[int, int] = {}  # bucket -> rechecks in a row that confirmed k=0
         self._up: dict[int, bool] = {}  # bucket -> direction of its last recheck
-        self.last_choice: int | None = None
 
     @staticmethod
     def _bucket(n: int) -> int:
@@ -58,7 +64,7 @@ class DraftLengthController:
         """Least-squares line through decayed sums at n; None if there are no points or only one batch size."""
         w, sn, snn, st, snt = sums
         det = w * snn - sn * sn
-        if w <= 0 or det <= 1e-9 * max(1.0, w * snn):
+        if w <= 0 or det <= _SINGULAR * max(1.0, w * snn):
             return None
         b = (w * snt - sn * st) / det
         return (st - b * sn) / w + b * n
@@ -66,10 +72,10 @@ class DraftLengthController:
     def ar_seconds(self, n: int) -> float | None:
         """Predicted plain-step seconds at n sequences (None before any plain step).
 
-        A line through all recent plain steps has the right shape but misses the level where the cost curve bends
-        (on a CPU, t(n) is flat while memory-bound and then steepens: the chord over-estimates the middle by 5-8 %,
-        which made marginal speculation look like a win). So within a batch-size bucket the prediction comes from
-        that bucket's own plain steps: a line through them, or the global line moved through their mean."""
+        A line through all recent plain steps misses the level where the cost curve bends (t(n) is flat while
+        memory-bound and then steepens), which makes marginal speculation look like a win. So within a batch-size
+        bucket the prediction comes from that bucket's own plain steps: a line through them, or the global line
+        moved through their mean."""
         w, sn, _, st, _ = self._fit
         if w <= 0:
             return None
@@ -105,7 +111,8 @@ class DraftLengthController:
             self._fit = [f * x + y for x, y in zip(self._fit, point, strict=True)]
             for bb, sums in self._fits.items():
                 self._fits[bb] = [f * x for x in sums]
-            self._fits[bucket] = [x + y for x, y in zip(self._fits.get(bucket, [0.0] * 5), point, strict=True)]
+            self._fits[bucket] = [x + y for x, y in zip(self._fits.get(bucket, [0.0] * _FIT_SUMS), point,
+                                                        strict=True)]
             self.cost[(bucket, 0)] = 1.0
             return
         t_ar = self.ar_seconds(n)
@@ -124,14 +131,10 @@ class DraftLengthController:
             self.att[i] += int((num_accepted >= i).sum())
             self.acc[i] += int((num_accepted > i).sum())
 
-    def rates(self) -> list[float]:
-        """Conditional per-position acceptance measured so far (for reporting)."""
-        return [a / t if t else 0.0 for a, t in zip(self.acc, self.att, strict=True)]
-
     def expected_tokens(self, k: int) -> float:
         """Tokens one sequence emits in a step with k drafts: 1 + sum_j prod_{i<j} r_i (unmeasured positions
-        take the rate of the last measured one; 0.5 before any measurement)."""
-        total, p, r = 1.0, 1.0, 0.5
+        take the rate of the last measured one; PRIOR_ACCEPTANCE before any measurement)."""
+        total, p, r = 1.0, 1.0, PRIOR_ACCEPTANCE
         for i in range(k):
             if self.att[i] > 0:
                 r = self.acc[i] / self.att[i]
@@ -160,9 +163,7 @@ class DraftLengthController:
             return self.fixed
         b = self._bucket(n)
         step = self.steps[b] = self.steps.get(b, 0) + 1
-        k = self._choose(b, step)
-        self.last_choice = k
-        return k
+        return self._choose(b, step)
 
     def _choose(self, b: int, step: int) -> int:
         if b not in self._fits:  # one plain step: the baseline every gain in this bucket is measured against
@@ -179,10 +180,9 @@ class DraftLengthController:
             if 1 <= nb <= self.k_max and (b, nb) not in self.cost:
                 return nb
         if step >= self._due.get(b, self.recheck):  # re-measure a neighbour so the choice can move
-            if best == 0:  # switched off: each probe that confirms it waits twice as long (up to 8 x recheck), as
-                # a probe also makes stateful drafters catch up on every token since the last one
+            if best == 0:  # switched off: each confirming probe doubles the wait, as a probe is costly (catch-up)
                 quiet = self._quiet[b] = self._quiet.get(b, 0) + 1
-                self._due[b] = step + self.recheck * 2 ** min(quiet, 3)
+                self._due[b] = step + self.recheck * 2 ** min(quiet, MAX_PROBE_DOUBLINGS)
                 return min(1, self.k_max)
             self._quiet[b] = 0
             self._due[b] = step + self.recheck

@@ -30,8 +30,7 @@ class SpecMetrics:
     k_histogram: dict = field(default_factory=dict)  # k -> engine steps
     drafted_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
-    _k_weighted: float = 0.0  # sum over sequence-steps of k (for the mean draft length)
-    _seq_steps: int = 0
+    _seq_steps: int = 0  # sequences x engine steps, plain and speculative (for the mean draft length)
 
     def __post_init__(self):
         self.drafted_at = [0] * self.k_max
@@ -54,7 +53,6 @@ class SpecMetrics:
         self.draft_seconds += draft_s
         self.verify_seconds += verify_s
         self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
-        self._k_weighted += n * k
         self._seq_steps += n
         for i in range(k):
             self.drafted_at[i] += n
@@ -81,6 +79,6 @@ class SpecMetrics:
             "total_seconds": self.total_seconds,
             "ar_steps": self.ar_steps,
             "spec_steps": self.spec_steps,
-            "num_draft_tokens_mean": self._k_weighted / self._seq_steps if self._seq_steps else 0.0,
+            "num_draft_tokens_mean": self.draft_tokens / self._seq_steps if self._seq_steps else 0.0,
             "k_histogram": {int(k): v for k, v in sorted(self.k_histogram.items())},
         }
