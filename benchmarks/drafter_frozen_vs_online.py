@@ -44,8 +44,10 @@ def run_arm(cfg, arm_dir: Path, label: str) -> list[dict]:
     finally:
         writer.close()
         display.close()
-    if trainer.engine.drafter is not None and hasattr(trainer.engine.drafter, "state_dict"):
-        save_drafter(trainer.engine.drafter, arm_dir / "drafter_final")
+    # the online arm's newest drafter is the learner's; a frozen drafter lives only in the (native) backend
+    final = trainer.drafter if trainer.drafter is not None else getattr(trainer.backend, "drafter", None)
+    if final is not None and hasattr(final, "state_dict"):
+        save_drafter(final, arm_dir / "drafter_final")
     records = read_metrics(writer.path)
     write_report(arm_dir, records, cfg.to_yaml())
     return records

@@ -88,7 +88,7 @@ def run(config: str = typer.Option("examples/default.yaml", help="Training confi
     """The main job: GRPO training with speculative rollouts on the embedded model (or --demo)."""
     if not demo and Path(config).exists():
         try:
-            from specrl.rl.trainer import train_main
+            from specrl.rl.run import train_main
         except ImportError:
             train_main = None
         if train_main is not None:
@@ -204,7 +204,7 @@ def train(config: str = typer.Option("examples/default.yaml", help="YAML config.
           compare: bool = typer.Option(False, help="Run autoregressive and speculative side by side.")):
     """GRPO training with speculative rollouts (see examples/*.yaml)."""
     try:
-        from specrl.rl.trainer import train_main
+        from specrl.rl.run import train_main
     except ImportError as e:
         _fail(SpecRLError(f"the trainer is not available: {e}"))
     t0 = time.time()

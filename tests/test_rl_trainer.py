@@ -12,11 +12,14 @@ import yaml
 
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
 from specrl.errors import SpecRLError
+from specrl.rl import learner as learner_mod
 from specrl.rl import trainer as trainer_mod
 from specrl.rl.config import validate_config
 from specrl.rl.metrics import STAGES, STEP_FIELDS, read_metrics
 from specrl.rl.testing import make_tiny_checkpoint
-from specrl.rl.trainer import GRPOTrainer, NonFiniteError, train_main
+from specrl.rl.learner import Learner, NonFiniteError
+from specrl.rl.run import train_main
+from specrl.rl.trainer import GRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,10 +64,12 @@ def test_step_record_and_weight_sync(tiny):
     assert rec["acceptance_length"] is None  # autoregressive
     assert rec["acceptance_rate_per_position"] == [] and rec["draft_loss"] is None and rec["draft_updates"] == 0
     assert rec["draft_refreshed"] is False and rec["drafter_collapsed"] is False
+    assert rec["policy_version"] == 0 and rec["policy_lag"] == 0 and t.learner.version == 1
     t.stage_prepare()
-    rollout = dict(t.engine.model.named_parameters())
+    assert t.backend.policy_version == 1
+    rollout = dict(t.backend.model.named_parameters())
     assert all(torch.equal(p, rollout[n]) for n, p in t.policy.named_parameters())
-    assert t.sampler.cursor == 2
+    assert t.producer.sampler.cursor == 2
 
 
 def test_grpo_update_raises_logprob_of_rewarded_sample(tiny):
@@ -73,9 +78,9 @@ def test_grpo_update_raises_logprob_of_rewarded_sample(tiny):
     t.stage_prepare()
     r = t.stage_gen(idx)
     r.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
-    before = t.stage_logprob(r)
-    t.stage_train(before)
-    after = t.stage_logprob(r)
+    before = t.learner.stage_logprob(r)
+    t.learner.stage_train(before)
+    after = t.learner.stage_logprob(r)
     seq = lambda b, i: float((b.old_logp[i] * b.mask[i]).sum())  # noqa: E731
     assert seq(after, 0) > seq(before, 0)
     assert seq(after, 7) > seq(before, 7)
@@ -85,15 +90,31 @@ def test_grpo_update_raises_logprob_of_rewarded_sample(tiny):
 def test_non_finite_stops_with_step(tiny, tmp_path):
     t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny)))
     t.step()
+    good = {k: v.clone() for k, v in t.learner.named_weights()[1].items()}
 
-    class NoSync:
-        def push(self, policy_state, drafter_state=None):
-            pass
+    class GoodWeightsSync:  # tags the new version but keeps the step-1 weights in the backend
+        def push(self, version, policy, drafter=None):
+            t.backend.load_weights("policy", good, version)
 
-    t.weight_sync = NoSync()  # the engine keeps good weights; the trainer's go bad
+    t.weight_sync = GoodWeightsSync()  # the engine keeps good weights; the trainer's go bad
     with torch.no_grad():
         t.policy.norm.weight.fill_(float("nan"))
     with pytest.raises(NonFiniteError, match="step 2: .*non-finite"):
+        t.step()
+
+
+def test_stale_weight_sync_is_an_error(tiny):
+    """A sync that never delivers the learner's version: the sync learner refuses rollouts of older weights."""
+    t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny)))
+    t.step()
+
+    class NoSync:
+        def push(self, version, policy, drafter=None):
+            pass
+
+    t.weight_sync = NoSync()
+    with pytest.raises(SpecRLError, match=r"step 2: rollouts of policy version 0 for a learner at version 1 "
+                                          r"\(lag 1; this pipeline allows 0..0\)"):
         t.step()
 
 
@@ -136,8 +157,8 @@ def test_sigkill_resume_matches_uninterrupted(tiny, tmp_path):
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
     clean = train_main(str(cfg), [], None, str(tmp_path / "clean"), False)
     killed = tmp_path / "killed"
-    env = {**os.environ, trainer_mod.KILL_ENV: "3", "PYTHONPATH": str(ROOT)}
-    code = f"from specrl.rl.trainer import train_main; train_main({str(cfg)!r}, [], None, {str(killed)!r}, False)"
+    env = {**os.environ, learner_mod.KILL_ENV: "3", "PYTHONPATH": str(ROOT)}
+    code = f"from specrl.rl.run import train_main; train_main({str(cfg)!r}, [], None, {str(killed)!r}, False)"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
@@ -166,7 +187,7 @@ class RepeatDrafter(Drafter):
 def test_compare_seed_exact(tiny, tmp_path, monkeypatch, drafter):
     if drafter == "repeat":
         monkeypatch.setattr(trainer_mod, "build_drafter",
-                            lambda spec, model, tok: None if spec == "none" else RepeatDrafter())
+                            lambda spec, model: None if spec == "none" else RepeatDrafter())
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__drafter="ngram" if drafter == "repeat"
                                                   else drafter, speculative__num_draft_tokens=2))
     out = train_main(str(cfg), ["run.steps=2"], None, str(tmp_path / "cmp"), True)
@@ -193,7 +214,7 @@ def test_compare_needs_drafter(tiny, tmp_path):
 def test_response_logprobs_matches_full_logits(tiny):
     from specrl import load_model
     from specrl.rl.grpo import token_logprobs
-    from specrl.rl.trainer import response_logprobs
+    from specrl.rl.learner import response_logprobs
 
     model, _ = load_model(tiny, dtype=torch.float32)
     toks = torch.randint(3, 120, (3, 10))
@@ -224,7 +245,7 @@ def test_online_drafter_training(tiny, monkeypatch, kind):
     after = t.drafter.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the drafter learned
     t.stage_prepare()
-    engine_state = t.engine.drafter.state_dict()
+    engine_state = t.backend.drafter.state_dict()
     assert all(torch.equal(after[k].to(engine_state[k].dtype), engine_state[k]) for k in after)
     rec2 = t.step()
     assert rec2["draft_loss"] is not None
@@ -238,14 +259,14 @@ def test_online_needs_trainable_drafter(tiny):
 
 
 def test_non_finite_in_run_names_step_and_last_good_checkpoint(tiny, tmp_path, monkeypatch):
-    real = GRPOTrainer.stage_train
+    real = Learner.stage_train
 
     def flaky(self, batch):
         if self.step_count + 1 == 2:
             raise NonFiniteError("step 2: non-finite GRPO loss (nan); update skipped")
         return real(self, batch)
 
-    monkeypatch.setattr(GRPOTrainer, "stage_train", flaky)
+    monkeypatch.setattr(Learner, "stage_train", flaky)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
     with pytest.raises(SpecRLError, match=r"step 2: non-finite.*last good checkpoint is .*step_000001"):
         train_main(str(cfg), [], None, str(tmp_path / "run"), False)
@@ -259,7 +280,7 @@ def test_non_finite_in_run_names_step_and_last_good_checkpoint(tiny, tmp_path, m
 def online_trainer(tiny, monkeypatch, kind="eagle", **over) -> GRPOTrainer:
     from specrl.drafters import EagleDrafter, MTPDrafter
 
-    def build(spec, model, tok):
+    def build(spec, model):
         if spec == "none":
             return None
         torch.manual_seed(1)
@@ -273,15 +294,14 @@ def online_trainer(tiny, monkeypatch, kind="eagle", **over) -> GRPOTrainer:
 
 def fake_acceptance(t: GRPOTrainer, values: list[float], draft_tokens: int = 64) -> None:
     """Make each generate call report the next acceptance length (with speculative steps verified)."""
-    real, it = t.engine.generate, iter(values)
+    real, it = t.backend.generate, iter(values)
 
     def generate(*a, **k):
         out = real(*a, **k)
-        t.engine.last_metrics = {**t.engine.last_metrics, "acceptance_length": next(it), "verify_steps": 7,
-                                 "draft_tokens": draft_tokens}
+        out.metrics = {**out.metrics, "acceptance_length": next(it), "verify_steps": 7, "draft_tokens": draft_tokens}
         return out
 
-    t.engine.generate = generate
+    t.backend.generate = generate
 
 
 def test_drafter_health_reference_and_streak():
@@ -319,23 +339,24 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     t = online_trainer(tiny, monkeypatch, drafter__refresh_steps=3)
     idx = t.stage_data()
     t.stage_prepare()
-    batch = t.stage_logprob(t.stage_gen(idx))
-    t.stage_train(batch)
+    batch = t.learner.stage_logprob(t.stage_gen(idx))
+    t.learner.stage_train(batch)
     policy = {k: v.clone() for k, v in t.policy.state_dict().items()}
     drafter = {k: v.clone() for k, v in t.drafter.state_dict().items()}
-    pstate = {id(p): {k: v.clone() for k, v in t.optimizer.state[p].items()} for p in t.policy.parameters()}
-    lrs = [g["lr"] for g in t.optimizer.param_groups]
-    assert t.refresh_drafter(batch) == 3
+    opt = t.learner.optimizer
+    pstate = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in t.policy.parameters()}
+    lrs = [g["lr"] for g in opt.param_groups]
+    assert t.learner.refresh_drafter(batch) == 3
     assert all(torch.equal(policy[k], v) for k, v in t.policy.state_dict().items())  # bit-identical policy
     for p in t.policy.parameters():  # and untouched AdamW moments / step counts of the policy
-        assert all(torch.equal(pstate[id(p)][k], v) for k, v in t.optimizer.state[p].items())
+        assert all(torch.equal(pstate[id(p)][k], v) for k, v in opt.state[p].items())
     assert any(not torch.equal(drafter[k], v) for k, v in t.drafter.state_dict().items())  # drafter moved
-    assert [g["lr"] for g in t.optimizer.param_groups] == lrs  # the scheduler was not stepped
+    assert [g["lr"] for g in opt.param_groups] == lrs  # the scheduler was not stepped
     assert all(p.grad is None for p in t.drafter.parameters())
     with torch.no_grad():
         t.drafter.fc.weight.fill_(float("nan"))
     with pytest.raises(NonFiniteError, match="step 1: non-finite drafter loss in drafter refresh update 1"):
-        t.refresh_drafter(batch)
+        t.learner.refresh_drafter(batch)
 
 
 def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):
@@ -351,7 +372,7 @@ def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):
     assert len(lines) == 1 and "step 2: drafter stale (acceptance length 1.50 < 0.85 x reference 2.00)" in lines[0]
     # the refreshed drafter reaches the engine through the ordinary prepare/weight-sync path
     t.stage_prepare()
-    engine_state = t.engine.drafter.state_dict()
+    engine_state = t.backend.drafter.state_dict()
     assert all(torch.equal(v.to(engine_state[k].dtype), engine_state[k]) for k, v in t.drafter.state_dict().items())
     # step 3 is the first after the refresh: it sets the new reference (1.5); step 4 (1.2 < 1.275) refreshes
     recs += [t.step() for _ in range(2)]
@@ -400,7 +421,7 @@ def test_zeroed_drafter_collapses(tiny, monkeypatch):
     from specrl.drafters import EagleDrafter
     from specrl.rl.draft_online import DrafterCollapseWarning
 
-    def build(spec, model, tok):
+    def build(spec, model):
         if spec == "none":
             return None
         d = EagleDrafter(model)

@@ -90,6 +90,11 @@ class GRPOConfig(_Section):
     """Weight of the k3 KL penalty to the initial policy (0 disables it and the reference model)."""
     val_every: int = Field(5, ge=0)
     """Validation accuracy every N steps (0 = only at the end)."""
+    importance_sampling_correction: bool = False
+    """Weight each token's policy-gradient term by min(pi_old / mu, cap), mu = the distribution the rollout backend
+    sampled from (behaviour log-probs). Off: bit-identical to the uncorrected loss (sync, on-policy)."""
+    importance_sampling_cap: float = Field(2.0, ge=1.0)
+    """Truncation cap of the importance weights (TIS)."""
 
     @field_validator("num_generations")
     @classmethod

@@ -2,7 +2,7 @@
 
 This module owns group-normalised advantages (with the option to skip the std division, as in Dr. GRPO),
 per-token log-probabilities from logits, the token-level clipped surrogate with separate low/high clip ranges
-(DAPO), the k3 KL estimator to a reference policy, masking of padded tokens, and the `token_mult_prob_error`
+(DAPO) with optional truncated importance sampling against behaviour log-probs, the k3 KL estimator to a reference policy, masking of padded tokens, and the `token_mult_prob_error`
 diagnostic that compares the rollout engine's log-probabilities with the trainer's recomputation. Everything
 here is deterministic and unit-tested against hand-computed values.
 """
@@ -82,6 +82,9 @@ class LossOutput:
     kl_sum: float
     ratio_sum: float
     pg_loss_sum: float
+    is_weight_sum: float = 0.0  # truncated importance weights (0 when the correction is off)
+    is_weight_max: float = 0.0
+    is_clipped_tokens: float = 0.0  # tokens whose weight was truncated at the cap
 
 
 def clipped_surrogate_loss(
@@ -94,14 +97,22 @@ def clipped_surrogate_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     normalizer: float | None = None,
+    behavior_logp: torch.Tensor | None = None,
+    is_cap: float = 2.0,
 ) -> LossOutput:
-    """Token-level clipped surrogate (DAPO) plus optional k3 KL penalty.
+    """Token-level clipped surrogate (DAPO) plus optional k3 KL penalty and truncated importance sampling.
 
     Per token: ratio = exp(logp - old_logp); pg = -min(ratio*A, clip(ratio, 1-clip_low, 1+clip_high)*A);
     loss = sum_tokens(pg + kl_coef*kl) / normalizer, where normalizer defaults to the number of unmasked
     tokens here. Pass the token count of the whole batch as `normalizer` when accumulating micro-batches so
     every token of the batch weighs the same (token-level, not sequence-level, averaging).
     `logp`, `old_logp`, `ref_logp`, `mask`: [B,T]; `advantages`: [B] (one per sequence) or [B,T].
+
+    Truncated importance sampling (off unless `behavior_logp` is given): the rollouts were sampled from a
+    behaviour distribution mu (the rollout backend's processed distribution, possibly an older policy version)
+    while the surrogate is built around pi_old (the learner's recomputation). Each token's pg term is weighted by
+    w = min(exp(old_logp - behavior_logp), is_cap), detached, so the gradient estimates the expectation under
+    pi_old. With `behavior_logp=None` the loss is bit-identical to the uncorrected one.
     """
     if clip_low < 0 or clip_high < 0:
         raise SpecRLError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
@@ -120,12 +131,26 @@ def clipped_surrogate_loss(
     norm = float(normalizer) if normalizer is not None else max(n_tokens, 1.0)
     if norm <= 0:
         raise SpecRLError(f"normalizer must be > 0, got {normalizer}")
+    if behavior_logp is not None:
+        if behavior_logp.shape != logp.shape:
+            raise SpecRLError(f"behavior_logp {tuple(behavior_logp.shape)} must have the shape of logp "
+                              f"{tuple(logp.shape)}")
+        if not is_cap >= 1.0:
+            raise SpecRLError(f"is_cap must be >= 1 (a truncation cap on importance weights), got {is_cap}")
 
     ratio = torch.exp(logp - old_logp.detach())
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     surr1 = ratio * adv
     surr2 = clipped_ratio * adv
     pg = -torch.minimum(surr1, surr2)
+    is_stats = {}
+    if behavior_logp is not None:
+        raw_w = torch.exp(old_logp.detach() - behavior_logp.detach())
+        is_w = raw_w.clamp(max=is_cap)
+        pg = pg * is_w
+        is_stats = {"is_weight_sum": float(masked_sum(is_w, m).item()),
+                    "is_weight_max": float(is_w[mask.bool()].max().item()) if bool(mask.any()) else 0.0,
+                    "is_clipped_tokens": float(masked_sum((raw_w > is_cap).to(logp.dtype), m).item())}
     per_token = pg
     kl_sum = 0.0
     if ref_logp is not None and kl_coef > 0:
@@ -142,6 +167,7 @@ def clipped_surrogate_loss(
         kl_sum=kl_sum,
         ratio_sum=float(masked_sum(ratio.detach(), m).item()),
         pg_loss_sum=float(masked_sum(pg.detach(), m).item()),
+        **is_stats,
     )
 
 

@@ -1,5 +1,7 @@
 """The run loop around `GRPOTrainer.step`: run directory, validation, checkpoints, resume, compare mode.
 
+`train_main` is the entry point the `specrl train` CLI calls.
+
 `setup_run` resolves the config (YAML + `--set`, or the saved config of a run being resumed) and the run
 directory, and writes the resolved `config.yaml`. `run_training` drives the steps, evaluates held-out accuracy
 (at step 0, every `grpo.val_every` steps and at the end), appends `metrics.jsonl` / `validation.jsonl` /
@@ -24,7 +26,8 @@ from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint
 from specrl.rl.config import TrainConfig, load_config, validate_config
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
-from specrl.rl.trainer import GRPOTrainer, NonFiniteError, seed_everything
+from specrl.rl.learner import NonFiniteError
+from specrl.rl.trainer import GRPOTrainer, seed_everything
 
 _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validation.jsonl", "report.md",
               "reward.png", "stages.png", "acceptance.png", "config.yaml", "autoregressive", "speculative",
@@ -231,3 +234,15 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
                           f"(rollouts identical: {same_rollouts[bad - 1]}, weights identical: "
                           f"{same_weights[bad - 1]}); see {mpath}")
     return run_dir
+
+
+def train_main(config_path: str | None, sets: list[str] | None = None, resume: str | None = None,
+               out: str | None = None, compare: bool = False) -> Path:
+    """Entry point of `specrl train`: returns the run directory (which holds report.md or compare.md)."""
+    if compare:
+        if resume:
+            raise SpecRLError("--compare and --resume cannot be combined; compare runs start from scratch")
+        cfg, run_dir = setup_run(config_path, sets or [], None, out)
+        return run_compare(cfg, run_dir)
+    cfg, run_dir = setup_run(config_path, sets or [], resume, out)
+    return run_training(cfg, run_dir, resume=resume is not None)

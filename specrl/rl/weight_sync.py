@@ -1,42 +1,55 @@
-"""Weight sync: the one interface through which the trainer's weights reach the rollout engine.
+"""Versioned weight sync: the one way the learner's weights reach a rollout backend.
 
-The `prepare` stage of every RL step calls `WeightSync.push(policy_state, drafter_state)`. Here the trainer
-and the engine share a process and `LocalWeightSync` copies tensors in place (casting to the engine's dtype);
-in the asynchronous pipeline the engine becomes a separate actor and another implementation of the same
-protocol (e.g. a Ray object-store or NCCL broadcast) replaces it, without touching the step definition.
+The learner publishes `push(version, policy, drafter=None)` once per optimizer step: policy tensors under HF
+checkpoint names, the trainable drafter (if any) under its checkpoint names, and the version (optimizer steps
+applied). The rollout side picks the newest version up between generate calls and tags every output with it;
+`wait_for(version)` blocks until at least that version is live and returns the live one. `LocalWeightSync` is
+the in-process case (sync training): a direct copy into the backend through its protocol `load_weights`, so
+`wait_for` never has anything to wait for. The async pipeline publishes through Ray's object store instead,
+behind the same two methods.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from specrl.errors import SpecRLError
+from specrl.rollout.api import RolloutBackend
 
 
 class WeightSync(Protocol):
-    def push(self, policy_state: dict[str, Tensor], drafter_state: dict[str, Tensor] | None = None) -> None:
-        """Make the rollout side generate with these weights from the next `generate` call on."""
+    def push(self, version: int, policy: Mapping[str, Tensor], drafter: Mapping[str, Tensor] | None = None) -> None:
+        """Make the rollout side generate with these weights (tagged `version`) from its next generate call."""
 
-
-def policy_state(model: nn.Module) -> dict[str, Tensor]:
-    """Parameter tensors by name (tied weights appear once), detached: what `push` sends."""
-    return {name: p.detach() for name, p in model.named_parameters()}
+    def wait_for(self, version: int, timeout: float | None = None) -> int:
+        """Block until a version >= `version` is live on the rollout side; return the live version."""
 
 
 class LocalWeightSync:
-    """In-process sync: `engine.load_weights` for the policy, `load_state_dict` for the engine's drafter."""
+    """In-process sync: `backend.load_weights` for the policy and, when given, the drafter."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, backend: RolloutBackend) -> None:
+        self.backend = backend
+        self.version: int | None = None  # the newest version pushed
         self.pushes = 0
 
-    @torch.no_grad()
-    def push(self, policy_state: dict[str, Tensor], drafter_state: dict[str, Tensor] | None = None) -> None:
-        self.engine.load_weights(policy_state)
-        if drafter_state is not None:
-            drafter = getattr(self.engine, "drafter", None)
-            if drafter is None or not hasattr(drafter, "load_state_dict"):
-                raise TypeError("push got drafter weights but the rollout engine has no trainable drafter")
-            drafter.load_state_dict(drafter_state)
+    def push(self, version: int, policy: Mapping[str, Tensor], drafter: Mapping[str, Tensor] | None = None) -> None:
+        if not isinstance(version, int) or version < 0:
+            raise SpecRLError(f"weight sync: version must be an integer >= 0, got {version!r}")
+        if self.version is not None and version < self.version:
+            raise SpecRLError(f"weight sync: version {version} is older than the live version {self.version}; "
+                              "versions never go back")
+        self.backend.load_weights("policy", policy, version)
+        if drafter is not None:
+            self.backend.load_weights("drafter", drafter, version)
+        self.version = version
         self.pushes += 1
+
+    def wait_for(self, version: int, timeout: float | None = None) -> int:
+        if self.version is None or self.version < version:
+            raise SpecRLError(f"weight sync: version {version} was never pushed (live: {self.version}); an "
+                              "in-process sync has no other publisher to wait for")
+        return self.version

@@ -1,0 +1,149 @@
+"""The rollout side of an RL step: task data and generation -> `Rollouts` tagged with their policy version.
+
+`RolloutProducer` owns the task's train/validation data, the prompt formatting, the data cursor and the reward
+scoring, and reaches the rollout backend only through the protocol (`specrl.rollout.api`): `generate` for the
+samples and `policy_version` for the tag. `stage_data` and `stage_gen` are two of the five timed stages of a
+step (`produce` runs both for a pipeline that does not interleave weight sync between them). The sync trainer
+composes it with the learner in one process; the async pipeline runs the same producer in each rollout worker.
+Request ids are derived from the step index, so a step's samples replay exactly whatever ran before them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specrl.errors import SpecRLError
+from specrl.rollout.api import RolloutBackend, RolloutRequest
+from specrl.rollout.sampling import SamplingParams
+from specrl.rl.config import TrainConfig
+from specrl.rl.tasks import ANSWER_FORMATS, PromptFormatter, PromptSampler, make_task, resolve_answer_format, \
+    score_response
+
+VAL_REQUEST_BASE = 10**12  # validation request ids: far from any training step's ids
+
+
+@dataclass
+class Rollouts:
+    """What `gen` produced for one step: N = num_prompts_per_step * num_generations samples."""
+
+    problem_indices: list[int]
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    gen_logprobs: list[list[float]]  # behaviour log-probs (see specrl.rollout.api)
+    finish_reasons: list[str]
+    rewards: Tensor
+    correct: list[bool]
+    formatted: list[bool]
+    engine_metrics: dict = field(default_factory=dict)
+    policy_versions: list[int] = field(default_factory=list)  # per sample: the weights that generated it
+    step_index: int = 0  # 0-based index of the step these rollouts were generated for
+
+    @property
+    def policy_version(self) -> int:
+        """The oldest policy version among the samples (what a lag bound must check)."""
+        return min(self.policy_versions) if self.policy_versions else 0
+
+
+class RolloutProducer:
+    """Task data + a rollout backend -> scored `Rollouts` for a given step."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer: Any, backend: RolloutBackend, stop_ids: tuple[int, ...]):
+        if not stop_ids:
+            raise SpecRLError("the tokenizer/model define no end-of-sequence token; generation could not stop")
+        self.cfg = cfg
+        self.backend = backend
+        self.stop_ids = tuple(stop_ids)
+        t = cfg.task
+        self.train_data, self.val_data = make_task(t.name, t.difficulty, t.options, t.train_size, t.val_size,
+                                                   t.seed)
+        self.answer_format = resolve_answer_format(t.name, t.answer_format)
+        self.formatter = PromptFormatter(tokenizer, t.system_prompt, ANSWER_FORMATS[self.answer_format])
+        self.sampler = PromptSampler(len(self.train_data), seed=cfg.run.seed)
+        self._prompt_cache: dict[tuple[str, int], list[int]] = {}
+
+    @property
+    def num_samples(self) -> int:
+        return self.cfg.grpo.num_prompts_per_step * self.cfg.grpo.num_generations
+
+    def prompt(self, split: str, index: int) -> list[int]:
+        key = (split, index)
+        if key not in self._prompt_cache:
+            data = self.train_data if split == "train" else self.val_data
+            ids = self.formatter.encode(data[index].question)
+            budget = self.cfg.model.max_seq_len - self.cfg.generation.max_new_tokens
+            if len(ids) > budget:
+                raise SpecRLError(
+                    f"a {split} prompt has {len(ids)} tokens but model.max_seq_len ({self.cfg.model.max_seq_len}) "
+                    f"- generation.max_new_tokens ({self.cfg.generation.max_new_tokens}) leaves {budget}; raise "
+                    f"model.max_seq_len to >= {len(ids) + self.cfg.generation.max_new_tokens} or lower "
+                    "generation.max_new_tokens"
+                )
+            self._prompt_cache[key] = ids
+        return self._prompt_cache[key]
+
+    def sampling(self, greedy: bool = False) -> SamplingParams:
+        g = self.cfg.generation
+        return SamplingParams(temperature=0.0 if greedy else g.temperature, top_p=1.0 if greedy else g.top_p,
+                              top_k=0 if greedy else g.top_k, max_new_tokens=g.max_new_tokens,
+                              stop_token_ids=self.stop_ids, seed=self.cfg.run.seed)
+
+    # ------------------------------------------------------------------ stages
+    def stage_data(self) -> list[int]:
+        """Indices of the next step's prompts in the train split (advances the data cursor)."""
+        idx = self.sampler.next(self.cfg.grpo.num_prompts_per_step)
+        for i in idx:
+            self.prompt("train", i)
+        return idx
+
+    def stage_gen(self, step_index: int, prompt_indices: list[int]) -> Rollouts:
+        """num_generations samples per prompt, scored; ids depend on the step so steps differ but replay."""
+        n = self.cfg.grpo.num_generations
+        problems = [i for i in prompt_indices for _ in range(n)]
+        base = step_index * self.num_samples
+        requests = [RolloutRequest(self.prompt("train", i), base + j, step_index * len(prompt_indices) + j // n)
+                    for j, i in enumerate(problems)]
+        result = self.backend.generate(requests, self.sampling())
+        rewards, correct, formatted = [], [], []
+        for i, o in zip(problems, result, strict=True):
+            s = score_response(self.train_data, self.train_data[i], self.formatter.decode(o.token_ids),
+                               self.cfg.task.format_weight, self.answer_format)
+            rewards.append(s.reward)
+            correct.append(s.correct)
+            formatted.append(s.formatted)
+        return Rollouts(problems, [r.prompt_token_ids for r in requests], [list(o.token_ids) for o in result],
+                        [list(o.logprobs) for o in result], [o.finish_reason for o in result],
+                        torch.tensor(rewards, dtype=torch.float32), correct, formatted, dict(result.metrics),
+                        result.policy_versions, step_index)
+
+    def produce(self, step_index: int) -> tuple[Rollouts, dict[str, float]]:
+        """data + gen for one step, with the two stages' seconds."""
+        t0 = time.perf_counter()
+        idx = self.stage_data()
+        t1 = time.perf_counter()
+        r = self.stage_gen(step_index, idx)
+        return r, {"data": t1 - t0, "gen": time.perf_counter() - t1}
+
+    def validate(self) -> dict[str, Any]:
+        """Greedy accuracy on the held-out split with the weights the backend holds now."""
+        if len(self.val_data) == 0:
+            return {"accuracy": None, "val_reward": None, "val_format_rate": None}
+        requests = [RolloutRequest(self.prompt("val", i), VAL_REQUEST_BASE + i) for i in range(len(self.val_data))]
+        outs = self.backend.generate(requests, self.sampling(greedy=True))
+        scores = [score_response(self.val_data, self.val_data[i], self.formatter.decode(o.token_ids),
+                                 self.cfg.task.format_weight, self.answer_format) for i, o in enumerate(outs)]
+        return {"accuracy": float(np.mean([s.correct for s in scores])),
+                "val_reward": float(np.mean([s.reward for s in scores])),
+                "val_format_rate": float(np.mean([s.formatted for s in scores]))}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
