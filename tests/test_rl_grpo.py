@@ -113,3 +113,33 @@ def test_token_mult_prob_error():
 
 def test_masked_mean_empty():
     assert masked_mean(torch.ones(3), torch.zeros(3, dtype=torch.bool)).item() == 0.0
+
+
+def test_truncated_importance_sampling():
+    """TIS: off is bit-identical; weights min(pi_old / mu, cap) scale each token's pg term (gradient included)."""
+    torch.manual_seed(0)
+    old = torch.randn(3, 5) * 0.3 - 1.0
+    logp = (old + 0.05 * torch.randn(3, 5)).requires_grad_(True)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[2, 3:] = False
+    plain = clipped_surrogate_loss(logp, old, adv, mask)
+    g_plain, = torch.autograd.grad(plain.loss, logp)
+    same = clipped_surrogate_loss(logp, old, adv, mask, behavior_logp=old)  # mu == pi_old: weights 1
+    assert torch.equal(same.loss, plain.loss) and same.is_weight_max == 1.0 and same.is_clipped_tokens == 0
+    assert plain.is_weight_sum == 0.0  # off: no statistics
+    # mu puts more mass on token (0,0) than pi_old (weight 0.5), less on (1,1) (weight 3 -> capped at 2)
+    behavior = old.clone()
+    behavior[0, 0] += math.log(2.0)
+    behavior[1, 1] -= math.log(3.0)
+    out = clipped_surrogate_loss(logp, old, adv, mask, behavior_logp=behavior, is_cap=2.0)
+    g, = torch.autograd.grad(out.loss, logp)
+    w = torch.ones(3, 5)
+    w[0, 0], w[1, 1] = 0.5, 2.0
+    assert torch.allclose(g, g_plain * w, atol=1e-6)
+    assert out.is_clipped_tokens == 1 and out.is_weight_max == pytest.approx(2.0)
+    assert out.is_weight_sum == pytest.approx(float(w[mask].sum()), abs=1e-5)
+    with pytest.raises(SpecRLError, match="is_cap must be >= 1"):
+        clipped_surrogate_loss(logp, old, adv, mask, behavior_logp=behavior, is_cap=0.5)
+    with pytest.raises(SpecRLError, match="behavior_logp .* must have the shape of logp"):
+        clipped_surrogate_loss(logp, old, adv, mask, behavior_logp=behavior[:, :4])

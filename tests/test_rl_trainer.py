@@ -16,7 +16,7 @@ from specrl.rl import learner as learner_mod
 from specrl.rl import trainer as trainer_mod
 from specrl.rl.config import validate_config
 from specrl.rl.metrics import STAGES, STEP_FIELDS, read_metrics
-from specrl.rl.testing import make_tiny_checkpoint
+from tests.tiny import make_tiny_checkpoint
 from specrl.rl.learner import Learner, NonFiniteError
 from specrl.rl.run import train_main
 from specrl.rl.trainer import GRPOTrainer
@@ -490,3 +490,16 @@ def test_a_few_drafts_do_not_count_as_drafter_health(tiny, monkeypatch):
     recs = [t.step() for _ in range(2)]
     assert [r["draft_refreshed"] for r in recs] == [False, False]
     assert [r["acceptance_length_reference"] for r in recs] == [None, None]
+
+
+def test_importance_sampling_correction_in_a_sync_step(tiny):
+    """On-policy fp32 rollouts: weights ~1. With top-p < 1 the behaviour distribution (truncated, renormalised)
+    gives each sampled token at least the mass pi_old gives it, so every weight pi_old / mu is <= 1."""
+    off = GRPOTrainer.from_config(validate_config(cfg_dict(tiny))).step()
+    assert off["is_ratio_mean"] is None and off["is_clipped_fraction"] is None
+    rec = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, grpo__importance_sampling_correction=True))).step()
+    assert rec["is_ratio_mean"] == pytest.approx(1.0, abs=1e-4) and rec["is_clipped_fraction"] == 0.0
+    assert rec["loss"] == pytest.approx(off["loss"], abs=1e-4)
+    topp = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, grpo__importance_sampling_correction=True,
+                                                            generation__top_p=0.9))).step()
+    assert topp["is_ratio_mean"] < 0.999 and topp["is_ratio_max"] <= 1.0 + 1e-5
