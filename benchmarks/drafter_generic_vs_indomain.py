@@ -71,31 +71,30 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specrl import load_model
-    from specrl.drafters.init_cli import draft_init_main
+    from specrl.drafters.build import build_drafter
     from specrl.drafters.io import load_drafter
     from specrl.drafters.training import heldout_acceptance
     from specrl.model.tokenizer import stop_token_ids
-    from specrl.rl.tasks import PromptFormatter, make_task
+    from specrl.rl.default_drafter import task_prompts
 
     out = Path(a.out)
     dirs = {}
     t0 = time.perf_counter()
-    dirs["generic"] = draft_init_main("smollm2-135m", "eagle", task=generic_prompts(), samples=a.samples,
-                                      epochs=a.epochs, out=out / "generic", max_new_tokens=64)
+    dirs["generic"] = build_drafter("smollm2-135m", "eagle", prompts=generic_prompts(), samples=a.samples,
+                                    epochs=a.epochs, out=out / "generic", max_new_tokens=64)
     print(f"generic drafter trained in {time.perf_counter() - t0:.0f} s", flush=True)
     if a.indomain:
         dirs["in-domain"] = Path(a.indomain)
     else:
         t0 = time.perf_counter()
-        dirs["in-domain"] = draft_init_main("smollm2-135m", "eagle", task="chain_sum", samples=a.samples,
-                                            epochs=a.epochs, out=out / "indomain", max_new_tokens=64)
+        dirs["in-domain"] = build_drafter("smollm2-135m", "eagle", prompts=task_prompts("chain_sum", a.samples),
+                                          samples=a.samples, epochs=a.epochs, out=out / "indomain", max_new_tokens=64,
+                                          source="chain_sum")
         print(f"in-domain drafter trained in {time.perf_counter() - t0:.0f} s", flush=True)
 
     model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
     stops = stop_token_ids(tok, model.args)
-    _, val = make_task("chain_sum", difficulty="easy", train_size=a.samples, val_size=a.heldout, seed=0)
-    fmt = PromptFormatter(tok)
-    held = [fmt.encode(p.question) for p in val.problems]
+    _, held = task_prompts("chain_sum", a.samples, heldout=a.heldout)(tok)
     rows = []
     print(f"{'drafter':>10} {'train tokens':>12} {'AL k=3':>7} {'speedup B=1':>11} {'AL':>5} {'speedup B=4':>11} "
           f"{'AL':>5}")

@@ -49,10 +49,10 @@ CALIBRATION_POINTS = {("none", 0, 1), ("none", 0, 16), ("ngram", 2, 1)}
 
 def make_runner(model, tok, drafter_kind: str, k: int, batch: int, tokens: int):
     from specrl import RolloutEngine, SamplingParams
-    from specrl.drafters import make_drafter
+    from specrl.rl.default_drafter import resolve_drafter
 
     prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
-    drafter = make_drafter(drafter_kind if drafter_kind != "none" else None, model)
+    drafter = resolve_drafter(drafter_kind if drafter_kind != "none" else None, model)
     engine = RolloutEngine(model, max_batch_size=batch, max_seq_len=256, drafter=drafter,
                            num_draft_tokens=k if drafter else 3)
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens, seed=0)

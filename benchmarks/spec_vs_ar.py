@@ -45,8 +45,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specrl import RolloutEngine, SamplingParams, load_model
-    from specrl.drafters import make_drafter
     from specrl.model.tokenizer import stop_token_ids
+    from specrl.rl.default_drafter import resolve_drafter
 
     model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
     stops = stop_token_ids(tok, model.args)
@@ -72,7 +72,7 @@ def main() -> None:
             ar = RolloutEngine(model, max_batch_size=b, max_seq_len=512)
             ar.generate(ids, SamplingParams(max_new_tokens=4))  # warm up
             for k in ks:
-                drafter = make_drafter(spec, model)
+                drafter = resolve_drafter(spec, model)
                 eng = RolloutEngine(model, max_batch_size=b, max_seq_len=512, drafter=drafter, num_draft_tokens=k,
                                     verify=a.verify)
                 ar_tps, sd_tps, al, c_list, kmean, v_list, dec = [], [], [], [], [], [], []

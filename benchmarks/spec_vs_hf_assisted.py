@@ -29,15 +29,15 @@ from common import prompt_ids, timed
 
 
 def layer_skip_draft(n_layers: int):
+    from specrl.drafters.build import save_draft_model
     from specrl.drafters.draft_model import slice_layers
-    from specrl.drafters.init_cli import _save_draft_model
     from specrl.model.checkpoint import load_checkpoint
     from specrl.model.presets import cache_root, prepare
 
     out = cache_root() / "models" / f"smollm2-135m-first{n_layers}"
     if not (out / "tokenizer.json").exists():
         full = load_checkpoint(prepare("smollm2-135m"), dtype=torch.float32)
-        _save_draft_model(slice_layers(full, range(n_layers)), "smollm2-135m", out)
+        save_draft_model(slice_layers(full, range(n_layers)), "smollm2-135m", out)
     return out
 
 

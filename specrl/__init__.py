@@ -10,7 +10,7 @@ __all__ = ["load_model", "RolloutEngine", "RolloutOutput", "RolloutRequest", "Ge
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_model": "specrl.model.checkpoint",
+    "load_model": "specrl.model.loader",
     "RolloutEngine": "specrl.rollout.engine",
     "RolloutOutput": "specrl.rollout.api",
     "RolloutRequest": "specrl.rollout.api",

@@ -63,7 +63,7 @@ def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import int
         path = presets.prepare(model)
         typer.echo(f"[specrl] model {model} ready at {path}")
         if drafter != "none":
-            from specrl.drafters import ensure_default_drafter
+            from specrl.rl.default_drafter import ensure_default_drafter
 
             typer.echo(f"[specrl] default {drafter} drafter ready at {ensure_default_drafter(drafter)}")
     except SpecRLError as e:
@@ -102,8 +102,10 @@ def run(config: str = typer.Option("examples/default.yaml", help="Training confi
 
 
 def _demo() -> None:
-    from specrl import RolloutEngine, SamplingParams, load_model
+    from specrl.model.loader import load_model
     from specrl.model.tokenizer import encode_chat, stop_token_ids
+    from specrl.rollout.engine import RolloutEngine
+    from specrl.rollout.sampling import SamplingParams
 
     model, tok = load_model("smollm2-135m")
     prompts = [encode_chat(tok, p) for p in DEMO_PROMPTS]
@@ -162,10 +164,12 @@ def generate(
     """Generate continuations for a JSONL of prompts (autoregressive or speculative)."""
     from tqdm import tqdm
 
-    from specrl import RolloutEngine, SamplingParams, load_model
-    from specrl.drafters import make_drafter
     from specrl.model.checkpoint import parse_dtype
+    from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
+    from specrl.rl.default_drafter import resolve_drafter
+    from specrl.rollout.engine import RolloutEngine
+    from specrl.rollout.sampling import SamplingParams
 
     try:
         if num_samples < 1:
@@ -175,7 +179,7 @@ def generate(
         sp = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                             seed=seed, stop_token_ids=stop_token_ids(tok, target.args))
         engine = RolloutEngine(target, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                               drafter=make_drafter(drafter, target), num_draft_tokens=_parse_k(k), verify=verify)
+                               drafter=resolve_drafter(drafter, target), num_draft_tokens=_parse_k(k), verify=verify)
         flat = [p for p in ids for _ in range(num_samples)]
         with tqdm(total=len(flat), desc="generate", unit="seq", file=sys.stderr) as bar:
             outs = engine.generate(flat, sp, progress=bar)
@@ -226,13 +230,15 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
                                                     "most frequent response tokens (the full vocabulary if larger)")):
     """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
     try:
-        from specrl.drafters.init_cli import draft_init_main
+        from specrl.drafters.build import build_drafter
+        from specrl.rl.default_drafter import task_prompts
     except ImportError as e:
         _fail(SpecRLError(f"drafter training is not available: {e}"))
     try:
-        path = draft_init_main(model, drafter, task, samples, epochs, out or Path("drafters") / f"{drafter}-{task}",
-                               str(data) if data else None, max_new_tokens=max_new_tokens, draft_layers=draft_layers,
-                               draft_vocab_size=draft_vocab_size)
+        path = build_drafter(model, drafter, prompts=task_prompts(task, samples), samples=samples, epochs=epochs,
+                             out=out or Path("drafters") / f"{drafter}-{task}", data_jsonl=str(data) if data else None,
+                             max_new_tokens=max_new_tokens, draft_layers=draft_layers,
+                             draft_vocab_size=draft_vocab_size, source=task)
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] drafter saved to {path}")

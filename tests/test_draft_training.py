@@ -91,8 +91,8 @@ def test_draft_model_distillation_lowers_loss_and_accepts_more(target, data, tmp
     """A slice of the target's layers, distilled on its rollouts, matches it better; target and the
     (frozen, tied) embeddings are untouched; the saved checkpoint reloads as the same draft model."""
     from specrl.drafters import make_drafter
+    from specrl.drafters.build import save_draft_model
     from specrl.drafters.draft_model import DraftModelDrafter, slice_layers
-    from specrl.drafters.init_cli import _save_draft_model
     from specrl.model.checkpoint import save_checkpoint
 
     prompts, seqs = data
@@ -114,7 +114,7 @@ def test_draft_model_distillation_lowers_loss_and_accepts_more(target, data, tmp
     for n, p in target.named_parameters():
         assert torch.equal(p, before[n]) and p.grad is None
     tdir = save_checkpoint(target, tmp_path / "target")
-    _save_draft_model(draft, tdir, tmp_path / "draft")
+    save_draft_model(draft, tdir, tmp_path / "draft")
     again = make_drafter(f"draft-model:{tmp_path / 'draft'}", target, dtype=torch.float32)
     assert isinstance(again, DraftModelDrafter)
     for (n, p), (_, q) in zip(draft.state_dict().items(), again.model.state_dict().items(), strict=True):
@@ -141,13 +141,13 @@ def test_draft_model_with_other_vocab_is_refused(target, data):
 
 
 def test_draft_init_rejects_bad_layer_count(target, tmp_path):
-    from specrl.drafters.init_cli import draft_init_main
+    from specrl.drafters.build import build_drafter
     from specrl.model.checkpoint import save_checkpoint
 
     tdir = save_checkpoint(target, tmp_path / "target")
     for bad in (0, 4, "3"):
         with pytest.raises(SpecRLError, match=r"draft_layers must be an integer in \[1, 3\]"):
-            draft_init_main(str(tdir), "draft-model", out=tmp_path / "d", draft_layers=bad, progress=False)
+            build_drafter(str(tdir), "draft-model", out=tmp_path / "d", draft_layers=bad, progress=False)
 
 
 def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
@@ -167,3 +167,21 @@ def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
         (d / DRAFT_VOCAB_FILE).write_text(bad)
         with pytest.raises(SpecRLError, match=msg):
             make_drafter(f"draft-model:{d}", target, dtype=torch.float32)
+
+
+def test_build_takes_prompts_as_token_ids_strings_or_a_callable():
+    """`build_drafter`'s prompt forms: token-id lists and strings are split into train / held-out the same way;
+    a callable tokenizer -> (train, held-out) decides the split itself (how task prompts arrive from rl)."""
+    from specrl.drafters.build import split_prompts
+
+    ids = [[i, i + 1] for i in range(30)]
+    train, held = split_prompts(ids, None, samples=5, heldout=32)
+    assert held == ids[:3] and train == ids[3:8]  # at most a tenth held out, then up to `samples` train
+    tok = lambda text, add_special_tokens=False: {"input_ids": [len(text)]}  # noqa: E731 - no chat template
+    assert split_prompts(["ab", "abc", "abcd"], tok, samples=9) == ([[3], [4]], [[2]])
+    assert split_prompts(lambda t: ([[1], [2], [3]], [[4]]), None, samples=2) == ([[1], [2]], [[4]])
+    for bad, msg in (("chain_sum", "task_prompts"), ([[1, 2]], "at least 2"),
+                     (lambda t: [[1]], r"must return \(train_prompt_ids, heldout_prompt_ids\)"),
+                     (lambda t: ([[1]], []), "no train or no held-out prompts")):
+        with pytest.raises(SpecRLError, match=msg):
+            split_prompts(bad, None, samples=4)

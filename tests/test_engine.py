@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from specrl import RolloutEngine, SamplingParams
-from specrl.rollout.api import RolloutRequest
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
+from specrl.rollout.api import RolloutRequest
 
 
 @pytest.fixture(scope="module")

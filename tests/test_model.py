@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import load_checkpoint, load_model, save_checkpoint
+from specrl.model.checkpoint import load_checkpoint, save_checkpoint
+from specrl.model.loader import load_model
 from specrl.model.transformer import tiny_model
 from tests.conftest import specrl_twin, tiny_hf
 

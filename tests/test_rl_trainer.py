@@ -15,11 +15,11 @@ from specrl.errors import SpecRLError
 from specrl.rl import learner as learner_mod
 from specrl.rl import trainer as trainer_mod
 from specrl.rl.config import validate_config
-from specrl.rl.metrics import STAGES, STEP_FIELDS, read_metrics
-from tests.tiny import make_tiny_checkpoint
 from specrl.rl.learner import Learner, NonFiniteError
+from specrl.rl.metrics import STAGES, STEP_FIELDS, read_metrics
 from specrl.rl.run import train_main
 from specrl.rl.trainer import GRPOTrainer
+from tests.tiny import make_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 

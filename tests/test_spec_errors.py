@@ -56,41 +56,63 @@ def test_embedded_model_shape_is_recognised():
 
 
 def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
-    import specrl.drafters as drafters
-    import specrl.drafters.init_cli as init_cli
+    import specrl.drafters.build as build
+    import specrl.rl.default_drafter as dd
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     calls = []
 
-    def fake_init(model, kind, task, samples, epochs, out, max_new_tokens, progress):
-        calls.append((model, kind, task, samples, epochs))
+    def fake_build(model, kind, prompts, samples, epochs, out, max_new_tokens, progress, source):
+        calls.append((model, kind, source, samples, epochs))
+        assert callable(prompts)  # the task's prompts, rendered once the builder has the tokenizer
         assert ".building-" in str(out)  # written beside the final directory, renamed when complete
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
         return out
 
-    monkeypatch.setattr(init_cli, "draft_init_main", fake_init)
-    path = drafters.ensure_default_drafter("eagle", progress=False)
-    assert path == drafters.default_drafter_dir("eagle") and (path / "config.json").exists()
-    assert calls == [("smollm2-135m", "eagle", "chain_sum", drafters.DEFAULT_BUILD["samples"],
-                      drafters.DEFAULT_BUILD["epochs"])]
-    assert drafters.ensure_default_drafter("eagle", progress=False) == path and len(calls) == 1  # cached
+    monkeypatch.setattr(build, "build_drafter", fake_build)
+    path = dd.ensure_default_drafter("eagle", progress=False)
+    assert path == dd.default_drafter_dir("eagle") and (path / "config.json").exists()
+    assert calls == [("smollm2-135m", "eagle", "chain_sum", dd.DEFAULT_BUILD["samples"],
+                      dd.DEFAULT_BUILD["epochs"])]
+    assert dd.ensure_default_drafter("eagle", progress=False) == path and len(calls) == 1  # cached
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary directory left behind
     with pytest.raises(SpecRLError, match="no default 'ngram' drafter"):
-        drafters.ensure_default_drafter("ngram")
+        dd.ensure_default_drafter("ngram")
 
 
 def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):
-    import specrl.drafters as drafters
-    import specrl.drafters.init_cli as init_cli
+    import specrl.drafters.build as build
+    import specrl.rl.default_drafter as dd
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
 
-    def failing_init(model, kind, task, samples, epochs, out, max_new_tokens, progress):
+    def failing_build(model, kind, prompts, samples, epochs, out, max_new_tokens, progress, source):
         out.mkdir(parents=True)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(init_cli, "draft_init_main", failing_init)
+    monkeypatch.setattr(build, "build_drafter", failing_build)
     with pytest.raises(KeyboardInterrupt):
-        drafters.ensure_default_drafter("eagle", progress=False)
-    assert not drafters.default_drafter_dir("eagle").exists()
+        dd.ensure_default_drafter("eagle", progress=False)
+    assert not dd.default_drafter_dir("eagle").exists()
+
+
+def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from specrl.model.transformer import ModelArgs
+
+    monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
+    embedded = SimpleNamespace(args=ModelArgs(vocab_size=49152))
+    with pytest.raises(SpecRLError, match=r"not built yet.*specrl prepare --drafter eagle"):
+        make_drafter("eagle:default", embedded)
+    assert not (tmp_path / "drafters").exists()
+    built = []
+
+    def build_default(kind):
+        built.append(kind)
+        raise SpecRLError("stop here")  # a real builder returns the directory; loading it is tested elsewhere
+
+    with pytest.raises(SpecRLError, match="stop here"):
+        make_drafter("mtp:default", embedded, build_default=build_default)
+    assert built == ["mtp"]

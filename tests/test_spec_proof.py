@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specrl import RolloutEngine, SamplingParams
-from specrl.rollout.api import RolloutRequest
 from specrl.drafters import DraftModelDrafter, NGramDrafter, SuffixDrafter
 from specrl.model.transformer import tiny_model
+from specrl.rollout.api import RolloutRequest
 from tests.stats import SETTINGS, V, speculative_pvalue
 
 

@@ -48,6 +48,7 @@ def slice_layers(target, layers: list[int] | tuple[int, ...]):
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
+SPEC_STEP_TAIL = 2  # tokens a speculative step leaves outside the drafter's cache at most (more: a plain-step backlog)
 
 
 class DraftModelDrafter(Drafter):
@@ -111,7 +112,7 @@ class DraftModelDrafter(Drafter):
         rows = [toks[self.cached[b]:] for b, toks in enumerate(batch.tokens)]
         starts = self.cached[:n]
         self.catch_up_seconds = 0.0
-        if max(len(r) for r in rows) > 2:  # a backlog from plain steps (a speculative step leaves at most 2 tokens)
+        if max(len(r) for r in rows) > SPEC_STEP_TAIL:  # a backlog from plain (k=0) steps
             t0 = time.perf_counter()
             back = [r[:-1] for r in rows]
             self._run(back, starts)

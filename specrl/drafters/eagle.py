@@ -20,81 +20,34 @@ the engine drafted with a from-scratch recomputation.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specrl.drafters.base import BindContext, DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
+from specrl.drafters.base import (
+    BindContext,
+    DraftBatch,
+    Drafter,
+    Proposal,
+    Rope,
+    cached_block,
+    cached_kv,
+    check_draft_vocab,
+    check_target,
+    compact_slots,
+    draft_layer_args,
+    full_vocab_logits,
+    is_full_vocab,
+    target_to_draft,
+)
 from specrl.errors import SpecRLError
-from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm, _rope_inv_freq, _rotate
+from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm
 
-
-# ---------------------------------------------------------------------------------------------- shared bits
-def draft_layer_args(target: ModelArgs, num_layers: int, intermediate_size: int | None = None) -> ModelArgs:
-    """Architecture of drafter decoder layers: the target's attention shape, plain Llama blocks."""
-    return ModelArgs(arch="llama", vocab_size=target.vocab_size, hidden_size=target.hidden_size,
-                     intermediate_size=intermediate_size or target.intermediate_size, num_layers=num_layers,
-                     num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
-                     rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
-                     rope_scaling=target.rope_scaling, tie_word_embeddings=False, attention_bias=False,
-                     qk_norm=False, max_position_embeddings=target.max_position_embeddings)
-
-
-class Rope(nn.Module):
-    """Rotary cos/sin; inv_freq stays float32 whatever dtype the drafter is cast to (not a buffer)."""
-
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.inv_freq = _rope_inv_freq(args)
-
-    def forward(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        freqs = pos[..., None].float() * self.inv_freq.to(pos.device)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [b, 1, t, d]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def cached_block(block: Block, rope: Rope, x: Tensor, pos: Tensor, cache: KVCache, layer: int) -> Tensor:
-    """One block over x [n,T,H] at positions pos [n,T], writing/reading cache slots 0..n-1 (a view)."""
-    cos, sin = rope(pos, x.dtype)
-    kv_len = int(pos.max()) + 1
-    keys = torch.arange(kv_len, device=x.device)
-    mask = keys[None, None, None, :] <= pos[:, None, :, None]
-    return block(x, cos, sin, mask, layer, cache, pos, kv_len)
-
-
-def cached_kv(block: Block, rope: Rope, x: Tensor, pos: Tensor, cache: KVCache, layer: int) -> None:
-    """Write only the keys/values `cached_block` would write for x at pos: no attention, no MLP.
-
-    In a one-layer drafter an entry's K/V depend on its own input alone, so entries whose output is not needed
-    (the prompt, and all but the last entry of a catch-up) only have to land in the cache.
-    """
-    attn = block.self_attn
-    a = attn.args
-    b, t, _ = x.shape
-    h = block.input_layernorm(x)
-    cos, sin = rope(pos, x.dtype)
-    k = attn.k_proj(h).view(b, t, a.num_kv_heads, a.head_dim)
-    v = attn.v_proj(h).view(b, t, a.num_kv_heads, a.head_dim)
-    if a.qk_norm:
-        k = attn.k_norm(k)
-    k = _rotate(k.transpose(1, 2), cos, sin)
-    rows = torch.arange(b, device=x.device)[:, None]
-    kc, vc = cache.k[layer], cache.v[layer]
-    kc[rows, :, pos] = k.transpose(1, 2).to(kc.dtype)
-    vc[rows, :, pos] = v.to(vc.dtype)
-
-
-def check_target(kind: str, cfg: dict, target_args: ModelArgs) -> None:
-    """Raise a SpecRLError when a drafter config was made for a different target."""
-    for key, name in (("hidden_size", "hidden size"), ("vocab_size", "vocabulary size"),
-                      ("num_heads", "number of attention heads"), ("num_kv_heads", "number of KV heads"),
-                      ("head_dim", "head dim")):
-        if key in cfg and int(cfg[key]) != int(getattr(target_args, key)):
-            raise SpecRLError(f"this {kind} drafter was made for a target with {name} {cfg[key]}, but the "
-                              f"target has {name} {getattr(target_args, key)}; train a drafter for this target "
-                              "(`specrl draft init`)")
+NUM_FUSED_LAYERS = 3  # EAGLE-3 fuses a low, a middle and a high target layer
+PENDING_EXTRA = 2  # pending-queue entries per slot beyond k_max (a verification queues up to k_max + 1)
+CACHE_EXTRA = 2  # drafter cache positions beyond the engine's cache_len + k_max (drafts run ahead of it)
 
 
 def default_layers(num_layers: int) -> tuple[int, int, int]:
+    """The fused target layers by default: the second, the one before the middle, and the fourth from last."""
     return (1, num_layers // 2 - 1, num_layers - 4)
 
 
@@ -108,8 +61,9 @@ class EagleDrafter(nn.Module, Drafter):
         a: ModelArgs = target.args
         n_layers = a.num_layers
         layers = default_layers(n_layers) if layers is None else tuple(int(i) for i in layers)
-        if len(layers) != 3:
-            raise SpecRLError(f"EAGLE-3 fuses exactly 3 target layers (low, mid, high), got {list(layers)}")
+        if len(layers) != NUM_FUSED_LAYERS:
+            raise SpecRLError(f"EAGLE-3 fuses exactly {NUM_FUSED_LAYERS} target layers (low, mid, high), got "
+                              f"{list(layers)}")
         for i in layers:
             if not 0 <= i < n_layers:
                 raise SpecRLError(f"EAGLE layer index {i} is out of range for a target with {n_layers} layers "
@@ -124,13 +78,13 @@ class EagleDrafter(nn.Module, Drafter):
             self.full_vocab = True
         else:
             d2t = check_draft_vocab(draft_vocab, v)
-            self.full_vocab = d2t.numel() == v and bool((d2t == torch.arange(v)).all())
+            self.full_vocab = is_full_vocab(d2t, v)
         self.register_buffer("d2t", d2t)
         self.args = draft_layer_args(a, 1, intermediate_size)
         # per-layer RMSNorm before fusing: target residual streams carry huge outlier activations (SmolLM2:
         # |h| up to ~2.5e4 at attention-sink positions), which make a raw fc hard to train
-        self.layer_norms = nn.ModuleList(RMSNorm(h, a.rms_norm_eps) for _ in range(3))
-        self.fc = nn.Linear(3 * h, h, bias=False)
+        self.layer_norms = nn.ModuleList(RMSNorm(h, a.rms_norm_eps) for _ in range(NUM_FUSED_LAYERS))
+        self.fc = nn.Linear(NUM_FUSED_LAYERS * h, h, bias=False)
         self.embed_norm = RMSNorm(h, a.rms_norm_eps)
         self.feature_norm = RMSNorm(h, a.rms_norm_eps)
         self.proj = nn.Linear(2 * h, h, bias=False)
@@ -174,7 +128,7 @@ class EagleDrafter(nn.Module, Drafter):
 
     def fuse_concat(self, hidden3: Tensor) -> Tensor:
         """g from the three captured layers already concatenated [..., 3H] (what training stores)."""
-        parts = hidden3.float().chunk(3, dim=-1)
+        parts = hidden3.float().chunk(NUM_FUSED_LAYERS, dim=-1)
         normed = [norm(p).to(self.dtype) for norm, p in zip(self.layer_norms, parts, strict=True)]
         return self.fc(torch.cat(normed, dim=-1))
 
@@ -192,6 +146,10 @@ class EagleDrafter(nn.Module, Drafter):
     def full_logits(self, hidden: Tensor) -> Tensor:
         return self.to_full_vocab(self.head(hidden))
 
+    def target_to_draft(self) -> Tensor | None:
+        """Each target id's draft-vocabulary index (-1 outside it); None when drafting over the full vocabulary."""
+        return None if self.full_vocab else target_to_draft(self.d2t, self.target_args.vocab_size)
+
     def forward_train(self, fused: Tensor, tokens: Tensor, steps: int = 1) -> list[Tensor]:
         """Training forward with `steps` of training-time test: reduced logits [B,T,Vd] per step.
 
@@ -206,8 +164,7 @@ class EagleDrafter(nn.Module, Drafter):
         pos = torch.arange(t, device=tokens.device).expand(b, t)
         cos, sin = self.rope(pos, self.dtype)
         idx = torch.arange(t, device=tokens.device)
-        ks: list[Tensor] = []
-        vs: list[Tensor] = []
+        prefix: tuple[list[Tensor], list[Tensor]] = ([], [])  # keys/values of the earlier steps (the block appends)
         outs = []
         feature = fused
         for s in range(1, steps + 1):
@@ -215,9 +172,7 @@ class EagleDrafter(nn.Module, Drafter):
             blocks = [idx[None, :] <= idx[:, None] - (s - 1)]  # step-1 keys
             blocks += [idx[None, :] == idx[:, None] - (s - j) for j in range(2, s + 1)]
             mask = torch.cat(blocks, dim=1)  # [T, s*T]
-            o, k, v = _block_multi(self.block, x, cos, sin, ks, vs, mask)
-            ks.append(k)
-            vs.append(v)
+            o = self.block(x, cos, sin, mask, 0, None, None, t, prefix)
             outs.append(self.head(o))
             feature = torch.cat([o.new_zeros(b, 1, o.shape[-1]), o[:, :-1]], dim=1)
         return outs
@@ -232,9 +187,8 @@ class EagleDrafter(nn.Module, Drafter):
                               f"{ta.num_layers} layers")
         self.attach(ctx.target)
         slots = ctx.max_batch_size
-        cap = ctx.k_max + 2
-        self.cache = KVCache(self.args, slots, ctx.cache_len + ctx.k_max + 2, self.dtype,
-                             self.device)
+        cap = ctx.k_max + PENDING_EXTRA
+        self.cache = KVCache(self.args, slots, ctx.cache_len + ctx.k_max + CACHE_EXTRA, self.dtype, self.device)
         h = self.target_args.hidden_size
         self.pend = torch.zeros(slots, cap, h, dtype=self.dtype, device=self.device)
         self.pend_cnt = torch.zeros(slots, dtype=torch.long)
@@ -318,32 +272,6 @@ class EagleDrafter(nn.Module, Drafter):
         self.pend_cnt[:n] = num_emitted
 
     def compact(self, order: list[int]) -> None:
-        self.compact_from(order, 0)
-
-    def compact_from(self, order: list[int], dst: int) -> None:
-        """Slots order[i] move to slots dst + i (one gather per tensor)."""
         src = torch.tensor(order)
-        sl = slice(dst, dst + len(order))
-        length = int((self.pend_start[src] + 1).max())
-        for kv in (self.cache.k[0], self.cache.v[0]):
-            kv[sl, :, :length] = kv[src.to(kv.device), :, :length]
-        self.pend[sl] = self.pend[src.to(self.pend.device)]
-        self.pend_cnt[sl] = self.pend_cnt[src]
-        self.pend_start[sl] = self.pend_start[src]
-
-
-def _block_multi(block: Block, x: Tensor, cos: Tensor, sin: Tensor, ks: list[Tensor], vs: list[Tensor],
-                 mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A Block forward whose attention also sees earlier steps' keys/values (training-time test)."""
-    attn = block.self_attn
-    a = attn.args
-    b, t, _ = x.shape
-    h = block.input_layernorm(x)
-    q = _rotate(attn.q_proj(h).view(b, t, a.num_heads, a.head_dim).transpose(1, 2), cos, sin)
-    k = _rotate(attn.k_proj(h).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2), cos, sin)
-    v = attn.v_proj(h).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
-    kk = torch.cat([*ks, k], dim=2)
-    vv = torch.cat([*vs, v], dim=2)
-    out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
-    x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim))
-    return x + block.mlp(block.post_attention_layernorm(x)), k, v
+        compact_slots(order, self.cache, int((self.pend_start[src] + 1).max()),
+                      (self.pend, self.pend_cnt, self.pend_start))

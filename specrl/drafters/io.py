@@ -15,9 +15,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from specrl.drafters.base import is_full_vocab
 from specrl.drafters.eagle import EagleDrafter
 from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
+from specrl.model.checkpoint import copy_state
 
 FORMAT = "specrl-drafter"
 FORMAT_VERSION = 1
@@ -103,38 +105,16 @@ def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = No
                                   f"{d2t.numel()} entries")
             if d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= ta.vocab_size):
                 raise SpecRLError(f"{p}: d2t has token ids outside this target's vocabulary [0, {ta.vocab_size})")
-            full = d2t.numel() == ta.vocab_size and bool((d2t == torch.arange(ta.vocab_size)).all())
-            drafter = EagleDrafter(target, layers=layers, draft_vocab=None if full else d2t,
+            vocab = None if is_full_vocab(d2t, ta.vocab_size) else d2t
+            drafter = EagleDrafter(target, layers=layers, draft_vocab=vocab,
                                    intermediate_size=int(cfg["intermediate_size"]))
         else:
             drafter = MTPDrafter(target, num_modules=int(cfg["num_modules"]),
                                  intermediate_size=int(cfg["intermediate_size"]))
     except KeyError as e:
         raise SpecRLError(f"{p}/config.json lacks the field {e.args[0]!r}") from None
-    _load_state(drafter, state, p)
+    copy_state(drafter, state, str(state_path), expected_by="config.json")
     dtype = cfg.get("dtype")
     if dtype:
         drafter.to(getattr(torch, dtype))
     return drafter.eval()
-
-
-def _load_state(drafter, state: dict, where: Path) -> None:
-    expected = drafter.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise SpecRLError(f"{where}/model.safetensors does not match its config.json: missing tensors "
-                          f"{missing[:5]}, unexpected tensors {unexpected[:5]}")
-    for name, t in expected.items():
-        if tuple(state[name].shape) != tuple(t.shape):
-            raise SpecRLError(f"{where}/model.safetensors: tensor {name!r} has shape {tuple(state[name].shape)}, "
-                              f"but config.json implies {tuple(t.shape)}")
-    drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
-
-
-def parse_drafter_spec(spec: str) -> tuple[str, str]:
-    """'eagle:/path' -> ('eagle', '/path'); a bare path -> (kind from its config, path)."""
-    head, sep, rest = spec.partition(":")
-    if sep and head in KINDS:
-        return head, rest
-    return read_config(spec)["kind"], spec

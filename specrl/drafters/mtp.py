@@ -10,8 +10,8 @@ once x_{t+j} is a verified token (t <= n-1-j); its frontier f_j = n - j marks th
 Every call (propose, or the catch-up after an autoregressive step) runs module j over [f_j, end] in one
 forward: end = n-2 when drafting (entries past the frontier use drafted tokens and are recomputed next time),
 n-1-j otherwise. Module j needs h^{j-1} at f_j = f_{j-1} - 1, which is why the output at each module's last
-final entry is kept (`last_out`). The target hidden states of a verification stay *pending* until the next
-call, because the engine hands the drafter the emitted tokens only through the next `DraftBatch`.
+final entry is kept (`last_out`). The target hidden states of a verification stay *pending* (from position
+f_1 on) until the next call, because the engine hands the drafter the emitted tokens only through the next `DraftBatch`.
 `forward_train` is the same computation over whole sequences (what training and the exactness tests use).
 """
 
@@ -20,10 +20,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from specrl.drafters.base import BindContext, DraftBatch, Drafter, Proposal
-from specrl.drafters.eagle import Rope, cached_block, check_target, draft_layer_args
+from specrl.drafters.base import (
+    BindContext,
+    DraftBatch,
+    Drafter,
+    Proposal,
+    Rope,
+    cached_block,
+    check_target,
+    compact_slots,
+    draft_layer_args,
+)
 from specrl.errors import SpecRLError
 from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm
+
+PENDING_EXTRA = 2  # pending-queue entries per slot beyond k_max (a verification leaves up to k_max + 1)
+CACHE_EXTRA = 4  # cache positions per slot beyond the engine's cache_len + k_max + num_modules
 
 
 class MTPModule(nn.Module):
@@ -111,11 +123,9 @@ class MTPDrafter(nn.Module, Drafter):
                              "vocab_size": self.target_args.vocab_size}, ctx.target.args)
         self.attach(ctx.target)
         slots, d, h = ctx.max_batch_size, self.num_modules, self.target_args.hidden_size
-        self.cache = KVCache(self.args, slots, ctx.cache_len + ctx.k_max + d + 4, self.dtype,
-                             self.device)
-        self.pend = torch.zeros(slots, ctx.k_max + 2, h, dtype=self.dtype, device=self.device)
-        self.pend_cnt = torch.zeros(slots, dtype=torch.long)
-        self.pend_start = torch.zeros(slots, dtype=torch.long)  # = f_1
+        self.cache = KVCache(self.args, slots, ctx.cache_len + ctx.k_max + d + CACHE_EXTRA, self.dtype, self.device)
+        self.pend = torch.zeros(slots, ctx.k_max + PENDING_EXTRA, h, dtype=self.dtype, device=self.device)
+        self.pend_cnt = torch.zeros(slots, dtype=torch.long)  # pending states start at front[:, 0] (= f_1)
         self.front = torch.zeros(slots, d, dtype=torch.long)  # f_j (may be <= 0 early on)
         self.last_out = torch.zeros(slots, d, h, dtype=self.dtype, device=self.device)
 
@@ -123,7 +133,7 @@ class MTPDrafter(nn.Module, Drafter):
                  k: int) -> Proposal | None:
         """Bring every module of slots slot0.. up to sequence lengths `lengths`; draft k tokens if batch given.
 
-        h0 [n, T0, H] holds the target hidden states at positions f_1.. (f_1 = the pending start).
+        h0 [n, T0, H] holds the target hidden states at positions f_1.. (the pending ones).
         """
         n = len(tokens)
         sl = slice(slot0, slot0 + n)
@@ -168,7 +178,6 @@ class MTPDrafter(nn.Module, Drafter):
                 draft_qs.append(q)
                 win = torch.cat([win, tok[:, None].cpu()], dim=1)
         self.front[sl] = lengths[:, None] - torch.arange(1, self.num_modules + 1)[None, :]
-        self.pend_start[sl] = lengths - 1
         self.pend_cnt[sl] = 0
         if batch is None:
             return None
@@ -180,7 +189,6 @@ class MTPDrafter(nn.Module, Drafter):
         m = len(batch_tokens)
         sl = slice(slot_start, slot_start + m)
         self.front[sl] = 1 - torch.arange(1, self.num_modules + 1)[None, :]  # nothing computed: f_j = 1-j
-        self.pend_start[sl] = 0
         lengths = torch.tensor([len(t) for t in batch_tokens])
         self._advance(slot_start, batch_tokens, captured["final"].to(self.dtype), lengths, None, 0)
 
@@ -189,7 +197,7 @@ class MTPDrafter(nn.Module, Drafter):
         if k > self.num_modules:
             raise SpecRLError(f"the MTP drafter has {self.num_modules} modules, so it drafts at most "
                               f"{self.num_modules} tokens per step; got k={k} (lower num_draft_tokens/k_max)")
-        if not torch.equal(self.pend_start[:n] + self.pend_cnt[:n], batch.positions - 1):
+        if not torch.equal(self.front[:n, 0] + self.pend_cnt[:n], batch.positions - 1):
             raise RuntimeError("MTPDrafter state is out of step with the engine (missed a hook call)")
         return self._advance(0, batch.tokens, self.pend[:n], batch.positions, batch, k)
 
@@ -203,14 +211,6 @@ class MTPDrafter(nn.Module, Drafter):
         self.pend_cnt[:n] = num_emitted
 
     def compact(self, order: list[int]) -> None:
-        self.compact_from(order, 0)
-
-    def compact_from(self, order: list[int], dst: int) -> None:
-        """Slots order[i] move to slots dst + i (one gather per tensor)."""
         src = torch.tensor(order)
-        sl = slice(dst, dst + len(order))
-        length = min(self.cache.max_seq_len, int(self.pend_start[src].max()) + 1)
-        for kv in (*self.cache.k, *self.cache.v):
-            kv[sl, :, :length] = kv[src.to(kv.device), :, :length]
-        for t in (self.pend, self.pend_cnt, self.pend_start, self.front, self.last_out):
-            t[sl] = t[src.to(t.device)]
+        compact_slots(order, self.cache, int(self.front[src, 0].max()) + 1,
+                      (self.pend, self.pend_cnt, self.front, self.last_out))

@@ -3,10 +3,12 @@
 GRPO draws n samples per prompt and siblings share long stretches, so the best source of a draft is what
 the other samples of this prompt wrote after the same context — in the batch right now and in earlier
 rollouts (finished sequences stay indexed, across `generate` calls). Per group (prompt) the drafter keeps an
-incremental n-gram index: for each n in match_lengths (longest first) it maps the n tokens ending at a
-position to the most recent (sequence, position) where they occurred; only newly generated tokens are
-indexed at each step, so a proposal costs O(k) dictionary look-ups per sequence. It prefers matches in
-siblings, then in the sequence's own prompt and output. Deterministic: q is one-hot, verification stays exact.
+incremental n-gram index: for each n in match_lengths it maps the n tokens ending at a position to the
+RECENT_PER_NGRAM most recent (sequence, position) pairs where they occurred; only newly generated tokens are
+indexed at each step, so a proposal costs O(k) dictionary look-ups per sequence. A proposal takes the longest
+n whose last n tokens occurred anywhere in the group, and there the most recent occurrence with a non-empty
+continuation, whether it lies in a sibling, an earlier rollout or the sequence's own prompt and output (only
+the sequence's own current suffix is skipped). Deterministic: q is one-hot, verification stays exact.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 from specrl.drafters.base import DraftBatch, Drafter, Proposal, pad_proposals
 from specrl.errors import SpecRLError
 
+RECENT_PER_NGRAM = 4  # occurrences remembered per n-gram (the most recent ones)
+
 
 class _GroupIndex:
-    def __init__(self, lengths: tuple[int, ...], per_ngram: int = 4):
+    def __init__(self, lengths: tuple[int, ...], per_ngram: int = RECENT_PER_NGRAM):
         self.lengths = lengths
         self.per_ngram = per_ngram
         self.seqs: dict[int, list[int]] = {}  # internal sequence id -> tokens

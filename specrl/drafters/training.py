@@ -2,13 +2,13 @@
 
 `collect` runs the target once over every training sequence (no grad, the target is never modified) and keeps
 what the drafter learns from: the hidden states it reads (three fused layers for EAGLE, the final-normed
-hidden for MTP) and the target's top-K next-token probabilities (K = 32 by default: the loss is a soft
+hidden for MTP) and the target's top-K next-token probabilities (K = TARGET_TOPK = 32 by default: the loss is a soft
 cross-entropy against this truncated target, which keeps memory bounded for a 49k vocabulary). `train_drafter`
 then trains the drafter with that soft cross-entropy (forward KL up to a constant):
 * EAGLE: entry t = (g_t, x_{t+1}) predicts the target distribution at t+1, over `ttt_steps` unrolled steps of
   training-time test (step s feeds the step s-1 output hidden back, exactly as drafting does; see
-  `EagleDrafter.forward_train`), weighted 0.8^(s-1). With a reduced draft vocabulary the target mass outside
-  the subset simply cannot be matched (the loss only sums over the subset).
+  `EagleDrafter.forward_train`), weighted TTT_STEP_WEIGHT^(s-1) = 0.8^(s-1). With a reduced draft vocabulary
+  the target mass outside the subset simply cannot be matched (the loss only sums over the subset).
 * MTP: module j at t predicts the target distribution at t+j (`MTPDrafter.forward_train`).
 * Draft model (`DraftModelDrafter`, e.g. a slice of the target's layers): position t predicts the target
   distribution at t from the tokens alone (no target features); its embeddings / LM head train only if they
@@ -34,6 +34,16 @@ from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
 
 MIN_SEQUENCE_TOKENS = 3
+MIN_SEQUENCES = 2  # one sequence at least is held out
+TARGET_TOPK = 32  # the target distribution is kept as its top-K tokens (soft cross-entropy target)
+TTT_STEPS = 3  # EAGLE training-time-test steps unrolled per position
+TTT_STEP_WEIGHT = 0.8  # step s of training-time test weighs TTT_STEP_WEIGHT ** (s - 1)
+ADAM_BETAS = (0.9, 0.95)
+GRAD_CLIP_NORM = 1.0
+MAX_WARMUP_STEPS = 50  # linear warm-up over min(MAX_WARMUP_STEPS, total steps // WARMUP_DIVISOR) steps
+WARMUP_DIVISOR = 20
+LR_FLOOR = 0.1  # the cosine schedule decays to this fraction of lr
+LENGTH_JITTER = 8  # tokens of random jitter when batching sequences of similar length
 
 
 @dataclass
@@ -67,8 +77,9 @@ def validate_sequences(sequences, vocab_size: int, prompt_lens=None) -> list[lis
     if not isinstance(sequences, (list, tuple)) or len(sequences) == 0:
         raise SpecRLError("training data is empty: give a list of token id sequences (prompt + response), at "
                           "least 2 (one is held out)")
-    if len(sequences) < 2:
-        raise SpecRLError(f"training data has {len(sequences)} sequence; at least 2 are needed (one is held out)")
+    if len(sequences) < MIN_SEQUENCES:
+        raise SpecRLError(f"training data has {len(sequences)} sequence; at least {MIN_SEQUENCES} are needed (one is "
+                          "held out)")
     out = []
     for i, s in enumerate(sequences):
         s = [int(t) for t in s]
@@ -104,16 +115,12 @@ def select_draft_vocab(sequences: list[list[int]], size: int, always: tuple[int,
 
 
 @torch.no_grad()
-def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, topk: int = 32,
+def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, topk: int = TARGET_TOPK,
             prompt_lens: list[int] | None = None, progress: bool = False) -> list[Example]:
     """One no-grad target forward per batch: the hidden states and top-K next-token distributions."""
     kind = _kind(drafter)
     vocab = target.args.vocab_size
-    if kind == "eagle" and not drafter.full_vocab:
-        t2d = torch.full((vocab,), -1, dtype=torch.long)
-        t2d[drafter.d2t.cpu()] = torch.arange(drafter.d2t.numel())
-    else:
-        t2d = torch.arange(vocab)
+    t2d = drafter.target_to_draft() if kind == "eagle" else None  # None: draft index = target id
     capture = drafter.fuse_layers if kind == "eagle" else ()
     dev = target.embed_tokens.weight.device
     kk = min(topk, vocab)
@@ -139,8 +146,9 @@ def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, to
             hidden[..., :0] if kind == "draft-model" else hidden
         for b, i in enumerate(idx):
             n = len(sequences[i])
+            top_idx = top_i[b, :n].cpu()
             out[i] = Example(tokens=tok[b, :n].clone(), feats=feats[b, :n].cpu().clone(),
-                             top_idx=t2d[top_i[b, :n].cpu()], top_p=top_p[b, :n].cpu().half(),
+                             top_idx=top_idx if t2d is None else t2d[top_idx], top_p=top_p[b, :n].cpu().half(),
                              top1=top1[b, :n].cpu(), loss_from=int(prompt_lens[i]) if prompt_lens else 1)
     return out  # type: ignore[return-value]
 
@@ -174,7 +182,7 @@ def _soft_ce(logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
     return -(picked * top_p * ok).sum(-1)
 
 
-def batch_loss(drafter, batch: dict, ttt_steps: int = 3) -> tuple[Tensor, dict]:
+def batch_loss(drafter, batch: dict, ttt_steps: int = TTT_STEPS) -> tuple[Tensor, dict]:
     """Loss of one padded batch; also counts for step-1 top-1 agreement with the target."""
     kind = _kind(drafter)
     tok, lens, loss_from = batch["tokens"], batch["len"], batch["loss_from"]
@@ -192,7 +200,7 @@ def batch_loss(drafter, batch: dict, ttt_steps: int = 3) -> tuple[Tensor, dict]:
         for s, logits in enumerate(steps, start=1):
             valid = (pos <= lens[:, None] - 2) & (pos >= s - 1) & (pos + 2 >= loss_from[:, None])
             ce = _soft_ce(logits, tgt_i, tgt_p)
-            w = 0.8 ** (s - 1)
+            w = TTT_STEP_WEIGHT ** (s - 1)
             total = total + w * (ce * valid).sum() / valid.sum().clamp_min(1)
             weight_sum += w
             if s == 1:
@@ -230,7 +238,7 @@ def _device(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
-def evaluate(drafter, examples: list[Example], batch_size: int = 8, ttt_steps: int = 3) -> dict:
+def evaluate(drafter, examples: list[Example], batch_size: int = 8, ttt_steps: int = TTT_STEPS) -> dict:
     module = _module(drafter)
     was_training = module.training
     module.eval()
@@ -248,7 +256,7 @@ def evaluate(drafter, examples: list[Example], batch_size: int = 8, ttt_steps: i
 
 def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3, batch_size: int = 8,
                   progress: bool = True, heldout_fraction: float = 0.1, prompt_lens: list[int] | None = None,
-                  ttt_steps: int = 3, topk: int = 32, seed: int = 0) -> dict:
+                  ttt_steps: int = TTT_STEPS, topk: int = TARGET_TOPK, seed: int = 0) -> dict:
     """Train `drafter` on (prompt + response) token sequences to match `target`; return loss/top-1 numbers.
 
     Returns dict(train_loss, heldout_loss, heldout_top1, initial_heldout_loss, initial_heldout_top1,
@@ -292,16 +300,16 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise SpecRLError("the drafter has no parameter that requires grad; nothing to train")
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=ADAM_BETAS)
     steps_per_epoch = math.ceil(len(train_ex) / batch_size)
     total_steps = steps_per_epoch * epochs
-    warmup = max(1, min(50, total_steps // 20))
+    warmup = max(1, min(MAX_WARMUP_STEPS, total_steps // WARMUP_DIVISOR))
 
     def lr_at(step: int) -> float:
         if step < warmup:
             return lr * (step + 1) / warmup
         frac = (step - warmup) / max(1, total_steps - warmup)
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        return lr * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
 
     bar = None
     if progress:
@@ -312,7 +320,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
     step, recent = 0, []
     for _epoch in range(epochs):
         # batches of similar length (less padding), in a seeded random order
-        by_len = sorted(train_ex, key=lambda e: len(e.tokens) + rng.random() * 8)
+        by_len = sorted(train_ex, key=lambda e: len(e.tokens) + rng.random() * LENGTH_JITTER)
         batches = [by_len[a: a + batch_size] for a in range(0, len(by_len), batch_size)]
         rng.shuffle(batches)
         for chunk in batches:
@@ -321,7 +329,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
             loss, _ = batch_loss(drafter, _pad(chunk, _device(module)), ttt_steps)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP_NORM)
             opt.step()
             recent.append(float(loss.detach()))
             step += 1

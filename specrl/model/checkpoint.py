@@ -1,8 +1,9 @@
 """HF checkpoint interop: config.json <-> ModelArgs, safetensors (single file or sharded index) load/save.
 
-`load_model(name_or_path)` accepts a preset name (see `specrl.model.presets`) or a directory holding an HF
-checkpoint; it returns our `Transformer` and the HF tokenizer. Loading validates everything a user can get
-wrong: unknown architecture, missing or unexpected tensors, shape mismatches, corrupt or truncated files.
+`load_checkpoint(dir)` returns our `Transformer` from a directory holding an HF checkpoint (`load_model` in
+`loader.py` adds preset names and the tokenizer). Loading validates everything a user can get wrong: unknown
+architecture, missing or unexpected tensors, shape mismatches, corrupt or truncated files. `copy_state` is the
+same validated copy for any module's own state dict (drafters use it).
 """
 
 from __future__ import annotations
@@ -161,17 +162,23 @@ def load_state_into(model: Transformer, state: dict[str, torch.Tensor], where: s
             p.copy_(t.to(p.dtype))
 
 
-def copy_state(module: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
-    """Copy `state` into `module.state_dict()` in place (casting dtype); a clear error naming bad names/shapes."""
+def copy_state(module: torch.nn.Module, state: dict[str, torch.Tensor], where: str,
+               expected_by: str = "the destination module") -> None:
+    """Copy `state` into `module.state_dict()` in place (casting dtype); a clear error naming bad names/shapes.
+
+    `where` names the source in messages (e.g. a file), `expected_by` what defines the expected names and shapes
+    (e.g. "config.json" for a drafter directory).
+    """
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise SpecRLError(f"{where}: tensors do not match; missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise SpecRLError(f"{where}: tensors do not match {expected_by}: missing tensors {missing[:5]}, "
+                          f"unexpected tensors {unexpected[:5]}")
     for name, t in expected.items():
         if tuple(state[name].shape) != tuple(t.shape):
-            raise SpecRLError(f"{where}: tensor {name!r} has shape {tuple(state[name].shape)}, expected "
-                              f"{tuple(t.shape)}")
+            raise SpecRLError(f"{where}: tensor {name!r} has shape {tuple(state[name].shape)}, but {expected_by} "
+                              f"implies {tuple(t.shape)}")
     with torch.no_grad():
         for name, t in expected.items():
             t.copy_(state[name].to(t.dtype))
@@ -215,26 +222,3 @@ def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
-
-
-def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16):
-    """Load a preset (e.g. "smollm2-135m") or an HF checkpoint directory -> (Transformer, tokenizer).
-
-    The default dtype is bfloat16, the engine's natural dtype on CPUs with AVX512-BF16 and on GPUs;
-    pass dtype=torch.float32 for training or exactness tests.
-    """
-    from specrl.model import presets
-
-    p = Path(name_or_path)
-    if not p.exists():
-        if str(name_or_path) in presets.PRESETS:
-            p = presets.prepare(str(name_or_path))
-        elif os.sep in str(name_or_path) or str(name_or_path).startswith("."):
-            raise SpecRLError(f"checkpoint directory {name_or_path} does not exist")
-        else:
-            raise SpecRLError(f"unknown model {name_or_path!r}: not a directory and not a preset; presets are "
-                              f"{sorted(presets.PRESETS)}")
-    model = load_checkpoint(p, dtype)
-    tokenizer = load_tokenizer(p) if (p / "tokenizer_config.json").exists() or (p / "tokenizer.json").exists() \
-        else None
-    return model, tokenizer

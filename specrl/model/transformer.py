@@ -6,6 +6,9 @@ hidden states of chosen layers (EAGLE-3 / MTP drafters read them). Without a cac
 causal pass over the given tokens (what the RL trainer uses to recompute log-probabilities). Stale cache
 entries beyond a sequence's current length are never read: a query at position p only attends to keys at
 positions <= p, so rolling back rejected speculative tokens costs nothing.
+
+The attention math (`Attention.project` for q/k/v, `Attention.store` for cache writes) and RoPE (`rope_cos_sin`)
+are written once here; the EAGLE and MTP drafters run their decoder layers through the same functions.
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ def _rope_inv_freq(args: ModelArgs) -> Tensor:
     return inv_freq.float()
 
 
+def rope_cos_sin(inv_freq: Tensor, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Rotary cos/sin [b, 1, t, d] for positions pos [b, t] (computed in float32, returned in `dtype`)."""
+    freqs = pos[..., None].float() * inv_freq.to(pos.device)  # [b, t, d/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [b, 1, t, d]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     # HF "rotate_half" convention: x = [x1, x2] halves.
     x1, x2 = x.chunk(2, dim=-1)
@@ -113,12 +123,6 @@ class KVCache:
             self.k[layer][:m, :, :length] = self.k[layer][src, :, :length]
             self.v[layer][:m, :, :length] = self.v[layer][src, :, :length]
 
-    def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` cached positions of slot src into slot dst (batch compaction)."""
-        for layer in range(len(self.k)):
-            self.k[layer][dst, :, :length] = self.k[layer][src, :, :length]
-            self.v[layer][dst, :, :length] = self.v[layer][src, :, :length]
-
 
 def _cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """GQA attention of few queries against a cache view, as two batched matmuls (no KV head repeat).
@@ -135,6 +139,13 @@ def _cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     return (probs @ v).reshape(b, h, t, d)
 
 
+def cache_mask(pos: Tensor) -> tuple[Tensor, int]:
+    """(mask [b, 1, t, kv_len], kv_len) of queries at positions pos [b, t] over a cache: key p' <= query p."""
+    kv_len = int(pos.max()) + 1
+    keys = torch.arange(kv_len, device=pos.device)
+    return keys[None, None, None, :] <= pos[:, None, :, None], kv_len
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -148,25 +159,48 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, args.rms_norm_eps)
             self.k_norm = RMSNorm(d, args.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
-                cache: KVCache | None, input_pos: Tensor | None, kv_len: int) -> Tensor:
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor, queries: bool = True
+                ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """q [b, heads, t, d] (None with queries=False), k and v [b, kv_heads, t, d]: projected, q/k-normed
+        (Qwen3) and rotated."""
+        # the op order (q, k, v; norms; rotations) fixes autograd's gradient summation order: keep it
         a = self.args
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, a.num_heads, a.head_dim)
+        q = self.q_proj(x).view(b, t, a.num_heads, a.head_dim) if queries else None
         k = self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
         v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
         if a.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = _rotate(q.transpose(1, 2), cos, sin)  # [b, heads, t, d]
-        k = _rotate(k.transpose(1, 2), cos, sin)
-        v = v.transpose(1, 2)
+            q = self.q_norm(q) if queries else None
+            k = self.k_norm(k)
+        q = _rotate(q.transpose(1, 2), cos, sin) if queries else None
+        return q, _rotate(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+
+    @staticmethod
+    def store(cache: KVCache, layer: int, k: Tensor, v: Tensor, input_pos: Tensor) -> None:
+        """Write k, v [b, kv_heads, t, d] into cache slots 0..b-1 at positions input_pos [b, t]."""
+        kc, vc = cache.k[layer], cache.v[layer]
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]
+        kc[rows, :, input_pos] = k.transpose(1, 2).to(kc.dtype)
+        vc[rows, :, input_pos] = v.transpose(1, 2).to(vc.dtype)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
+                cache: KVCache | None, input_pos: Tensor | None, kv_len: int,
+                prefix: tuple[list[Tensor], list[Tensor]] | None = None) -> Tensor:
+        """Attention over the cache (with `cache`), causal or `mask`ed over x itself, or, with `prefix`
+        (lists of earlier keys and values, no cache), over those plus x's own; x's k/v are then appended to
+        the prefix lists (how EAGLE's training-time test feeds one step's keys to the next)."""
+        a = self.args
+        b, t, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
         if cache is not None:
-            kc, vc = cache.k[layer], cache.v[layer]
-            rows = torch.arange(b, device=x.device)[:, None]
-            # write [b, kvh, t, d] into slots 0..b-1 at their positions
-            kc[rows, :, input_pos] = k.transpose(1, 2).to(kc.dtype)
-            vc[rows, :, input_pos] = v.transpose(1, 2).to(vc.dtype)
-            out = _cached_attention(q, kc[:b, :, :kv_len], vc[:b, :, :kv_len], mask)
+            self.store(cache, layer, k, v, input_pos)
+            out = _cached_attention(q, cache.k[layer][:b, :, :kv_len], cache.v[layer][:b, :, :kv_len], mask)
+        elif prefix is not None:
+            ks, vs = prefix
+            out = F.scaled_dot_product_attention(q, torch.cat([*ks, k], dim=2), torch.cat([*vs, v], dim=2),
+                                                 attn_mask=mask, enable_gqa=True)
+            ks.append(k)
+            vs.append(v)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                  enable_gqa=True)
@@ -192,9 +226,14 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, layer, cache, input_pos, kv_len):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, layer, cache, input_pos, kv_len)
+    def forward(self, x, cos, sin, mask, layer, cache, input_pos, kv_len, prefix=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, layer, cache, input_pos, kv_len, prefix)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def store_kv(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, input_pos: Tensor) -> None:
+        """Write only the keys/values `forward` would write into the cache for x: no attention, no MLP."""
+        _, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin, queries=False)
+        Attention.store(cache, layer, k, v, input_pos)
 
 
 class Transformer(nn.Module):
@@ -218,11 +257,6 @@ class Transformer(nn.Module):
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         return KVCache(self.args, num_slots, max_seq_len, self.dtype, self.embed_tokens.weight.device)
 
-    def _rope(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        freqs = pos[..., None].float() * self.inv_freq  # [b, t, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [b, 1, t, d]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     def forward_hidden(self, tokens: Tensor, input_pos: Tensor | None = None, kv_cache: KVCache | None = None,
                        capture: tuple[int, ...] | list[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
         """Run the layers; return the final-normed hidden states [B,T,H] and captured layer outputs.
@@ -234,12 +268,10 @@ class Transformer(nn.Module):
         if input_pos is None:
             input_pos = torch.arange(t, device=tokens.device).expand(b, t)
         x = self.embed_tokens(tokens)
-        cos, sin = self._rope(input_pos, x.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, input_pos, x.dtype)
         mask, kv_len = None, t
         if kv_cache is not None:
-            kv_len = int(input_pos.max()) + 1
-            keys = torch.arange(kv_len, device=tokens.device)
-            mask = keys[None, None, None, :] <= input_pos[:, None, :, None]  # [b,1,t,kv_len]
+            mask, kv_len = cache_mask(input_pos)
         captured: dict[int, Tensor] = {}
         want = set(capture)
         for i, layer in enumerate(self.layers):

@@ -97,11 +97,7 @@ def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict, respon
     kind = drafter.kind
     if kind == "eagle":
         feats = torch.cat([captured[i] for i in drafter.fuse_layers], dim=-1).float()
-        if drafter.full_vocab:
-            t2d = None
-        else:
-            t2d = torch.full((drafter.target_args.vocab_size,), -1, dtype=torch.long)
-            t2d[drafter.d2t.cpu()] = torch.arange(drafter.d2t.numel())
+        t2d = drafter.target_to_draft()
     else:
         feats = captured["final"].float()
         t2d = None

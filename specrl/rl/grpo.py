@@ -2,9 +2,10 @@
 
 This module owns group-normalised advantages (with the option to skip the std division, as in Dr. GRPO),
 per-token log-probabilities from logits, the token-level clipped surrogate with separate low/high clip ranges
-(DAPO) with optional truncated importance sampling against behaviour log-probs, the k3 KL estimator to a reference policy, masking of padded tokens, and the `token_mult_prob_error`
-diagnostic that compares the rollout engine's log-probabilities with the trainer's recomputation. Everything
-here is deterministic and unit-tested against hand-computed values.
+(DAPO) and optional truncated importance sampling against behaviour log-probs, the k3 KL estimator to a
+reference policy, masking of padded tokens, and the `token_mult_prob_error` diagnostic that compares the rollout
+engine's log-probabilities with the trainer's recomputation. Everything here is deterministic and unit-tested
+against hand-computed values.
 """
 
 from __future__ import annotations

@@ -19,11 +19,18 @@ import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
-from specrl.rollout.api import RolloutBackend, RolloutRequest
-from specrl.rollout.sampling import SamplingParams
 from specrl.rl.config import TrainConfig
-from specrl.rl.tasks import ANSWER_FORMATS, PromptFormatter, PromptSampler, make_task, resolve_answer_format, \
-    score_response
+from specrl.rl.tasks import (
+    ANSWER_FORMATS,
+    PromptFormatter,
+    PromptSampler,
+    make_task,
+    resolve_answer_format,
+    score_response,
+)
+from specrl.rollout.api import RolloutBackend, RolloutRequest
+from specrl.rollout.metrics import merge_metrics
+from specrl.rollout.sampling import SamplingParams
 
 VAL_REQUEST_BASE = 10**12  # validation request ids: far from any training step's ids
 
@@ -43,11 +50,28 @@ class Rollouts:
     engine_metrics: dict = field(default_factory=dict)
     policy_versions: list[int] = field(default_factory=list)  # per sample: the weights that generated it
     step_index: int = 0  # 0-based index of the step these rollouts were generated for
+    request_ids: list[int] = field(default_factory=list)  # per sample: unique across the run (step, group, sample)
 
     @property
     def policy_version(self) -> int:
         """The oldest policy version among the samples (what a lag bound must check)."""
         return min(self.policy_versions) if self.policy_versions else 0
+
+
+def merge_rollouts(parts: list[Rollouts], wall_seconds: float | None = None) -> Rollouts:
+    """One step's `Rollouts` from its parts (in group order), generation metrics merged."""
+    if not parts or len({p.step_index for p in parts}) != 1:
+        raise SpecRLError("merge_rollouts needs the parts of exactly one step")
+    if len(parts) == 1:
+        return parts[0]
+
+    def cat(name: str) -> list:
+        return [x for p in parts for x in getattr(p, name)]
+
+    return Rollouts(cat("problem_indices"), cat("prompts"), cat("responses"), cat("gen_logprobs"),
+                    cat("finish_reasons"), torch.cat([p.rewards for p in parts]), cat("correct"), cat("formatted"),
+                    merge_metrics([p.engine_metrics for p in parts], wall_seconds), cat("policy_versions"),
+                    parts[0].step_index, cat("request_ids"))
 
 
 class RolloutProducer:
@@ -101,12 +125,16 @@ class RolloutProducer:
             self.prompt("train", i)
         return idx
 
-    def stage_gen(self, step_index: int, prompt_indices: list[int]) -> Rollouts:
-        """num_generations samples per prompt, scored; ids depend on the step so steps differ but replay."""
+    def stage_gen(self, step_index: int, prompt_indices: list[int], first_group: int = 0) -> Rollouts:
+        """num_generations samples per prompt, scored; ids depend on the step so steps differ but replay.
+
+        `prompt_indices` may be a slice of the step's groups starting at group `first_group` (a rollout worker's
+        share): request and group ids are the step's global ones, so the parts merge into the whole step."""
         n = self.cfg.grpo.num_generations
         problems = [i for i in prompt_indices for _ in range(n)]
-        base = step_index * self.num_samples
-        requests = [RolloutRequest(self.prompt("train", i), base + j, step_index * len(prompt_indices) + j // n)
+        base = step_index * self.num_samples + first_group * n
+        group0 = step_index * self.cfg.grpo.num_prompts_per_step + first_group
+        requests = [RolloutRequest(self.prompt("train", i), base + j, group0 + j // n)
                     for j, i in enumerate(problems)]
         result = self.backend.generate(requests, self.sampling())
         rewards, correct, formatted = [], [], []
@@ -119,7 +147,7 @@ class RolloutProducer:
         return Rollouts(problems, [r.prompt_token_ids for r in requests], [list(o.token_ids) for o in result],
                         [list(o.logprobs) for o in result], [o.finish_reason for o in result],
                         torch.tensor(rewards, dtype=torch.float32), correct, formatted, dict(result.metrics),
-                        result.policy_versions, step_index)
+                        result.policy_versions, step_index, [r.request_id for r in requests])
 
     def produce(self, step_index: int) -> tuple[Rollouts, dict[str, float]]:
         """data + gen for one step, with the two stages' seconds."""

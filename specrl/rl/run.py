@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,9 @@ import torch
 from specrl.errors import SpecRLError
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint
 from specrl.rl.config import TrainConfig, load_config, validate_config
+from specrl.rl.learner import NonFiniteError
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
-from specrl.rl.learner import NonFiniteError
 from specrl.rl.trainer import GRPOTrainer, seed_everything
 
 _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validation.jsonl", "report.md",
@@ -71,6 +72,16 @@ def setup_run(config_path: str | None, sets: list[str], resume: str | None,
     return cfg, run_dir
 
 
+TrainerFactory = Callable[[TrainConfig, Path], Any]
+
+
+def sync_trainer(cfg: TrainConfig, run_dir: Path) -> GRPOTrainer:
+    if cfg.pipeline.mode != "sync":
+        raise SpecRLError(f"pipeline.mode={cfg.pipeline.mode!r} runs on Ray (specrl.distributed); start it with "
+                          "`specrl train`, or pass make_trainer=specrl.distributed.make_trainer")
+    return GRPOTrainer.from_config(cfg)
+
+
 def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
@@ -88,10 +99,19 @@ def _keep_until(path: Path, step: int) -> None:
 class _Run:
     """One trainer plus its run directory, writers and checkpoint bookkeeping."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool, display: ProgressDisplay):
+    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool, display: ProgressDisplay,
+                 make_trainer: TrainerFactory | None = None):
         self.cfg, self.run_dir, self.display = cfg, run_dir, display
         seed_everything(cfg.run.seed)
-        self.trainer = GRPOTrainer.from_config(cfg)
+        self.trainer = (make_trainer or sync_trainer)(cfg, run_dir)
+        try:
+            self._setup(resume)
+        except BaseException:
+            self.trainer.close()
+            raise
+
+    def _setup(self, resume: bool) -> None:
+        cfg, run_dir, display = self.cfg, self.run_dir, self.display
         self.trainer.log = display.message
         self.ckpt_root = run_dir / "checkpoints"
         self.last_ckpt: Path | None = None
@@ -146,8 +166,7 @@ class _Run:
         final = self.run_dir / "final"
         tmp = self.run_dir / ".final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_model(self.trainer.policy, tmp)
-        self.trainer.tokenizer.save_pretrained(str(tmp))
+        self.trainer.save_final(tmp, save_model)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         return write_report(self.run_dir, read_metrics(self.writer.path), self.cfg.to_yaml(),
@@ -155,22 +174,27 @@ class _Run:
                             validation=read_metrics(self.val_path))
 
 
-def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False) -> Path:
-    """Train for cfg.run.steps (continuing from the newest good checkpoint when resuming)."""
+def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
+                 make_trainer: TrainerFactory | None = None) -> Path:
+    """Train for cfg.run.steps (continuing from the newest good checkpoint when resuming). `make_trainer(cfg,
+    run_dir)` builds the trainer (default: the sync `GRPOTrainer`; the CLI passes one that also knows async)."""
     display = ProgressDisplay(cfg.run.steps, cfg.run.progress, title=f"specrl train {cfg.run.name}")
-    run = _Run(cfg, run_dir, resume, display)
+    run = _Run(cfg, run_dir, resume, display, make_trainer)
     try:
-        if run.trainer.step_count == 0:
-            v = run.validate(0)
-            display.message(f"[specrl] step 0 validation accuracy {v['accuracy']}")
-        while run.trainer.step_count < cfg.run.steps:
-            run.after_step(run.trainer.step())
-    except NonFiniteError as e:
-        run.writer.close()
-        raise run.failed(e) from None
+        try:
+            if run.trainer.step_count == 0:
+                v = run.validate(0)
+                display.message(f"[specrl] step 0 validation accuracy {v['accuracy']}")
+            while run.trainer.step_count < cfg.run.steps:
+                run.after_step(run.trainer.step())
+        except NonFiniteError as e:
+            run.writer.close()
+            raise run.failed(e) from None
+        finally:
+            display.close()
+        report = run.finish()
     finally:
-        display.close()
-    report = run.finish()
+        run.trainer.close()
     print(f"[specrl] done: {cfg.run.steps} steps; report: {report}", flush=True)
     return run_dir
 
@@ -182,6 +206,9 @@ def _weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
     """Same config twice — autoregressive and speculative — steps interleaved; write compare.json/.md."""
+    if cfg.pipeline.mode != "sync":
+        raise SpecRLError("--compare runs the sync pipeline twice; set pipeline.mode=sync (benchmarks/pipelines.py "
+                          "compares sync and async)")
     if not cfg.speculative.enabled:
         raise SpecRLError("--compare needs speculative rollouts to compare against: set speculative.drafter "
                           "(e.g. ngram or eagle:default) and speculative.num_draft_tokens > 0 or 'auto'")
@@ -237,7 +264,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
 
 
 def train_main(config_path: str | None, sets: list[str] | None = None, resume: str | None = None,
-               out: str | None = None, compare: bool = False) -> Path:
+               out: str | None = None, compare: bool = False, make_trainer: TrainerFactory | None = None) -> Path:
     """Entry point of `specrl train`: returns the run directory (which holds report.md or compare.md)."""
     if compare:
         if resume:
@@ -245,4 +272,4 @@ def train_main(config_path: str | None, sets: list[str] | None = None, resume: s
         cfg, run_dir = setup_run(config_path, sets or [], None, out)
         return run_compare(cfg, run_dir)
     cfg, run_dir = setup_run(config_path, sets or [], resume, out)
-    return run_training(cfg, run_dir, resume=resume is not None)
+    return run_training(cfg, run_dir, resume=resume is not None, make_trainer=make_trainer)

@@ -20,9 +20,10 @@ import torch
 
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import parse_dtype
-from specrl.model.checkpoint import load_model
+from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
 from specrl.rl.config import TrainConfig
+from specrl.rl.default_drafter import resolve_drafter
 from specrl.rl.learner import Batch, Learner, NonFiniteError, response_logprobs
 from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.weight_sync import LocalWeightSync, WeightSync
@@ -34,12 +35,10 @@ __all__ = ["GRPOTrainer", "NonFiniteError", "Rollouts", "Batch", "build_backend"
 
 
 def build_drafter(spec: str, model: Any) -> Any:
-    """A drafter from a `speculative.drafter` string via `specrl.drafters.make_drafter`; None for "none"."""
+    """A drafter from a `speculative.drafter` string (`eagle:default` is built on first use); None for "none"."""
     if spec == "none":
         return None
-    from specrl.drafters import make_drafter
-
-    return make_drafter(spec, target=model)
+    return resolve_drafter(spec, target=model)
 
 
 def build_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutEngine:
@@ -150,6 +149,14 @@ class GRPOTrainer:
         """Greedy accuracy on the held-out split with the learner's current weights."""
         self.stage_prepare()
         return self.producer.validate()
+
+    def save_final(self, directory, save_model) -> None:
+        """Write the final policy (an HF checkpoint via `save_model`) and the tokenizer into `directory`."""
+        save_model(self.policy, directory)
+        self.tokenizer.save_pretrained(str(directory))
+
+    def close(self) -> None:
+        """Nothing to release in-process (the async trainer stops its Ray actors here)."""
 
     # ------------------------------------------------------------------ checkpoint state
     def state_parts(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
-"""Generation metrics: counters for one `generate` call, exported as `engine.last_metrics`.
+"""Generation metrics: counters for one `generate` call, exported in `GenerationResult.metrics`.
 
 Acceptance length is 1 + accepted / verify steps (a verify step = one sequence verified once), acceptance
-rate is accepted / drafted, and the per-position rate at position i is accepted-at-i / drafted-at-i.
+rate is accepted / drafted, and the per-position rate at position i is accepted-at-i / drafted-at-i. The exported
+dict carries the raw counters too, so `merge_metrics` can combine calls (several rollout workers' parts of one
+step) by summing counters and deriving the rates once, here.
 """
 
 from __future__ import annotations
@@ -81,4 +83,45 @@ class SpecMetrics:
             "spec_steps": self.spec_steps,
             "num_draft_tokens_mean": self.draft_tokens / self._seq_steps if self._seq_steps else 0.0,
             "k_histogram": {int(k): v for k, v in sorted(self.k_histogram.items())},
+            "drafted_per_position": list(self.drafted_at),
+            "accepted_per_position": list(self.accepted_at),
+            "sequence_steps": self._seq_steps,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SpecMetrics:
+        """The counters back from an `as_dict` export."""
+        drafted, accepted = list(d["drafted_per_position"]), list(d["accepted_per_position"])
+        m = cls(len(drafted))
+        for key in _SUMMED:
+            setattr(m, key, d[key])
+        m.finished, m._seq_steps = d["num_sequences"], d["sequence_steps"]
+        m.k_histogram = {int(k): v for k, v in d["k_histogram"].items()}
+        m.drafted_at, m.accepted_at = drafted, accepted
+        return m
+
+
+_SUMMED = ("prompt_tokens", "generated_tokens", "ar_steps", "spec_steps", "verify_steps", "draft_tokens",
+           "accepted_tokens", "draft_seconds", "verify_seconds", "ar_seconds", "prefill_seconds", "total_seconds")
+
+
+def merge_metrics(parts: list[dict], wall_seconds: float | None = None) -> dict:
+    """One metrics dict for several `generate` calls: counters summed, rates derived again. `total_seconds`
+    (and so tokens_per_second) is `wall_seconds` when the calls ran in parallel, else their sum."""
+    if not parts:
+        raise ValueError("merge_metrics needs at least one metrics dict")
+    ms = [SpecMetrics.from_dict(p) for p in parts]
+    out = SpecMetrics(max(m.k_max for m in ms))
+    for m in ms:
+        for key in _SUMMED:
+            setattr(out, key, getattr(out, key) + getattr(m, key))
+        out.finished += m.finished
+        out._seq_steps += m._seq_steps
+        for k, v in m.k_histogram.items():
+            out.k_histogram[k] = out.k_histogram.get(k, 0) + v
+        for i in range(m.k_max):
+            out.drafted_at[i] += m.drafted_at[i]
+            out.accepted_at[i] += m.accepted_at[i]
+    if wall_seconds is not None:
+        out.total_seconds = wall_seconds
+    return out.as_dict()

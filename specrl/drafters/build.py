@@ -1,42 +1,71 @@
-"""`specrl draft init` body: in-domain rollouts -> offline drafter training -> a drafter directory.
+"""Build a drafter from in-domain rollouts: the body of `specrl draft init`.
 
-`draft_init_main` generates rollouts of the target on a task's prompts (or on given prompt strings, or
-reads them from a JSONL file), trains an EAGLE or MTP drafter, or a draft model made of `draft_layers` of the
-target's layers, on them (`training.train_drafter`), measures the held-out acceptance length with the real
-engine on prompts it did not train on, and saves the drafter (`io.save_drafter`; a draft model as an HF
-checkpoint with the target's tokenizer, loadable by transformers as an `assistant_model` too) with a
-`train_report.json` and the training data (`data.jsonl`, reusable via data_jsonl).
+`build_drafter` generates rollouts of the target on the prompts it is given (or reads finished texts from a JSONL
+file), trains an EAGLE or MTP drafter, or a draft model made of `draft_layers` of the target's layers, on them
+(`training.train_drafter`), measures the held-out acceptance length with the real engine on prompts it did not
+train on, and saves the drafter (`io.save_drafter`; a draft model as an HF checkpoint with the target's tokenizer,
+loadable by transformers as an `assistant_model` too, see `save_draft_model`) with a `train_report.json` and the
+training data (`data.jsonl`, reusable via data_jsonl).
+
+Prompts come in one of three forms: prompt strings (rendered with the chat template), token-id lists, or a
+callable tokenizer -> (train prompt ids, held-out prompt ids). The last is how a task's prompts arrive from the RL
+layer (`specrl.rl.default_drafter.task_prompts`); this module knows nothing of tasks.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from specrl.errors import SpecRLError
 
+BUILD_KINDS = ("eagle", "mtp", "draft-model")
+MIN_PROMPTS = 2  # some are held out for the acceptance measurement
+MIN_SAMPLES = 2  # training holds one sequence out
+HELDOUT_PROMPTS = 32  # prompts the held-out acceptance length is measured on
+HELDOUT_SHARE = 10  # of given prompt lists, at most 1 in HELDOUT_SHARE is held out
+ROLLOUT_BATCH = 32  # sequences generated at once for the training data
+TOKENIZER_FILES = ("special_tokens_map.json", "vocab.json", "merges.txt", "generation_config.json")
 
-def _encode_prompts(tokenizer, task, samples: int, heldout: int, difficulty: str, seed: int):
-    """(train prompt ids, held-out prompt ids) from a task name or a list of prompt strings."""
-    if isinstance(task, (list, tuple)):
+Prompts = Sequence[str] | Sequence[Sequence[int]] | Callable[[object], tuple[list[list[int]], list[list[int]]]]
+
+
+def split_prompts(prompts: Prompts, tokenizer, samples: int, heldout: int = HELDOUT_PROMPTS
+                  ) -> tuple[list[list[int]], list[list[int]]]:
+    """(train prompt ids, held-out prompt ids) from any of the prompt forms (see the module docstring).
+
+    From a list, the first max(1, min(heldout, len // HELDOUT_SHARE)) prompts are held out and up to `samples`
+    of the rest train; a callable decides both itself (its train list is cut to `samples`).
+    """
+    if callable(prompts):
+        got = prompts(tokenizer)
+        if not (isinstance(got, (list, tuple)) and len(got) == 2):  # noqa: PLR2004 - a (train, held-out) pair
+            raise SpecRLError("a prompt callable must return (train_prompt_ids, heldout_prompt_ids)")
+        train, held = got
+        if not train or not held:
+            raise SpecRLError("the prompt callable returned no train or no held-out prompts; both are needed")
+        return list(train)[:samples], list(held)
+    if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
+        raise SpecRLError("prompts must be a list of prompt strings or token-id lists, or a callable tokenizer -> "
+                          "(train ids, held-out ids); a task's prompts: specrl.rl.default_drafter.task_prompts(name)")
+    if len(prompts) < MIN_PROMPTS:
+        raise SpecRLError(f"give at least {MIN_PROMPTS} prompt strings (some are held out for the acceptance "
+                          "measurement)")
+    if all(isinstance(p, (list, tuple)) for p in prompts):
+        ids = [[int(t) for t in p] for p in prompts]
+    else:
         from specrl.model.tokenizer import encode_chat
 
-        if len(task) < 2:
-            raise SpecRLError("give at least 2 prompt strings (some are held out for the acceptance measurement)")
-        ids = [encode_chat(tokenizer, str(t)) for t in task]
-        n_held = max(1, min(heldout, len(ids) // 10))
-        return ids[n_held:][:samples], ids[:n_held]
-    from specrl.rl.tasks import PromptFormatter, make_task
-
-    train, val = make_task(task, difficulty=difficulty, train_size=samples, val_size=heldout, seed=seed)
-    fmt = PromptFormatter(tokenizer)
-    return [fmt.encode(p.question) for p in train.problems][:samples], [fmt.encode(p.question) for p in val.problems]
+        ids = [encode_chat(tokenizer, str(t)) for t in prompts]
+    n_held = max(1, min(heldout, len(ids) // HELDOUT_SHARE))
+    return ids[n_held:][:samples], ids[:n_held]
 
 
-def _read_jsonl(path: Path) -> tuple[list[list[int]], list[int]]:
+def read_jsonl(path: Path) -> tuple[list[list[int]], list[int]]:
     """Rows {"prompt_ids": [...], "response_ids": [...]} -> (sequences, prompt lengths)."""
     if not path.exists():
         raise SpecRLError(f"data file {path} does not exist")
@@ -55,7 +84,7 @@ def _read_jsonl(path: Path) -> tuple[list[list[int]], list[int]]:
     return seqs, plens
 
 
-def _save_draft_model(draft, model: str | os.PathLike, out: Path) -> None:
+def save_draft_model(draft, model: str | os.PathLike, out: Path) -> None:
     """The draft model as an HF checkpoint plus the target's tokenizer files (so both we and transformers load it)."""
     import shutil
 
@@ -65,50 +94,57 @@ def _save_draft_model(draft, model: str | os.PathLike, out: Path) -> None:
     save_checkpoint(draft, out)
     src = Path(model) if Path(model).exists() else presets.prepare(str(model))
     for f in src.iterdir():
-        if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json",
-                                                                          "merges.txt", "generation_config.json")):
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name in TOKENIZER_FILES):
             shutil.copy2(f, out / f.name)
 
 
-def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", task="chain_sum", samples: int = 512,
-                    epochs: int = 3, out: str | os.PathLike = "drafters/eagle", data_jsonl: str | None = None,
-                    difficulty: str = "easy", max_new_tokens: int = 160, temperature: float = 1.0,
-                    draft_vocab_size: int = 8192, num_modules: int = 3, lr: float = 1e-3, batch_size: int = 8,
-                    heldout: int = 32, k: int = 3, seed: int = 0, progress: bool = True,
-                    draft_layers: int = 4) -> Path:
-    """Generate in-domain data, train a drafter, report held-out acceptance, save. Returns the directory."""
+def build_drafter(model: str = "smollm2-135m", drafter_kind: str = "eagle", prompts: Prompts | None = None,
+                  samples: int = 512, epochs: int = 3, out: str | os.PathLike = "drafters/eagle",
+                  data_jsonl: str | None = None, max_new_tokens: int = 160, temperature: float = 1.0,
+                  draft_vocab_size: int = 8192, num_modules: int = 3, lr: float = 1e-3, batch_size: int = 8,
+                  heldout: int = HELDOUT_PROMPTS, k: int = 3, seed: int = 0, progress: bool = True,
+                  draft_layers: int = 4, source: str = "prompts") -> Path:
+    """Generate in-domain data, train a drafter, report held-out acceptance, save. Returns the directory.
+
+    `source` names where the prompts came from (a task name, say) in `train_report.json`.
+    """
     from specrl.drafters.draft_model import DRAFT_VOCAB_FILE, DraftModelDrafter, slice_layers
     from specrl.drafters.eagle import EagleDrafter
     from specrl.drafters.io import save_drafter
     from specrl.drafters.mtp import MTPDrafter
     from specrl.drafters.training import heldout_acceptance, select_draft_vocab, train_drafter
-    from specrl.model.checkpoint import load_model
+    from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
 
-    if drafter_kind not in ("eagle", "mtp", "draft-model"):
+    if drafter_kind not in BUILD_KINDS:
         raise SpecRLError(f"unknown drafter kind {drafter_kind!r}; `specrl draft init` trains 'eagle', 'mtp' or "
                           "'draft-model'")
-    if not isinstance(samples, int) or samples < 2:
-        raise SpecRLError(f"samples must be an integer >= 2, got {samples!r}")
+    if not isinstance(samples, int) or samples < MIN_SAMPLES:
+        raise SpecRLError(f"samples must be an integer >= {MIN_SAMPLES}, got {samples!r}")
     out = Path(out)
     target, tokenizer = load_model(model)
     if drafter_kind == "draft-model" and not (isinstance(draft_layers, int) and
                                               1 <= draft_layers < target.args.num_layers):
         raise SpecRLError(f"draft_layers must be an integer in [1, {target.args.num_layers - 1}] (the target has "
                           f"{target.args.num_layers} layers), got {draft_layers!r}")
-    if tokenizer is None:
+    if prompts is None:
+        raise SpecRLError("give the prompts to build the drafter from (prompt strings, token-id lists, or a "
+                          "callable tokenizer -> (train ids, held-out ids))")
+    token_ids = isinstance(prompts, (list, tuple)) and bool(prompts) and \
+        all(isinstance(p, (list, tuple)) for p in prompts)
+    if tokenizer is None and not token_ids:
         raise SpecRLError(f"{model} has no tokenizer; draft init needs one to render prompts")
     stops = stop_token_ids(tokenizer, target.args)
-    train_prompts, val_prompts = _encode_prompts(tokenizer, task, samples, heldout, difficulty, seed)
+    train_prompts, val_prompts = split_prompts(prompts, tokenizer, samples, heldout)
     sp = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     if data_jsonl is not None:
-        seqs, plens = _read_jsonl(Path(data_jsonl))
+        seqs, plens = read_jsonl(Path(data_jsonl))
     else:
         longest = max(len(p) for p in train_prompts)
-        engine = RolloutEngine(target, max_batch_size=32, max_seq_len=longest + max_new_tokens + 1)
+        engine = RolloutEngine(target, max_batch_size=ROLLOUT_BATCH, max_seq_len=longest + max_new_tokens + 1)
         bar = None
         if progress:
             from tqdm import tqdm
@@ -125,6 +161,7 @@ def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", ta
     # the most frequent response tokens: EAGLE's head, and what a draft model drafts over (None: full vocabulary)
     vocab = None if draft_vocab_size >= target.args.vocab_size else \
         select_draft_vocab([s[n:] for s, n in zip(seqs, plens, strict=True)], draft_vocab_size, always=stops)
+    torch.manual_seed(seed)  # the fresh drafter's initial weights: two builds with the same arguments agree
     if drafter_kind == "eagle":
         drafter = EagleDrafter(target, draft_vocab=vocab)
     elif drafter_kind == "mtp":
@@ -141,13 +178,13 @@ def draft_init_main(model: str = "smollm2-135m", drafter_kind: str = "eagle", ta
     acc = heldout_acceptance(target, drafter, val_prompts, k=min(k, getattr(drafter, "num_modules", k)),
                              temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=seed)
     if drafter_kind == "draft-model":
-        _save_draft_model(drafter.model.to(target.dtype), model, out)
+        save_draft_model(drafter.model.to(target.dtype), model, out)
         if drafter.d2t is not None:
             (out / DRAFT_VOCAB_FILE).write_text(json.dumps([int(t) for t in drafter.d2t]))
     else:
         save_drafter(drafter, out)
     report = {**result, "heldout_acceptance_length": acc, "k": k, "temperature": temperature, "model": str(model),
-              "task": task if isinstance(task, str) else "prompts", "samples": len(seqs),
+              "task": source, "samples": len(seqs),
               "draft_layers": draft_layers if drafter_kind == "draft-model" else None,
               "tokens": sum(len(s) for s in seqs),
               "draft_vocab_size": None if getattr(drafter, "d2t", None) is None else int(drafter.d2t.numel())}
