@@ -25,12 +25,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="specrl: RL p
 draft_app = typer.Typer(no_args_is_help=True, help="Drafter lifecycle: offline initialisation.")
 app.add_typer(draft_app, name="draft")
 
-try:  # the simulator registers its own sub-app (specrl simulate ...)
-    from specrl.sim.cli import app as _sim_app
+from specrl.sim.cli import app as _sim_app  # noqa: E402  (the simulator registers `specrl simulate ...`)
 
-    app.add_typer(_sim_app, name="simulate")
-except ImportError:  # pragma: no cover - only while the simulator is absent
-    pass
+app.add_typer(_sim_app, name="simulate")
 
 
 def _fail(e: Exception) -> None:
@@ -82,22 +79,26 @@ DEMO_PROMPTS = [
 ]
 
 
+def _make_trainer():
+    """The trainer factory for `specrl train` / `run`: sync in-process, async on Ray (specrl.distributed)."""
+    from specrl.distributed import make_trainer
+
+    return make_trainer
+
+
 @app.command()
 def run(config: str = typer.Option("examples/default.yaml", help="Training config (the main job)."),
         demo: bool = typer.Option(False, help="Only run the generation demo on built-in prompts.")):
     """The main job: GRPO training with speculative rollouts on the embedded model (or --demo)."""
     if not demo and Path(config).exists():
+        from specrl.rl.run import train_main
+
         try:
-            from specrl.rl.run import train_main
-        except ImportError:
-            train_main = None
-        if train_main is not None:
-            try:
-                run_dir = train_main(config, [], None, None, False)
-            except SpecRLError as e:
-                _fail(e)
-            typer.echo(f"[specrl] report: {Path(run_dir) / 'report.md'}")
-            return
+            run_dir = train_main(config, [], None, None, False, make_trainer=_make_trainer())
+        except SpecRLError as e:
+            _fail(e)
+        typer.echo(f"[specrl] report: {Path(run_dir) / 'report.md'}")
+        return
     _demo()
 
 
@@ -207,13 +208,11 @@ def train(config: str = typer.Option("examples/default.yaml", help="YAML config.
           out: str | None = typer.Option(None, help="Run directory (default runs/NAME)."),
           compare: bool = typer.Option(False, help="Run autoregressive and speculative side by side.")):
     """GRPO training with speculative rollouts (see examples/*.yaml)."""
-    try:
-        from specrl.rl.run import train_main
-    except ImportError as e:
-        _fail(SpecRLError(f"the trainer is not available: {e}"))
+    from specrl.rl.run import train_main
+
     t0 = time.time()
     try:
-        run_dir = train_main(config, list(set_), resume, out, compare)
+        run_dir = train_main(config, list(set_), resume, out, compare, make_trainer=_make_trainer())
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] done in {time.time() - t0:.0f} s; report: {Path(run_dir) / 'report.md'}")
@@ -229,11 +228,9 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
                draft_vocab_size: int = typer.Option(8192, help="eagle / draft-model: draft over this many of the "
                                                     "most frequent response tokens (the full vocabulary if larger)")):
     """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
-    try:
-        from specrl.drafters.build import build_drafter
-        from specrl.rl.default_drafter import task_prompts
-    except ImportError as e:
-        _fail(SpecRLError(f"drafter training is not available: {e}"))
+    from specrl.drafters.build import build_drafter
+    from specrl.rl.default_drafter import task_prompts
+
     try:
         path = build_drafter(model, drafter, prompts=task_prompts(task, samples), samples=samples, epochs=epochs,
                              out=out or Path("drafters") / f"{drafter}-{task}", data_jsonl=str(data) if data else None,

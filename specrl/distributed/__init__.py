@@ -1,0 +1,21 @@
+"""Distributed pipelines on Ray: the async GRPO driver and its actors (rollout workers, learner, weight store).
+
+The actors run the same producer and learner code as the sync trainer (`specrl.rl`); this folder only places
+them in processes, moves weights through Ray's object store with versions, and schedules generation ahead of
+training within the policy-lag bound. `make_trainer(cfg, run_dir)` is the factory the CLI hands to the run loop:
+the sync `GRPOTrainer` for `pipeline.mode: sync`, `AsyncGRPOTrainer` for `async`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def make_trainer(cfg, run_dir: Path):
+    if cfg.pipeline.mode == "async":
+        from specrl.distributed.async_trainer import AsyncGRPOTrainer
+
+        return AsyncGRPOTrainer(cfg, run_dir)
+    from specrl.rl.run import sync_trainer
+
+    return sync_trainer(cfg, run_dir)

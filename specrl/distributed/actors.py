@@ -1,0 +1,196 @@
+"""The Ray actors of the async pipeline: rollout workers, the learner, and the versioned weight store.
+
+`RolloutWorker` owns a rollout backend (with its drafter) and a `RolloutProducer`; `generate` first picks up the
+newest published weights (refit, timed), waiting until at least the version the step needs is live, then runs the
+producer's `gen` stage on its share of a step's groups. `LearnerActor` owns the `Learner` and the data cursor (the
+producer's `data` stage, without a backend) and publishes its weights once per optimizer step: one `ray.put` of
+the policy (cast to the rollout dtype) and trainable drafter, registered with a version in the `WeightStore`.
+`RayWeightSync` is that publication behind the `WeightSync` protocol. Everything a worker and the learner do is
+the same producer and learner code the sync trainer runs; the actors only place it in processes. Each actor sets
+its own torch thread count. Events (start/end wall times of refit, gen, logprob, train, publish) come back with
+each result for the run's timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from specrl.errors import SpecRLError
+from specrl.model.checkpoint import parse_dtype
+from specrl.model.loader import load_model
+from specrl.model.tokenizer import stop_token_ids
+from specrl.rl.config import TrainConfig, validate_config
+from specrl.rl.learner import Learner
+from specrl.rl.producer import RolloutProducer, Rollouts
+from specrl.rl.trainer import build_backend, build_drafter, seed_everything
+
+# Test hook: a rollout worker kills its own process (SIGKILL) in the middle of generating this step (1-based),
+# once per run (a marker file next to the run records that it happened), so Ray's restart + retry is exercised.
+KILL_WORKER_ENV = "SPECRL_TEST_KILL_WORKER_AT_STEP"
+WAIT_POLL_SECONDS = 0.02
+WAIT_TIMEOUT_SECONDS = 600.0
+
+
+def _config(data: dict) -> TrainConfig:
+    return validate_config(data, "pipeline actor config")
+
+
+@ray.remote
+class WeightStore:
+    """The newest published (version, [ObjectRef of (policy tensors, drafter tensors)])."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.refs: list | None = None
+
+    def set(self, version: int, refs: list) -> None:
+        if self.version is not None and version < self.version:
+            raise SpecRLError(f"weight store: version {version} is older than the published {self.version}")
+        self.version, self.refs = version, refs
+
+    def latest(self) -> tuple[int | None, list | None]:
+        return self.version, self.refs
+
+
+class RayWeightSync:
+    """`WeightSync` through Ray's object store: `push` puts the tensors once and registers the version."""
+
+    def __init__(self, store, rollout_dtype: torch.dtype):
+        self.store = store
+        self.rollout_dtype = rollout_dtype
+
+    def push(self, version: int, policy: dict, drafter: dict | None = None) -> None:
+        cast = {k: v.to(self.rollout_dtype) if v.is_floating_point() else v for k, v in policy.items()}
+        ref = ray.put((cast, drafter))
+        ray.get(self.store.set.remote(version, [ref]))
+
+    def wait_for(self, version: int, timeout: float | None = WAIT_TIMEOUT_SECONDS) -> int:
+        t0 = time.monotonic()
+        while True:
+            live, _ = ray.get(self.store.latest.remote())
+            if live is not None and live >= version:
+                return live
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                raise SpecRLError(f"weight sync: version {version} was not published within {timeout:.0f} s "
+                                  f"(newest: {live})")
+            time.sleep(WAIT_POLL_SECONDS)
+
+
+@ray.remote
+class RolloutWorker:
+    def __init__(self, cfg_data: dict, index: int, threads: int, store, marker_dir: str):
+        torch.set_num_threads(threads)
+        self.cfg = cfg = _config(cfg_data)
+        self.index = index
+        self.store = store
+        self.marker = Path(marker_dir) / f".worker-killed-{os.environ.get(KILL_WORKER_ENV, '')}"
+        seed_everything(cfg.run.seed)
+        policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
+        self.backend = build_backend(cfg, policy)
+        self.producer = RolloutProducer(cfg, tokenizer, self.backend, stop_token_ids(tokenizer, policy.args))
+        self.version = -1  # nothing published loaded yet: the first call always refits
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def _refit(self, min_version: int) -> float:
+        """Load the newest published weights (waiting until >= min_version is out); return the seconds spent."""
+        t0 = time.monotonic()
+        while True:
+            live, refs = ray.get(self.store.latest.remote())
+            if live is not None and live > self.version:
+                policy, drafter = ray.get(refs[0])
+                self.backend.load_weights("policy", policy, live)
+                if drafter is not None:
+                    self.backend.load_weights("drafter", drafter, live)
+                self.version = live
+            if self.version >= min_version:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > WAIT_TIMEOUT_SECONDS:
+                raise SpecRLError(f"rollout worker {self.index}: policy version {min_version} was not published "
+                                  f"within {WAIT_TIMEOUT_SECONDS:.0f} s (newest: {live})")
+            time.sleep(WAIT_POLL_SECONDS)
+
+    def generate(self, step_index: int, first_group: int, prompt_indices: list[int],
+                 min_version: int) -> tuple[Rollouts, list[dict]]:
+        t0 = time.time()
+        self._refit(min_version)
+        t1 = time.time()
+        if os.environ.get(KILL_WORKER_ENV) == str(step_index + 1) and not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), 9)
+        r = self.producer.stage_gen(step_index, prompt_indices, first_group)
+        t2 = time.time()
+        lane = f"worker {self.index}"
+        return r, [{"lane": lane, "kind": "refit", "start": t0, "end": t1, "step": step_index + 1},
+                   {"lane": lane, "kind": "gen", "start": t1, "end": t2, "step": step_index + 1,
+                    "version": self.version}]
+
+    def validate(self, min_version: int) -> dict[str, Any]:
+        self._refit(min_version)
+        return self.producer.validate()
+
+
+@ray.remote
+class LearnerActor:
+    def __init__(self, cfg_data: dict, threads: int, store):
+        torch.set_num_threads(threads)
+        self.cfg = cfg = _config(cfg_data)
+        seed_everything(cfg.run.seed)
+        policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
+        drafter = build_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
+        policy.train()
+        self.tokenizer = tokenizer
+        self.learner = Learner(cfg, policy, drafter, max_policy_lag=cfg.pipeline.max_trajectory_age_steps)
+        self.data = RolloutProducer(cfg, tokenizer, None, stop_token_ids(tokenizer, policy.args))  # data stage
+        self.sync = RayWeightSync(store, parse_dtype(cfg.model.rollout_dtype))
+        self.lines: list[str] = []
+        self.learner.log = self.lines.append
+
+    def step_count(self) -> int:
+        return self.learner.step_count
+
+    def next_prompts(self) -> tuple[list[int], dict]:
+        """The data stage: the next step's prompt indices, and the cursor state before drawing them."""
+        before = self.data.state_dict()
+        return self.data.stage_data(), before
+
+    def data_state(self) -> dict:
+        return self.data.state_dict()
+
+    def publish(self) -> tuple[int, float, dict]:
+        """Publish the current weights with their version; (version, seconds, timeline event)."""
+        t0 = time.time()
+        self.sync.push(*self.learner.named_weights())
+        t1 = time.time()
+        return self.learner.version, t1 - t0, {"lane": "learner", "kind": "publish", "start": t0, "end": t1,
+                                               "step": self.learner.version}
+
+    def learn(self, rollouts: Rollouts, seconds: dict) -> tuple[dict, list[dict], list[str]]:
+        t0 = time.time()
+        rec, _ = self.learner.learn(rollouts, seconds)
+        t1 = time.time()
+        lp = rec["stage_seconds"]["logprob"]
+        events = [{"lane": "learner", "kind": "logprob", "start": t0, "end": t0 + lp, "step": rec["step"]},
+                  {"lane": "learner", "kind": "train", "start": t0 + lp, "end": t1, "step": rec["step"]}]
+        lines, self.lines[:] = list(self.lines), []
+        return rec, events, lines
+
+    def state_parts(self) -> dict:
+        return self.learner.state_parts()
+
+    def load_parts(self, parts: dict, learner_state: dict, data_state: dict) -> None:
+        self.learner.load_parts(parts, learner_state)
+        self.data.load_state_dict(data_state)
+
+    def save_final(self, directory: str) -> None:
+        from specrl.model.checkpoint import save_checkpoint
+
+        save_checkpoint(self.learner.policy, directory)
+        self.tokenizer.save_pretrained(directory)

@@ -1,0 +1,196 @@
+"""The async pipeline on Ray: lag 0 equals sync, lag 1 overlaps with IS against the generating version, nothing
+is lost or trained twice (also when a rollout worker is killed), resume after the driver is killed, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+import yaml
+
+from specrl.errors import SpecRLError
+from specrl.rl.config import validate_config
+from specrl.rl.metrics import read_metrics
+from specrl.rl.run import train_main
+from specrl.rl.trainer import GRPOTrainer
+from tests.test_rl_trainer import cfg_dict
+from tests.tiny import make_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=0)
+
+
+def test_async_bad_input(tiny, tmp_path):
+    """(First in this file: it needs Ray not started yet.)"""
+    from specrl.distributed import make_trainer
+
+    with pytest.raises(SpecRLError, match="must be >= 0"):
+        validate_config(async_cfg(tiny, lag=-1))
+    bad = async_cfg(tiny, lag=1)
+    bad["grpo"]["importance_sampling_correction"] = False
+    with pytest.raises(SpecRLError, match="pipeline.max_trajectory_age_steps=1 .* grpo.importance_sampling_correction"):
+        validate_config(bad)
+    many = validate_config(async_cfg(tiny, lag=0, workers=64))
+    with pytest.raises(SpecRLError, match="64 rollout workers x 1 threads \\+ 1 learner threads need 65 CPUs"):
+        make_trainer(many, tmp_path / "a")
+    nowhere = validate_config(async_cfg(tiny, lag=0, pipeline__ray_address="127.0.0.1:1"))
+    with pytest.raises(SpecRLError, match="pipeline.ray_address='127.0.0.1:1': cannot connect"):
+        make_trainer(nowhere, tmp_path / "b")
+    assert not ray.is_initialized()
+    exact = validate_config(async_cfg(tiny, lag=0))
+    from specrl.rl.run import sync_trainer
+
+    with pytest.raises(SpecRLError, match="pipeline.mode='async' runs on Ray"):
+        sync_trainer(exact, tmp_path / "c")
+    with pytest.raises(SpecRLError, match="--compare runs the sync pipeline twice"):
+        cfgf = tmp_path / "c.yaml"
+        cfgf.write_text(yaml.safe_dump(async_cfg(tiny, lag=0)))
+        train_main(str(cfgf), [], None, str(tmp_path / "cmp"), True)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module (logical CPUs: the actors are tiny); shut down at the end."""
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             _node_ip_address="127.0.0.1", configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def async_cfg(tiny, lag=1, workers=1, **over):
+    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2,
+                 pipeline__mode="async", pipeline__max_trajectory_age_steps=lag,
+                 pipeline__num_rollout_workers=workers, grpo__importance_sampling_correction=lag > 0, **over)
+    return d
+
+
+def learner_policy(t):
+    return ray.get(t.learner.state_parts.remote())["policy"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_async_lag0_equals_sync(tiny, tmp_path, local_ray, workers):
+    from specrl.distributed.async_trainer import AsyncGRPOTrainer
+
+    sync = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, speculative__drafter="ngram",
+                                                            speculative__num_draft_tokens=2)))
+    a = AsyncGRPOTrainer(validate_config(async_cfg(tiny, lag=0, workers=workers)), tmp_path / "run")
+    try:
+        for step in range(1, 4):
+            rs, ra = sync.step(), a.step()
+            assert a.last_rollouts.responses == sync.last_rollouts.responses, step
+            assert a.last_rollouts.request_ids == list(range((step - 1) * 8, step * 8))
+            pol = learner_policy(a)
+            assert all(torch.equal(pol[k], v) for k, v in sync.policy.state_dict().items()), step
+            assert ra["reward_mean"] == rs["reward_mean"] and ra["trajectory_age_max"] == 0
+            assert ra["acceptance_length"] == pytest.approx(rs["acceptance_length"]) or workers > 1
+    finally:
+        a.close()
+
+
+def test_async_lag1_overlaps_and_records(tiny, tmp_path, local_ray):
+    from specrl.distributed.async_trainer import AsyncGRPOTrainer
+
+    a = AsyncGRPOTrainer(validate_config(async_cfg(tiny, lag=1)), tmp_path / "run")
+    try:
+        recs = [a.step() for _ in range(3)]
+    finally:
+        a.close()
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    # step 1 must come from version 0; later steps from version >= step - 2 (the lag bound)
+    for r in recs:
+        assert all(v >= r["step"] - 2 for v in r["group_policy_versions"]) and r["trajectory_age_max"] <= 1
+        assert r["trained_samples"] == 8 and r["is_ratio_mean"] is not None
+        for key in ("exposed_gen_seconds", "learner_idle_ratio", "refit_seconds", "dropped_stale_groups"):
+            assert r[key] is not None, key
+    events = [json.loads(line) for line in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
+    assert {e["kind"] for e in events} >= {"gen", "refit", "train", "logprob", "publish"}
+    assert {e["lane"] for e in events} == {"worker 0", "learner"}
+
+
+def test_is_ratio_against_the_generating_version(tiny):
+    """Two known policy versions: rollouts generated by version A, learner at version B (lag 1). The importance
+    weights are exp(logp_B - logp_A) per token, i.e. against the version that generated each token."""
+    from specrl.model.loader import load_model
+    from specrl.model.tokenizer import stop_token_ids
+    from specrl.rl.learner import Learner
+    from specrl.rl.producer import RolloutProducer
+    from specrl.rl.trainer import build_backend
+
+    cfg = validate_config(async_cfg(tiny, lag=1, generation__temperature=1.0))
+    a, tok = load_model(cfg.model.name, dtype=torch.float32)
+    b, _ = load_model(cfg.model.name, dtype=torch.float32)
+    with torch.no_grad():
+        for p in b.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    backend = build_backend(cfg, a)  # version 0 = A
+    producer = RolloutProducer(cfg, tok, backend, stop_token_ids(tok, a.args))
+    r = producer.stage_gen(1, producer.stage_data())
+    assert r.policy_version == 0
+    learner = Learner(cfg, b, max_policy_lag=1)
+    learner.step_count = 1  # B is version 1: the rollouts are one version behind
+    batch = learner.stage_logprob(r)
+    from specrl.rl.learner import response_logprobs
+
+    ref_a = torch.zeros_like(batch.gen_logp)
+    with torch.no_grad():
+        for i in range(len(r.prompts)):
+            toks, m = learner._micro(batch, [i])
+            lp, _ = response_logprobs(a, toks, m, 1.0)
+            ref_a[i, : lp.shape[1]] = lp
+    m = batch.mask
+    assert torch.allclose(batch.gen_logp[m], ref_a[m], atol=1e-4)  # behaviour log-probs are A's
+    weights = torch.exp(batch.old_logp - batch.gen_logp)[m]
+    assert not torch.allclose(weights, torch.ones_like(weights), atol=1e-3)  # A and B differ
+    rec, _ = learner.learn(r, {"data": 0.0, "prepare": 0.0, "gen": 0.0})
+    capped = weights.clamp(max=cfg.grpo.importance_sampling_cap)
+    assert rec["policy_lag"] == 1
+    assert rec["is_ratio_mean"] == pytest.approx(float(capped.mean()), rel=1e-3)
+    assert rec["is_ratio_max"] == pytest.approx(float(capped.max()), rel=1e-3)
+
+
+def test_worker_killed_mid_generation_nothing_lost_or_twice(tiny, tmp_path):
+    """A rollout worker SIGKILLs itself during step 2: Ray restarts it, the share is retried with re-synced weights,
+    and every (step, prompt, sample) id is trained exactly once."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(async_cfg(tiny, lag=1, run__checkpoint_every=0, grpo__val_every=0)))
+    env = {**os.environ, "SPECRL_TEST_KILL_WORKER_AT_STEP": "2", "PYTHONPATH": str(ROOT)}
+    code = ("from specrl.rl.run import train_main; from specrl.distributed import make_trainer; "
+            f"train_main({str(cfg)!r}, [], None, {str(tmp_path / 'run')!r}, False, make_trainer=make_trainer)")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "run" / ".worker-killed-2").exists()  # the kill happened
+    recs = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert [r["trained_request_id_range"] for r in recs] == [[0, 7], [8, 15], [16, 23]]
+    assert all(r["trained_samples"] == 8 for r in recs)
+
+
+def test_driver_killed_and_resumed(tiny, tmp_path):
+    """kill -9 of the whole async run in step 3, resume: steps 1..3 each once, same ids, the run completes."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(async_cfg(tiny, lag=1, run__steps=4, grpo__val_every=0)))
+    run = tmp_path / "run"
+    env = {**os.environ, "SPECRL_TEST_SIGKILL_AT_STEP": "3", "PYTHONPATH": str(ROOT)}
+    code = ("from specrl.rl.run import train_main; from specrl.distributed import make_trainer; "
+            f"train_main({str(cfg)!r}, [], None, {str(run)!r}, False, make_trainer=make_trainer)")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    env.pop("SPECRL_TEST_SIGKILL_AT_STEP")
+    code = ("from specrl.rl.run import train_main; from specrl.distributed import make_trainer; "
+            f"train_main(None, [], {str(run)!r}, None, False, make_trainer=make_trainer)")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    assert [r["trained_request_id_range"] for r in recs] == [[0, 7], [8, 15], [16, 23], [24, 31]]
+    assert (run / "report.md").exists()
