@@ -114,6 +114,11 @@ def test_async_lag1_overlaps_and_records(tiny, tmp_path, local_ray):
     events = [json.loads(line) for line in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
     assert {e["kind"] for e in events} >= {"gen", "refit", "train", "logprob", "publish"}
     assert {e["lane"] for e in events} == {"worker 0", "learner"}
+    from specrl.rl.report import write_report
+
+    report = write_report(tmp_path / "run", recs).read_text()
+    assert "## Async pipeline" in report and "trajectory age, mean / max (policy versions) | " in report
+    assert (tmp_path / "run" / "timeline.png").exists()
 
 
 def test_is_ratio_against_the_generating_version(tiny):

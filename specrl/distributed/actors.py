@@ -84,11 +84,11 @@ class RayWeightSync:
 
 @ray.remote
 class RolloutWorker:
-    def __init__(self, cfg_data: dict, index: int, threads: int, store, marker_dir: str):
+    def __init__(self, cfg_data: dict, index: int, threads: int, store_name: str, marker_dir: str):
         torch.set_num_threads(threads)
         self.cfg = cfg = _config(cfg_data)
         self.index = index
-        self.store = store
+        self.store = ray.get_actor(store_name)  # by name: a restarted worker finds it without object-store args
         self.marker = Path(marker_dir) / f".worker-killed-{os.environ.get(KILL_WORKER_ENV, '')}"
         seed_everything(cfg.run.seed)
         policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))

@@ -23,6 +23,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +103,13 @@ class AsyncGRPOTrainer:
         try:
             pl = cfg.pipeline
             data = cfg.model_dump(mode="json")
-            self.store = WeightStore.options(num_cpus=0).remote()
+            store_name = f"specrl-weights-{uuid.uuid4().hex[:12]}"
+            self.store = WeightStore.options(num_cpus=0, name=store_name).remote()
             self.learner = LearnerActor.options(num_cpus=pl.learner_threads).remote(data, pl.learner_threads,
                                                                                      self.store)
             self.workers = [RolloutWorker.options(num_cpus=pl.worker_threads, max_restarts=WORKER_RESTARTS,
                                                   max_task_retries=WORKER_RESTARTS)
-                            .remote(data, w, pl.worker_threads, self.store, str(self.run_dir))
+                            .remote(data, w, pl.worker_threads, store_name, str(self.run_dir))
                             for w in range(pl.num_rollout_workers)]
             ray.get([self.learner.step_count.remote(), *[w.pid.remote() for w in self.workers]])
         except Exception:

@@ -182,6 +182,61 @@ def write_acceptance_compare(out_dir: str | Path, runs: dict[str, list[dict]],
     return png, jpath, mpath
 
 
+_LANE_COLOR = {"gen": "#3aa655", "refit": "#b07cc6", "publish": "#8c6bb1", "logprob": "#e6b800",
+               "train": "#d9534f"}
+
+
+def read_timeline(path: str | Path) -> list[dict]:
+    """Events {lane, kind, start, end, step} of an async run's timeline.jsonl (seconds from the run's start)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line from a killed run
+    return out
+
+
+def plot_timeline(events: list[dict], path: Path, title: str = "async pipeline timeline") -> Path:
+    """One lane per actor (learner on top, then each rollout worker); bars are generate / refit / logprob /
+    train / publish; white space in a lane is that actor idle."""
+    plt = _plt()
+    lanes = sorted({e["lane"] for e in events}, key=lambda x: (x != "learner", x))
+    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.6 * len(lanes)))
+    seen = set()
+    for y, lane in enumerate(lanes):
+        for e in (e for e in events if e["lane"] == lane):
+            label = e["kind"] if e["kind"] not in seen else None
+            seen.add(e["kind"])
+            ax.barh(y, e["end"] - e["start"], left=e["start"], height=0.6, color=_LANE_COLOR.get(e["kind"], "#999"),
+                    label=label, edgecolor="none")
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _finish(plt, fig, ax, path, "seconds since the run started", "", title, grid=False)
+
+
+def async_summary(records: list[dict]) -> dict[str, Any] | None:
+    """Means of the async pipeline's per-step fields, or None for a sync run."""
+    if not records or "exposed_gen_seconds" not in records[0]:
+        return None
+
+    def mean(key: str) -> float | None:
+        return _mean([float(r[key]) for r in records if r.get(key) is not None])
+
+    return {"exposed_gen_seconds_mean": mean("exposed_gen_seconds"),
+            "gen_seconds_workers_mean": mean("gen_seconds_workers"),
+            "learner_idle_ratio_mean": mean("learner_idle_ratio"),
+            "trajectory_age_mean": mean("trajectory_age_mean"),
+            "trajectory_age_max": max(int(r.get("trajectory_age_max") or 0) for r in records),
+            "dropped_stale_groups": sum(int(r.get("dropped_stale_groups") or 0) for r in records),
+            "refit_seconds_mean": mean("refit_seconds"),
+            "publish_seconds_mean": mean("publish_seconds")}
+
+
 def summarize(records: list[dict]) -> dict[str, Any]:
     """Run-level numbers for report.md and compare.json."""
     if not records:
@@ -261,6 +316,22 @@ def write_report(run_dir: str | Path, records: list[dict], config_text: str = ""
         "",
         "Per-step numbers: `metrics.jsonl`; live curves: `tensorboard --logdir " + str(run_dir) + "`.",
     ]
+    a = async_summary(records)
+    events = read_timeline(run_dir / "timeline.jsonl")
+    if a is not None:
+        lines += ["", "## Async pipeline", "", "| metric | value |", "|---|---|",
+                  f"| exposed generation per step (s; the learner waiting for rollouts) | "
+                  f"{_f(a['exposed_gen_seconds_mean'], '.2f')} |",
+                  f"| generation per step on the workers (s) | {_f(a['gen_seconds_workers_mean'], '.2f')} |",
+                  f"| learner idle ratio | {_f(a['learner_idle_ratio_mean'], '.2f')} |",
+                  f"| trajectory age, mean / max (policy versions) | {_f(a['trajectory_age_mean'], '.2f')} / "
+                  f"{a['trajectory_age_max']} |",
+                  f"| stale groups dropped and regenerated | {a['dropped_stale_groups']} |",
+                  f"| refit / publish per step (s) | {_f(a['refit_seconds_mean'], '.2f')} / "
+                  f"{_f(a['publish_seconds_mean'], '.2f')} |"]
+    if events:
+        plot_timeline(events, run_dir / "timeline.png")
+        lines += ["", "One lane per actor; white space is idle time.", "", "![timeline](timeline.png)"]
     if config_text:
         lines += ["", "## Resolved config", "```yaml", config_text.rstrip(), "```"]
     path = run_dir / "report.md"

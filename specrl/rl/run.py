@@ -32,7 +32,7 @@ from specrl.rl.trainer import GRPOTrainer, seed_everything
 
 _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validation.jsonl", "report.md",
               "reward.png", "stages.png", "acceptance.png", "config.yaml", "autoregressive", "speculative",
-              "compare.json", "compare.md", "compare_reward.png")
+              "compare.json", "compare.md", "compare_reward.png", "timeline.jsonl", "timeline.png")
 
 
 def setup_run(config_path: str | None, sets: list[str], resume: str | None,
