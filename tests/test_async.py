@@ -199,3 +199,21 @@ def test_driver_killed_and_resumed(tiny, tmp_path):
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     assert [r["trained_request_id_range"] for r in recs] == [[0, 7], [8, 15], [16, 23], [24, 31]]
     assert (run / "report.md").exists()
+
+
+def test_pipelines_benchmark_runs_all_four_arms(tiny, tmp_path):
+    """benchmarks/pipelines.py end to end on the tiny model (through `specrl train`, async included): its table,
+    JSON and plot; no speed is asserted."""
+    import importlib.util
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)))
+    spec = importlib.util.spec_from_file_location("pipelines", ROOT / "benchmarks" / "pipelines.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--config", str(cfg), "--steps", "2", "--out", str(tmp_path / "p")])
+    table = (out / "pipelines.md").read_text()
+    for arm in ("sync-ar", "sync-spec", "async-ar", "async-spec"):
+        assert f"| {arm} |" in table
+        assert json.loads((out / "pipelines.json").read_text())[arm]["steps"] == 2
+    assert (out / "pipelines_reward.png").exists() and (out / "async-spec" / "timeline.png").exists()
