@@ -66,10 +66,10 @@ def local_ray():
 
 
 def async_cfg(tiny, lag=1, workers=1, **over):
-    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2,
-                 pipeline__mode="async", pipeline__max_trajectory_age_steps=lag,
-                 pipeline__num_rollout_workers=workers, grpo__importance_sampling_correction=lag > 0, **over)
-    return d
+    base = {"speculative__drafter": "ngram", "speculative__num_draft_tokens": 2, "pipeline__mode": "async",
+            "pipeline__max_trajectory_age_steps": lag, "pipeline__num_rollout_workers": workers,
+            "grpo__importance_sampling_correction": lag > 0}
+    return cfg_dict(tiny, **{**base, **over})
 
 
 def learner_policy(t):
@@ -217,3 +217,11 @@ def test_pipelines_benchmark_runs_all_four_arms(tiny, tmp_path):
         assert f"| {arm} |" in table
         assert json.loads((out / "pipelines.json").read_text())[arm]["steps"] == 2
     assert (out / "pipelines_reward.png").exists() and (out / "async-spec" / "timeline.png").exists()
+
+
+def test_worker_that_cannot_build_its_backend_is_a_clear_error(tiny, tmp_path, local_ray):
+    from specrl.distributed.async_trainer import AsyncGRPOTrainer
+
+    cfg = validate_config(async_cfg(tiny, lag=0, speculative__drafter="eagle:/nonexistent"))
+    with pytest.raises(SpecRLError, match="rollout worker 0: drafter directory /nonexistent does not exist"):
+        AsyncGRPOTrainer(cfg, tmp_path / "run")

@@ -90,14 +90,19 @@ class RolloutWorker:
         self.index = index
         self.store = ray.get_actor(store_name)  # by name: a restarted worker finds it without object-store args
         self.marker = Path(marker_dir) / f".worker-killed-{os.environ.get(KILL_WORKER_ENV, '')}"
-        seed_everything(cfg.run.seed)
-        policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
-        self.backend = build_backend(cfg, policy)
-        self.producer = RolloutProducer(cfg, tokenizer, self.backend, stop_token_ids(tokenizer, policy.args))
         self.version = -1  # nothing published loaded yet: the first call always refits
+        self.init_error: str | None = None
+        try:  # a config the worker cannot honour is reported by `ready`, as a clear error, not an actor death
+            seed_everything(cfg.run.seed)
+            policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
+            self.backend = build_backend(cfg, policy)
+            self.producer = RolloutProducer(cfg, tokenizer, self.backend, stop_token_ids(tokenizer, policy.args))
+        except SpecRLError as e:
+            self.init_error = str(e)
 
-    def pid(self) -> int:
-        return os.getpid()
+    def ready(self) -> tuple[int, str | None]:
+        """(pid, the construction error or None)."""
+        return os.getpid(), self.init_error
 
     def _refit(self, min_version: int) -> float:
         """Load the newest published weights (waiting until >= min_version is out); return the seconds spent."""
@@ -142,19 +147,24 @@ class LearnerActor:
     def __init__(self, cfg_data: dict, threads: int, store):
         torch.set_num_threads(threads)
         self.cfg = cfg = _config(cfg_data)
-        seed_everything(cfg.run.seed)
-        policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
-        drafter = build_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
-        policy.train()
-        self.tokenizer = tokenizer
-        self.learner = Learner(cfg, policy, drafter, max_policy_lag=cfg.pipeline.max_trajectory_age_steps)
-        self.data = RolloutProducer(cfg, tokenizer, None, stop_token_ids(tokenizer, policy.args))  # data stage
-        self.sync = RayWeightSync(store, parse_dtype(cfg.model.rollout_dtype))
+        self.init_error: str | None = None
         self.lines: list[str] = []
+        try:
+            seed_everything(cfg.run.seed)
+            policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
+            drafter = build_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
+            policy.train()
+            self.tokenizer = tokenizer
+            self.learner = Learner(cfg, policy, drafter, max_policy_lag=cfg.pipeline.max_trajectory_age_steps)
+            self.data = RolloutProducer(cfg, tokenizer, None, stop_token_ids(tokenizer, policy.args))  # data stage
+        except SpecRLError as e:
+            self.init_error = str(e)
+            return
+        self.sync = RayWeightSync(store, parse_dtype(cfg.model.rollout_dtype))
         self.learner.log = self.lines.append
 
-    def step_count(self) -> int:
-        return self.learner.step_count
+    def ready(self) -> tuple[int, str | None]:
+        return os.getpid(), self.init_error
 
     def next_prompts(self) -> tuple[list[int], dict]:
         """The data stage: the next step's prompt indices, and the cursor state before drawing them."""

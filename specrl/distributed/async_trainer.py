@@ -111,7 +111,11 @@ class AsyncGRPOTrainer:
                                                   max_task_retries=WORKER_RESTARTS)
                             .remote(data, w, pl.worker_threads, store_name, str(self.run_dir))
                             for w in range(pl.num_rollout_workers)]
-            ray.get([self.learner.step_count.remote(), *[w.pid.remote() for w in self.workers]])
+            names = ["learner", *[f"rollout worker {w}" for w in range(len(self.workers))]]
+            states = ray.get([self.learner.ready.remote(), *[w.ready.remote() for w in self.workers]])
+            errors = [f"{name}: {err}" for name, (_, err) in zip(names, states, strict=True) if err]
+            if errors:
+                raise SpecRLError("; ".join(dict.fromkeys(errors)))
         except Exception:
             self.close()
             raise
@@ -198,7 +202,8 @@ class AsyncGRPOTrainer:
         self._events(events + learn_events)
         train_s = rec["stage_seconds"]["logprob"] + rec["stage_seconds"]["train"]
         wall = t3 - t0
-        versions = [min(p.policy_versions) for p in parts]
+        n = self.cfg.grpo.num_generations
+        versions = [min(rollouts.policy_versions[g * n: (g + 1) * n]) for g in range(len(rollouts.prompts) // n)]
         ages = [index - v for v in versions]
         refit = [e["end"] - e["start"] for e in events if e["kind"] == "refit"]
         rec.update({
