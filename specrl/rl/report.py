@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from specrl.rl.metrics import STAGES
+from specrl.rl.metrics import STAGES, read_metrics
 
 _STAGE_COLOR = {"data": "#4c9be8", "prepare": "#b07cc6", "gen": "#3aa655", "logprob": "#e6b800",
                 "train": "#d9534f"}
@@ -186,20 +186,6 @@ _LANE_COLOR = {"gen": "#3aa655", "refit": "#b07cc6", "publish": "#8c6bb1", "logp
                "train": "#d9534f"}
 
 
-def read_timeline(path: str | Path) -> list[dict]:
-    """Events {lane, kind, start, end, step} of an async run's timeline.jsonl (seconds from the run's start)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line from a killed run
-    return out
-
-
 def plot_timeline(events: list[dict], path: Path, title: str = "async pipeline timeline") -> Path:
     """One lane per actor (learner on top, then each rollout worker); bars are generate / refit / logprob /
     train / publish; white space in a lane is that actor idle."""
@@ -317,7 +303,7 @@ def write_report(run_dir: str | Path, records: list[dict], config_text: str = ""
         "Per-step numbers: `metrics.jsonl`; live curves: `tensorboard --logdir " + str(run_dir) + "`.",
     ]
     a = async_summary(records)
-    events = read_timeline(run_dir / "timeline.jsonl")
+    events = read_metrics(run_dir / "timeline.jsonl")  # any JSONL; a torn last line is skipped
     if a is not None:
         lines += ["", "## Async pipeline", "", "| metric | value |", "|---|---|",
                   f"| exposed generation per step (s; the learner waiting for rollouts) | "
