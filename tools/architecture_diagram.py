@@ -1,4 +1,4 @@
-"""Draw docs/img/architecture.png: specrl's layers, one synchronous RL step, and the asynchronous pipeline to come.
+"""Draw docs/img/architecture.png: specrl's layers, one synchronous RL step, and the asynchronous pipeline.
 
 Run `python tools/architecture_diagram.py [OUT.png]` after changing a layer or the step's data flow, so the picture
 in docs/architecture.md stays true. matplotlib only (Agg backend, no display needed).
@@ -24,10 +24,10 @@ LAYERS = [
     (2, "specrl.rollout", "api (backend protocol) · drafter (protocol) · sampling · verify · adaptive ·\n"
                           "metrics · engine (native engine implementing the protocol)"),
     (3, "specrl.drafters", "base · ngram · suffix · draft_model · eagle · mtp · io · training · build"),
-    (4, "specrl.backends", "other engines behind the rollout protocol (vLLM to come)"),
+    (4, "specrl.backends", "other engines behind the rollout protocol (vLLM)"),
     (5, "specrl.rl", "tasks · grpo · config · producer · learner · trainer · weight_sync\n"
                      "draft_online · default_drafter · run · checkpoint · metrics · report"),
-    (6, "specrl.distributed", "Ray actors: rollout workers, trajectory buffer, learner (to come)"),
+    (6, "specrl.distributed", "Ray: rollout-worker and learner actors, weight store, async driver"),
     (7, "specrl.cli", "the `specrl` command line"),
 ]
 SIM = (5, "specrl.sim", "performance simulator\n(independent of rl)")
@@ -89,7 +89,7 @@ def draw_sync_step(ax):
         if i:
             arrow(ax, (x - gap - 0.02, y + 0.275), (x + 0.02, y + 0.275))
     bx, bw, by, bh = x0, 5 * w + 4 * gap, 5.0, 1.05
-    box(ax, bx, by, bw, bh, "#d4edda", "rollout backend (RolloutBackend protocol: native engine, or vLLM to come)",
+    box(ax, bx, by, bw, bh, "#d4edda", "rollout backend (RolloutBackend protocol: native engine or vLLM)",
         "generate(requests, params) -> GenerationResult    load_weights(which, named_tensors, version)\n"
         "capabilities (verify modes, drafter kinds, max k, exact seeds)    policy_version", title_size=9.5,
         body_size=8)
@@ -105,7 +105,7 @@ def draw_sync_step(ax):
 
 def draw_async(ax):
     x0, y_top = 8.35, 4.45
-    ax.text(x0, y_top, "Asynchronous pipeline (to come: specrl.distributed, Ray)", fontsize=12, weight="bold",
+    ax.text(x0, y_top, "Asynchronous pipeline (specrl.distributed, Ray)", fontsize=12, weight="bold",
             va="top")
     wx, ww, wh = x0, 2.45, 0.78
     ys = [2.9, 1.95, 0.6]
@@ -114,7 +114,7 @@ def draw_async(ax):
             body_size=7.6)
     ax.text(wx + ww / 2, 1.62, "...", ha="center", va="center", fontsize=12)
     bx, bw = 11.3, 1.75
-    box(ax, bx, 1.85, bw, 1.0, "#fff3bf", "trajectory\nbuffer", title_size=9.5)
+    box(ax, bx, 1.85, bw, 1.0, "#fff3bf", "in-flight groups\n(trajectory buffer)", title_size=9.5)
     lx, lw_ = 13.65, 2.0
     box(ax, lx, 1.85, lw_, 1.0, "#fde2e1", "learner actor", "logprob + train\n(+ drafter)", title_size=9.5,
         body_size=7.6)
@@ -124,7 +124,7 @@ def draw_async(ax):
     arrow(ax, (lx + lw_ / 2, 2.9), (wx + ww - 0.3, 3.72), color="#7a3f95", dashed=True, rad=0.25)
     ax.text(12.25, 3.05, "weights + version via the object store,\nonce per optimizer step", ha="center",
             va="bottom", fontsize=7.6, color="#7a3f95")
-    ax.text(bx, 1.55, "step s trains only on groups with\npolicy_version >= s - max_trajectory_age_steps",
+    ax.text(bx, 1.55, "step s trains only on groups with\npolicy_version >= s - 1 - max_trajectory_age_steps",
             ha="left", va="top", fontsize=7.6, color="#a33")
 
 
