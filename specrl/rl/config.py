@@ -76,6 +76,25 @@ class TaskConfig(_Section):
     """Extra reward when an answer can be read back (see specrl.rl.tasks.score_response)."""
     system_prompt: str | None = None
     """A system turn; None leaves the chat template's default."""
+    path: str | None = None
+    """name=dataset: a .jsonl / .parquet file or a `datasets` save_to_disk directory (see specrl.rl.data)."""
+    validation_path: str | None = None
+    """name=dataset: validation rows from this file; else a held-out validation_fraction of task.path."""
+    validation_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    split: str = "train"
+    """name=dataset: the split of a save_to_disk DatasetDict."""
+    prompt_column: str = "prompt"
+    """name=dataset: the column holding a prompt string or a list of chat messages."""
+    answer_column: str | None = "answer"
+    """name=dataset: an optional reference-answer column (every column reaches the reward functions anyway)."""
+
+
+class RewardConfig(_Section):
+    functions: list[str] = Field(default_factory=list)
+    """Reward functions `package.module:function` or `path/file.py:function`, each called as
+    fn(prompt, completion, row) -> float (see specrl.rl.rewards). Empty: the task's built-in scorer."""
+    weights: list[float] | None = None
+    """One weight per function (default 1.0 each); the step's reward is the weighted sum."""
 
 
 class GRPOConfig(_Section):
@@ -281,6 +300,7 @@ class TrainConfig(_Section):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     drafter: DrafterConfig = Field(default_factory=DrafterConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
 
@@ -305,6 +325,15 @@ class TrainConfig(_Section):
                 f"{self.speculative.drafter!r}; use eagle:PATH / eagle:default / mtp:PATH "
                 "or drafter.online=false"
             )
+        if self.task.name == "dataset" and not self.reward.functions:
+            raise ValueError("task.name=dataset has no built-in scorer: give reward.functions (import paths of "
+                             "fn(prompt, completion, row) -> float), e.g. examples/custom_task/reward.py:exact_match")
+        if self.task.name == "dataset" and not self.task.path:
+            raise ValueError("task.name=dataset needs task.path (a .jsonl / .parquet file or a save_to_disk dir)")
+        rw = self.reward
+        if rw.weights is not None and len(rw.weights) != len(rw.functions):
+            raise ValueError(f"reward.weights has {len(rw.weights)} entries but reward.functions has "
+                             f"{len(rw.functions)}; give one weight per function")
         pl = self.pipeline
         if pl.mode == "async" and pl.max_trajectory_age_steps > 0 and not self.grpo.importance_sampling_correction:
             raise ValueError(

@@ -20,13 +20,15 @@ from torch import Tensor
 
 from specrl.errors import SpecRLError
 from specrl.rl.config import TrainConfig
+from specrl.rl.data import DATASET_TASK, make_dataset_task
+from specrl.rl.rewards import builtin_rewards, user_rewards
 from specrl.rl.tasks import (
     ANSWER_FORMATS,
     PromptFormatter,
     PromptSampler,
+    extract_answer,
     make_task,
     resolve_answer_format,
-    score_response,
 )
 from specrl.rollout.api import RolloutBackend, RolloutRequest
 from specrl.rollout.metrics import merge_metrics
@@ -46,11 +48,12 @@ class Rollouts:
     finish_reasons: list[str]
     rewards: Tensor
     correct: list[bool]
-    formatted: list[bool]
+    formatted: list[bool | None]  # an answer could be read back (built-in tasks); None for user rewards
     engine_metrics: dict = field(default_factory=dict)
     policy_versions: list[int] = field(default_factory=list)  # per sample: the weights that generated it
     step_index: int = 0  # 0-based index of the step these rollouts were generated for
     request_ids: list[int] = field(default_factory=list)  # per sample: unique across the run (step, group, sample)
+    reward_components: dict[str, list[float]] = field(default_factory=dict)  # per reward function, per sample
 
     @property
     def policy_version(self) -> int:
@@ -71,7 +74,8 @@ def merge_rollouts(parts: list[Rollouts], wall_seconds: float | None = None) -> 
     return Rollouts(cat("problem_indices"), cat("prompts"), cat("responses"), cat("gen_logprobs"),
                     cat("finish_reasons"), torch.cat([p.rewards for p in parts]), cat("correct"), cat("formatted"),
                     merge_metrics([p.engine_metrics for p in parts], wall_seconds), cat("policy_versions"),
-                    parts[0].step_index, cat("request_ids"))
+                    parts[0].step_index, cat("request_ids"),
+                    {k: [x for p in parts for x in p.reward_components[k]] for k in parts[0].reward_components})
 
 
 class RolloutProducer:
@@ -84,31 +88,49 @@ class RolloutProducer:
         self.backend = backend
         self.stop_ids = tuple(stop_ids)
         t = cfg.task
-        self.train_data, self.val_data = make_task(t.name, t.difficulty, t.options, t.train_size, t.val_size,
-                                                   t.seed)
-        self.answer_format = resolve_answer_format(t.name, t.answer_format)
-        self.formatter = PromptFormatter(tokenizer, t.system_prompt, ANSWER_FORMATS[self.answer_format])
+        if t.name == DATASET_TASK:  # the user's rows; their prompts are used as written unless a format is asked
+            self.train_data, self.val_data = make_dataset_task(t)
+            self.answer_format = None if t.answer_format == "auto" else t.answer_format
+        else:
+            self.train_data, self.val_data = make_task(t.name, t.difficulty, t.options, t.train_size, t.val_size,
+                                                       t.seed)
+            self.answer_format = resolve_answer_format(t.name, t.answer_format)
+        instruction = ANSWER_FORMATS[self.answer_format] if self.answer_format else ""
+        self.formatter = PromptFormatter(tokenizer, t.system_prompt, instruction)
+        if cfg.reward.functions:
+            self.rewards = {"train": user_rewards(cfg.reward.functions, cfg.reward.weights)}
+            self.rewards["val"] = self.rewards["train"]
+        else:
+            self.rewards = {split: builtin_rewards(data, self.answer_format, t.format_weight)
+                            for split, data in (("train", self.train_data), ("val", self.val_data))}
         self.sampler = PromptSampler(len(self.train_data), seed=cfg.run.seed)
-        self._prompt_cache: dict[tuple[str, int], list[int]] = {}
+        self._prompt_cache: dict[tuple[str, int], tuple[list[int], str]] = {}
 
     @property
     def num_samples(self) -> int:
         return self.cfg.grpo.num_prompts_per_step * self.cfg.grpo.num_generations
 
     def prompt(self, split: str, index: int) -> list[int]:
+        return self._prompt(split, index)[0]
+
+    def _prompt(self, split: str, index: int) -> tuple[list[int], str]:
         key = (split, index)
         if key not in self._prompt_cache:
             data = self.train_data if split == "train" else self.val_data
-            ids = self.formatter.encode(data[index].question)
+            text = self.formatter.text(data[index].question)
+            ids = list(self.formatter.tokenizer.encode(text, add_special_tokens=False))
             budget = self.cfg.model.max_seq_len - self.cfg.generation.max_new_tokens
             if len(ids) > budget:
+                row = f" (row {data[index].entry['_row']} of {self.cfg.task.path})" if data.name == DATASET_TASK \
+                    else ""
                 raise SpecRLError(
-                    f"a {split} prompt has {len(ids)} tokens but model.max_seq_len ({self.cfg.model.max_seq_len}) "
+                    f"a {split} prompt{row} has {len(ids)} tokens but model.max_seq_len "
+                    f"({self.cfg.model.max_seq_len}) "
                     f"- generation.max_new_tokens ({self.cfg.generation.max_new_tokens}) leaves {budget}; raise "
                     f"model.max_seq_len to >= {len(ids) + self.cfg.generation.max_new_tokens} or lower "
                     "generation.max_new_tokens"
                 )
-            self._prompt_cache[key] = ids
+            self._prompt_cache[key] = ids, text
         return self._prompt_cache[key]
 
     def sampling(self, greedy: bool = False) -> SamplingParams:
@@ -137,17 +159,30 @@ class RolloutProducer:
         requests = [RolloutRequest(self.prompt("train", i), base + j, group0 + j // n)
                     for j, i in enumerate(problems)]
         result = self.backend.generate(requests, self.sampling())
-        rewards, correct, formatted = [], [], []
-        for i, o in zip(problems, result, strict=True):
-            s = score_response(self.train_data, self.train_data[i], self.formatter.decode(o.token_ids),
-                               self.cfg.task.format_weight, self.answer_format)
-            rewards.append(s.reward)
-            correct.append(s.correct)
-            formatted.append(s.formatted)
+        rewards, correct, formatted, components = self._score("train", problems, result)
         return Rollouts(problems, [r.prompt_token_ids for r in requests], [list(o.token_ids) for o in result],
                         [list(o.logprobs) for o in result], [o.finish_reason for o in result],
                         torch.tensor(rewards, dtype=torch.float32), correct, formatted, dict(result.metrics),
-                        result.policy_versions, step_index, [r.request_id for r in requests])
+                        result.policy_versions, step_index, [r.request_id for r in requests], components)
+
+    def _score(self, split: str, problems: list[int], outputs) -> tuple[list, list, list, dict]:
+        """Rewards (weighted totals), correct, formatted and per-function values of each output."""
+        data, rs = (self.train_data, self.rewards["train"]) if split == "train" else (self.val_data,
+                                                                                      self.rewards["val"])
+        rewards, correct, formatted = [], [], []
+        components: dict[str, list[float]] = {name: [] for name in rs.names}
+        for i, o in zip(problems, outputs, strict=True):
+            completion = self.formatter.decode(o.token_ids)
+            problem = data[i]
+            where = f"{split} row {problem.entry.get('_row', problem.index)}"
+            s = rs.score(self._prompt(split, i)[1], completion, problem.entry, where)
+            rewards.append(s.reward)
+            correct.append(s.correct)
+            formatted.append(None if self.cfg.reward.functions else
+                             extract_answer(completion, self.answer_format) is not None)
+            for name, v in s.components.items():
+                components[name].append(v)
+        return rewards, correct, formatted, components
 
     def produce(self, step_index: int) -> tuple[Rollouts, dict[str, float]]:
         """data + gen for one step, with the two stages' seconds."""
@@ -163,11 +198,9 @@ class RolloutProducer:
             return {"accuracy": None, "val_reward": None, "val_format_rate": None}
         requests = [RolloutRequest(self.prompt("val", i), VAL_REQUEST_BASE + i) for i in range(len(self.val_data))]
         outs = self.backend.generate(requests, self.sampling(greedy=True))
-        scores = [score_response(self.val_data, self.val_data[i], self.formatter.decode(o.token_ids),
-                                 self.cfg.task.format_weight, self.answer_format) for i, o in enumerate(outs)]
-        return {"accuracy": float(np.mean([s.correct for s in scores])),
-                "val_reward": float(np.mean([s.reward for s in scores])),
-                "val_format_rate": float(np.mean([s.formatted for s in scores]))}
+        rewards, correct, formatted, _ = self._score("val", list(range(len(self.val_data))), outs)
+        return {"accuracy": float(np.mean(correct)), "val_reward": float(np.mean(rewards)),
+                "val_format_rate": None if None in formatted else float(np.mean(formatted))}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

@@ -147,7 +147,12 @@ class TaskData:
         return self.problems[i]
 
     def score_answer(self, answer: str | None, problem: Problem) -> float:
-        return float(self._dataset.score_answer(answer, problem.entry))
+        return self.score_entry(answer, problem.entry)
+
+    def score_entry(self, answer: str | None, entry: dict) -> float:
+        if self._dataset is None:
+            raise SpecRLError(f"task {self.name!r} has no built-in scorer; give reward.functions")
+        return float(self._dataset.score_answer(answer, entry))
 
 
 def _build(name: str, size: int, seed: int, kwargs: dict[str, Any]) -> Any:
@@ -254,15 +259,21 @@ class PromptFormatter:
         self.system_prompt = system_prompt
         self.instruction = instruction
 
-    def text(self, question: str) -> str:
+    def text(self, question: str | list[dict]) -> str:
+        """The chat-rendered prompt of a question string, or of a list of messages ({"role", "content"}: used as
+        given, after the system turn if one is configured and the messages have none)."""
         messages = []
-        if self.system_prompt:
+        if self.system_prompt and not (isinstance(question, list) and question and question[0].get("role") ==
+                                       "system"):
             messages.append({"role": "system", "content": self.system_prompt})
-        user = f"{question.rstrip()}\n{self.instruction}" if self.instruction else question
-        messages.append({"role": "user", "content": user})
+        if isinstance(question, list):
+            messages += question
+        else:
+            user = f"{question.rstrip()}\n{self.instruction}" if self.instruction else question
+            messages.append({"role": "user", "content": user})
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def encode(self, question: str) -> list[int]:
+    def encode(self, question: str | list[dict]) -> list[int]:
         return list(self.tokenizer.encode(self.text(question), add_special_tokens=False))
 
     def decode(self, token_ids: list[int]) -> str:
