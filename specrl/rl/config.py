@@ -259,6 +259,9 @@ class RunConfig(_Section):
     overwrite: bool = False
     """Start over in an existing run directory (deletes its checkpoints/metrics); else it is an error."""
     tensorboard: bool = True
+    loggers: list[Literal["wandb", "mlflow"]] = Field(default_factory=list)
+    """Extra loggers with metrics.jsonl's names: wandb (offline unless WANDB_MODE is set; RUN/wandb) and mlflow
+    (a local file store RUN/mlruns unless MLFLOW_TRACKING_URI is set)."""
     progress: bool = True
     """Live terminal display (rich); falls back to one plain line per step when not a TTY."""
 

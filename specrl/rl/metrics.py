@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,64 @@ def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
         out[prefix] = float(value)
 
 
+LOGGERS = ("wandb", "mlflow")
+
+
+class _WandbLogger:
+    """Weights & Biases, offline unless WANDB_MODE says otherwise: runs land in RUN/wandb (`wandb sync` uploads)."""
+
+    def __init__(self, run_dir: Path, name: str, config: dict | None, resume: bool):
+        os.environ.setdefault("WANDB_MODE", "offline")
+        import wandb
+
+        self.run = wandb.init(project="specrl", name=name, dir=str(run_dir), config=config or {},
+                              mode=os.environ["WANDB_MODE"], resume="allow" if resume else None)
+
+    def log(self, flat: dict[str, float], step: int) -> None:
+        self.run.log(flat, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _MlflowLogger:
+    """MLflow into a local file store RUN/mlruns (unless MLFLOW_TRACKING_URI points elsewhere)."""
+
+    def __init__(self, run_dir: Path, name: str, config: dict | None, resume: bool):
+        import mlflow
+
+        if "MLFLOW_TRACKING_URI" not in os.environ:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the local file store is the point here
+            mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+        self.mlflow = mlflow
+        self.mlflow.start_run(run_name=name)
+        if config:
+            params = {}
+            _flatten_params("", config, params)
+            self.mlflow.log_params(params)
+
+    def log(self, flat: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics(flat, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def _flatten_params(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten_params(f"{prefix}{k}.", v, out)
+    else:
+        out[prefix.rstrip(".")] = str(value)[:500]
+
+
 class MetricsWriter:
-    """Appends step records to `metrics.jsonl` and TensorBoard event files under the run directory."""
+    """Appends step records to `metrics.jsonl` and mirrors their numbers to TensorBoard and the optional loggers
+    (W&B offline, MLflow's local file store) under the run directory, with the same metric names everywhere."""
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None,
-                 filename: str = "metrics.jsonl"):
+                 filename: str = "metrics.jsonl", loggers: tuple[str, ...] | list[str] = (), name: str = "run",
+                 config: dict | None = None):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / filename
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -87,6 +141,11 @@ class MetricsWriter:
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
                                      purge_step=(resume_step + 1) if resume_step is not None else None)
+        unknown = [x for x in loggers if x not in LOGGERS]
+        if unknown:
+            raise ValueError(f"unknown loggers {unknown}; use any of {list(LOGGERS)}")
+        kinds = {"wandb": _WandbLogger, "mlflow": _MlflowLogger}
+        self._loggers = [kinds[x](self.run_dir, name, config, resume_step is not None) for x in loggers]
 
     def write(self, record: dict[str, Any]) -> None:
         missing = [k for k in STEP_FIELDS if k not in record]
@@ -96,19 +155,27 @@ class MetricsWriter:
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
             f.flush()
+        if self._tb is None and not self._loggers:
+            return
+        flat: dict[str, float] = {}
+        for k, v in clean.items():
+            if k != "step":
+                _flatten(k, v, flat)
+        step = int(record["step"])
         if self._tb is not None:
-            flat: dict[str, float] = {}
-            for k, v in clean.items():
-                if k != "step":
-                    _flatten(k, v, flat)
             for k, v in flat.items():
-                self._tb.add_scalar(k, v, global_step=int(record["step"]))
+                self._tb.add_scalar(k, v, global_step=step)
             self._tb.flush()
+        for logger in self._loggers:
+            logger.log(flat, step)
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        for logger in self._loggers:
+            logger.close()
+        self._loggers = []
 
 
 _STAGE_STYLE = {"data": "cyan", "prepare": "magenta", "gen": "green", "logprob": "yellow", "train": "red"}

@@ -32,7 +32,7 @@ from specrl.rl.trainer import GRPOTrainer, seed_everything
 
 _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validation.jsonl", "report.md",
               "reward.png", "stages.png", "acceptance.png", "config.yaml", "autoregressive", "speculative",
-              "compare.json", "compare.md", "compare_reward.png", "timeline.jsonl", "timeline.png")
+              "compare.json", "compare.md", "compare_reward.png", "timeline.jsonl", "timeline.png", "wandb", "mlruns")
 
 
 def setup_run(config_path: str | None, sets: list[str], resume: str | None,
@@ -134,7 +134,8 @@ class _Run:
             self.val_path.unlink()
         elif start is not None:
             _keep_until(self.val_path, start)
-        self.writer = MetricsWriter(run_dir, cfg.run.tensorboard, resume_step=start if resume else None)
+        self.writer = MetricsWriter(run_dir, cfg.run.tensorboard, resume_step=start if resume else None,
+                                    loggers=cfg.run.loggers, name=cfg.run.name, config=cfg.model_dump(mode="json"))
 
     def validate(self, step: int) -> dict[str, Any]:
         t = time.perf_counter()
