@@ -216,6 +216,7 @@ class AsyncGRPOTrainer:
             "trajectory_age_max": max(ages),
             "group_policy_versions": versions,
             "dropped_stale_groups": dropped,
+            "max_trajectory_age_steps": self.lag,
             "refit_seconds": max(refit) if refit else 0.0,
             "publish_seconds": self._published[1],
             "trained_samples": len(rollouts.request_ids),
