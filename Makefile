@@ -25,8 +25,9 @@ run: .venv/.installed
 	$(PY) -m specrl.cli run
 
 test: .venv/.installed
-	.venv/bin/ruff check specrl tests benchmarks
+	.venv/bin/ruff check specrl tests benchmarks tools
 	$(PY) -m pytest -q
+	$(PY) tools/mutation_check.py
 
 lint: .venv/.installed
-	.venv/bin/ruff check specrl tests benchmarks
+	.venv/bin/ruff check specrl tests benchmarks tools

@@ -2,8 +2,11 @@
 
 Exact distribution: a tiny target (vocab 8) and deliberately different drafters; every continuation of
 length 3 gets its exact probability from plain forwards, and >= 20,000 speculative samples must pass a
-chi-square test at p = 0.001, with acceptance < 1 so the rejection path is exercised. Plus identities:
-greedy == AR greedy, seed_exact == AR token for token, logprobs == a full forward, batch invariance.
+chi-square test (family-adjusted p > 1e-3: see tests/stats.py for the suite's family-wise error rate), with
+acceptance < 1 so the rejection path is exercised. The bonus-path cases use continuations of k + 2 tokens, so a
+row that accepts all k drafts in its first step emits its bonus token inside the tested continuation, and assert
+that many rows did. Plus identities: greedy == AR greedy, seed_exact == AR token for token, logprobs == a full
+forward, batch invariance. The verifier alone is tested with far more power in tests/test_verify_power.py.
 """
 
 import pytest
@@ -13,7 +16,7 @@ from specrl import RolloutEngine, SamplingParams
 from specrl.drafters import DraftModelDrafter, NGramDrafter, SuffixDrafter
 from specrl.model.transformer import tiny_model
 from specrl.rollout.api import RolloutRequest
-from tests.stats import SETTINGS, V, speculative_pvalue
+from tests.stats import FAMILY_ALPHA, SETTINGS, V, speculative_pvalue
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,73 @@ def test_exact_distribution(target, kind, mode, setting):
     k = 2 if kind != "suffix" else 1  # k=1 makes the bonus token part of the tested continuation
     engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=16, drafter=make_drafter(kind),
                            num_draft_tokens=k, verify=mode)
-    assert speculative_pvalue(engine, target, sp) > 1e-3
+    assert speculative_pvalue(engine, target, sp) > FAMILY_ALPHA
+
+
+BONUS_KINDS = ["ngram", "suffix", "draft-model", "draft-model-subset", "eagle", "mtp"]
+
+
+def make_small_drafter(kind, target):
+    """Every drafter kind the suite covers, on the vocab-8 target (EAGLE and MTP as in test_drafter_eagle_mtp)."""
+    from specrl.drafters.eagle import EagleDrafter
+    from specrl.drafters.mtp import MTPDrafter
+
+    def randomise(drafter, seed):  # as tests/test_drafter_eagle_mtp.randomise
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, p in drafter.named_parameters():
+                p.normal_(1.0 if "norm" in name else 0.0, 0.2 if "norm" in name else 0.3)
+        return drafter
+
+    if kind == "eagle":  # a 2-layer target: pick valid layers
+        return randomise(EagleDrafter(target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6, 7]), seed=7).eval()
+    if kind == "mtp":
+        return randomise(MTPDrafter(target, num_modules=2), seed=7).eval()
+    return make_drafter(kind)
+
+
+def count_bonus_emissions(engine, max_new_tokens: int) -> list[int]:
+    """Spy on the engine's speculative steps: the returned counter holds how many rows accepted all k drafts in a
+    step whose k + 1 tokens (so the bonus token too) fit within max_new_tokens, i.e. emitted a bonus token that is
+    part of the output. Uses whatever `specrl.rollout.engine.verify` is at call time."""
+    import specrl.rollout.engine as engine_module
+
+    counter = [0]
+    step = engine._spec_step
+
+    def spied(active, k, metrics):
+        before = [len(s.out) for s in active]
+        real, seen = engine_module.verify, []
+        engine_module.verify = lambda *a: seen.append(real(*a)) or seen[-1]
+        try:
+            step(active, k, metrics)
+        finally:
+            engine_module.verify = real
+        full = (seen[0].num_accepted == k).tolist()
+        counter[0] += sum(f and b + k + 1 <= max_new_tokens for b, f in zip(before, full, strict=True))
+
+    engine._spec_step = spied
+    return counter
+
+
+def bonus_path_case(target, kind, mode, k=2) -> tuple[float, int]:
+    """(family-adjusted chi-square p-value, rows whose output includes a bonus token) for continuations of k + 2
+    tokens: the first comes from prefill, and a row accepting all k drafts in its first step emits k + 1 more."""
+    sp = SamplingParams(max_new_tokens=k + 2, seed=4321, temperature=1.0)
+    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=16, drafter=make_small_drafter(kind, target),
+                           num_draft_tokens=k, verify=mode)
+    bonus = count_bonus_emissions(engine, sp.max_new_tokens)
+    return speculative_pvalue(engine, target, sp), bonus[0]
+
+
+@pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
+@pytest.mark.parametrize("kind", BONUS_KINDS)
+def test_bonus_path_exact_distribution(target, kind, mode):
+    """k = 2 with max_new_tokens = k + 2: the bonus token drawn after all k drafts are accepted is in the tested
+    continuation (with max_new_tokens = 3 it was always truncated), and at least 1% of the rows emit one."""
+    pvalue, bonus = bonus_path_case(target, kind, mode)
+    assert bonus >= 0.01 * 20000, f"only {bonus} rows accepted all drafts and emitted a bonus token"
+    assert pvalue > FAMILY_ALPHA
 
 
 # ---------------------------------------------------------------- identities

@@ -71,7 +71,19 @@ def uniform(seed: Tensor, request: Tensor, position: Tensor, stream: int) -> Ten
     x = _mix(seed.long() * _GOLDEN + stream)
     x = _mix(x ^ (request.long() * _GOLDEN))
     x = _mix(x ^ (position.long() * _GOLDEN + 0x632BE5AB))
-    return (_srl(x, 11).double() + 0.5) / float(1 << 53)
+    return _unit_interval(x)
+
+
+_BELOW_ONE = 1.0 - 2.0 ** -53  # the largest float64 below 1
+
+
+def _unit_interval(bits: Tensor) -> Tensor:
+    """The top 53 bits of int64 `bits` as a float64 strictly inside (0, 1): (m + 0.5) / 2^53 for m = bits >> 11.
+
+    For m >= 2^52, m + 0.5 is not a float64 and rounds to an even neighbour; m = 2^53 - 1 rounds up to 2^53,
+    giving exactly 1.0 (once in 2^53 draws). That one value is mapped to the largest float64 below 1, which no
+    other m produces (ties round to even, never to the odd 2^53 - 1), so every other draw is unchanged."""
+    return ((_srl(bits, 11).double() + 0.5) / float(1 << 53)).clamp_max(_BELOW_ONE)
 
 
 def scaled_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
