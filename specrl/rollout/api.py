@@ -15,8 +15,9 @@ without importing the native engine. A trainer reaches a backend only through th
 
 Behaviour log-probs are defined once, here: the log-probability of the emitted token under the distribution
 it was actually sampled from, i.e. after temperature, top-k and top-p (for a greedy request, where nothing was
-sampled, the unprocessed log-prob; see `specrl.rollout.sampling.behaviour_logprobs`). The GRPO loss uses the trainer's own recomputation under temperature only (the policy pi_theta); the behaviour log-probs feed
-the optional truncated importance-sampling correction and the `token_mult_prob_error` diagnostic.
+sampled, the unprocessed log-prob; see `specrl.rollout.sampling.behaviour_logprobs`). The GRPO loss uses the
+trainer's own recomputation under temperature only (the policy pi_theta); the behaviour log-probs feed the
+optional truncated importance-sampling correction and the `token_mult_prob_error` diagnostic.
 """
 
 from __future__ import annotations
