@@ -94,11 +94,12 @@ def make_drafter(spec: str | None, target=None, dtype=None,
         return SuffixDrafter()
     if kind in _NEEDS_PATH and arg:
         if kind == "draft-model":
-            from specrl.model.loader import load_model
+            from specrl.model.loader import load_model, same_tokenizer
 
             if not Path(arg).exists() and "/" in arg:
                 raise SpecRLError(f"draft model path {arg} does not exist")
             model, _ = load_model(arg, dtype=dtype or target.dtype)
+            same_tokenizer(getattr(target, "checkpoint_dir", None), model.checkpoint_dir, "draft model")
             return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
         from specrl.drafters.io import load_drafter
 

@@ -19,7 +19,7 @@ from specrl.drafters.base import is_full_vocab
 from specrl.drafters.eagle import EagleDrafter
 from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import copy_state
+from specrl.model.checkpoint import check_finite, copy_state
 
 FORMAT = "specrl-drafter"
 FORMAT_VERSION = 1
@@ -89,7 +89,18 @@ def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = No
     state_path = p / "model.safetensors"
     if not state_path.exists():
         raise SpecRLError(f"{p} has config.json but no model.safetensors")
-    state = load_file(str(state_path))
+    try:
+        state = load_file(str(state_path))
+    except Exception as e:  # safetensors raises its own error types for a truncated or corrupt header/body
+        raise SpecRLError(f"{state_path}: cannot read the drafter's weights (truncated or corrupt: "
+                          f"{type(e).__name__}: {e}); rebuild the drafter with `specrl draft init` (or `specrl "
+                          "prepare --drafter eagle` for eagle:default, after deleting this directory)") from None
+    for name, t in state.items():
+        want_int = name == "d2t"
+        if want_int == t.is_floating_point() or t.dtype == torch.bool:
+            raise SpecRLError(f"{state_path}: tensor {name!r} has dtype {t.dtype}, expected "
+                              f"{'an integer dtype (token ids)' if want_int else 'a floating-point dtype (weights)'}"
+                              "; the file was not written by save_drafter, rebuild it with `specrl draft init`")
     try:
         if cfg["kind"] == "eagle":
             layers = [int(i) for i in cfg["layers"]]
@@ -114,6 +125,8 @@ def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = No
     except KeyError as e:
         raise SpecRLError(f"{p}/config.json lacks the field {e.args[0]!r}") from None
     copy_state(drafter, state, str(state_path), expected_by="config.json")
+    check_finite(drafter, str(state_path), f"this {cfg['kind']} drafter is corrupt or its training diverged; "
+                                           "rebuild it with `specrl draft init`")
     dtype = cfg.get("dtype")
     if dtype:
         drafter.to(getattr(torch, dtype))

@@ -201,7 +201,21 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = torch.bf
         model.lm_head.weight = model.embed_tokens.weight
     model.inv_freq = _rope_inv_freq(args)  # buffers made on the meta device hold no values
     load_state_into(model, read_state_dict(ckpt_dir), str(ckpt_dir))
+    check_finite(model, str(ckpt_dir), "the checkpoint is corrupt or was saved from a diverged run; use another "
+                                       "checkpoint (e.g. an earlier one of the run)")
     return model.eval()
+
+
+def check_finite(module: torch.nn.Module, where: str, advice: str) -> None:
+    """Raise a SpecRLError naming the first parameter of `module` that holds NaN/inf values."""
+    for name, p in module.named_parameters():
+        if p.is_floating_point():
+            if p.numel() == 0 or bool(torch.isfinite(p.detach().amax()) & torch.isfinite(p.detach().amin())):
+                continue  # fast path: amax/amin propagate NaN and show +-inf
+            bad = int((~torch.isfinite(p.detach())).sum())
+            if bad:
+                label = _hf_name(name) if isinstance(module, Transformer) else name
+                raise SpecRLError(f"{where}: tensor {label} holds {bad} NaN/inf values (of {p.numel()}); {advice}")
 
 
 def save_checkpoint(model: Transformer, path: str | os.PathLike) -> Path:

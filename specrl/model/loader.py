@@ -25,14 +25,69 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = torch
     pass dtype=torch.float32 for training or exactness tests.
     """
     p = Path(name_or_path)
+    preset = None
     if not p.exists():
         if str(name_or_path) in presets.PRESETS:
-            p = presets.prepare(str(name_or_path))
+            preset = str(name_or_path)
+            p = presets.prepare(preset)
         elif os.sep in str(name_or_path) or str(name_or_path).startswith("."):
             raise SpecRLError(f"checkpoint directory {name_or_path} does not exist")
         else:
             raise SpecRLError(f"unknown model {name_or_path!r}: not a directory and not a preset; presets are "
                               f"{sorted(presets.PRESETS)}")
-    model = load_checkpoint(p, dtype)
+    try:
+        model = load_checkpoint(p, dtype)
+    except SpecRLError as e:
+        if preset is None:
+            raise
+        raise SpecRLError(f"{e}. This is specrl's cache of the preset {preset!r}: delete {p} and run `specrl "
+                          f"prepare --model {preset}` to import it again") from None
+    model.checkpoint_dir = p  # lets a drafter check it shares this model's tokenizer (see same_tokenizer)
     tokenizer = load_tokenizer(p) if any((p / f).exists() for f in TOKENIZER_FILES) else None
     return model, tokenizer
+
+
+def _vocab(ckpt_dir: Path) -> dict[int, str] | None:
+    """id -> token string of a checkpoint's tokenizer files (tokenizer.json, else vocab.json); None if neither."""
+    import json
+
+    f = ckpt_dir / "tokenizer.json"
+    try:
+        if f.exists():
+            data = json.loads(f.read_text(encoding="utf-8"))
+            vocab = (data.get("model") or {}).get("vocab")
+            out: dict[int, str] = {}
+            if isinstance(vocab, dict):
+                out = {int(i): str(t) for t, i in vocab.items()}
+            elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+                out = {i: str(v[0] if isinstance(v, list) else v) for i, v in enumerate(vocab)}
+            for a in data.get("added_tokens") or []:
+                out[int(a["id"])] = str(a["content"])
+            return out
+        f = ckpt_dir / "vocab.json"
+        if f.exists():
+            return {int(i): str(t) for t, i in json.loads(f.read_text(encoding="utf-8")).items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def same_tokenizer(target_dir: str | os.PathLike | None, draft_dir: str | os.PathLike, what: str) -> None:
+    """Raise a SpecRLError when two checkpoints' tokenizers map token ids to different strings.
+
+    A draft model with another tokenizer of the same vocabulary size loads fine and then drafts tokens the target
+    reads as something else: acceptance collapses to ~1 with no error. Skipped when either side has no tokenizer
+    files to compare.
+    """
+    if target_dir is None:
+        return
+    a, b = _vocab(Path(target_dir)), _vocab(Path(draft_dir))
+    if a is None or b is None or a == b:
+        return
+    ids = sorted(set(a) | set(b))
+    diff = [i for i in ids if a.get(i) != b.get(i)]
+    i = diff[0]
+    raise SpecRLError(f"{what} {draft_dir} has a different tokenizer than the target {target_dir}: {len(diff)} of "
+                      f"{len(ids)} token ids differ (e.g. id {i} is {a.get(i)!r} in the target, {b.get(i)!r} in the "
+                      "draft model), so its drafts would be rejected; use a draft model with the target's tokenizer "
+                      "(`specrl draft init --drafter draft-model` builds one)")

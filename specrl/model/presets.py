@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -45,14 +46,65 @@ def gguf_path(name: str) -> Path:
     return path
 
 
+def cache_problem(out: Path) -> str | None:
+    """Why a preset's cache directory is not a complete import (missing files, a truncated safetensors file,
+    unreadable JSON), or None when it looks complete. Cheap: reads the safetensors header, not the weights."""
+    import json
+    import struct
+
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (out / f).is_file():
+            return f"{f} is missing"
+    st = out / "model.safetensors"
+    try:
+        with st.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        size = st.stat().st_size
+        if size < 8 + n + end:
+            return f"model.safetensors is truncated ({size} bytes, its header needs {8 + n + end})"
+        for f in ("config.json", "tokenizer.json"):
+            json.loads((out / f).read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError, struct.error, MemoryError) as e:
+        return f"a file is unreadable ({type(e).__name__}: {e})"
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_imports(name: str, parent: Path) -> None:
+    """Delete `.NAME-PID-*` temporary directories left by interrupted imports of processes no longer running."""
+    if not parent.is_dir():
+        return
+    for d in parent.glob(f".{name}-*"):
+        pid = d.name[len(name) + 2:].partition("-")[0]
+        if d.is_dir() and (not pid.isdigit() or (int(pid) != os.getpid() and not _pid_alive(int(pid)))):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def prepare(name: str, verbose: bool = True) -> Path:
-    """Return the cached HF checkpoint directory of a preset, importing it once if needed."""
+    """Return the cached HF checkpoint directory of a preset, importing it once if needed (or again if the
+    cache is incomplete or truncated)."""
     if name not in PRESETS:
         raise SpecRLError(f"unknown preset {name!r}; presets are {sorted(PRESETS)}")
     out = preset_dir(name)
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+    problem = cache_problem(out) if out.exists() else "not imported yet"
+    if problem is None:
         return out
+    _remove_stale_imports(name, out.parent)
     src = gguf_path(name)
+    if out.exists():
+        print(f"[specrl] the cached {name} at {out} is incomplete or corrupt ({problem}); importing it again",
+              file=sys.stderr, flush=True)
     if verbose:
         print(f"[specrl] importing {name} from {src.name} into {out} (one time, ~15 s)", flush=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -66,7 +118,7 @@ def prepare(name: str, verbose: bool = True) -> Path:
     hf.hf_quantizer = None
     hf.config.quantization_config = None
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-{os.getpid()}-", dir=out.parent))
     try:
         hf.save_pretrained(str(tmp / "hf"))
         tok.save_pretrained(str(tmp / "hf"))

@@ -10,6 +10,7 @@ against its manifest, reports every corrupt or partial one it skips, and returns
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -56,6 +57,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this machine (for telling stale temporary files and locks)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def step_dirname(step: int) -> str:
     return f"step_{step:06d}"
 
@@ -67,25 +79,35 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
     `meta` (JSON-serialisable) goes into the manifest. With `keep`, only the newest `keep` checkpoints remain.
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / step_dirname(step)
-    tmp = root / f".tmp-{step_dirname(step)}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    files: dict[str, dict[str, Any]] = {}
-    for name, obj in parts.items():
+    for name in parts:
         if not name.replace("_", "").isalnum():
             raise SpecRLError(f"checkpoint part name {name!r} must be alphanumeric (it names a file)")
-        path = tmp / f"{name}.pt"
-        torch.save(obj, path)
-        _fsync_file(path)
-        files[name] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
-    manifest = {"format": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
-    mpath = tmp / MANIFEST
-    mpath.write_text(json.dumps(manifest, indent=2))
-    _fsync_file(mpath)
-    _fsync_dir(tmp)
+    final = root / step_dirname(step)
+    tmp = root / f".tmp-{step_dirname(step)}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        files: dict[str, dict[str, Any]] = {}
+        for name, obj in parts.items():
+            path = tmp / f"{name}.pt"
+            torch.save(obj, path)
+            _fsync_file(path)
+            files[name] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        manifest = {"format": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
+        mpath = tmp / MANIFEST
+        mpath.write_text(json.dumps(manifest, indent=2))
+        _fsync_file(mpath)
+        _fsync_dir(tmp)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError("... write failed")
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a partial checkpoint behind
+        why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        full = isinstance(e, OSError) and e.errno == errno.ENOSPC or "write failed" in str(e)
+        hint = "the disk is full" if full else "the directory is not writable" \
+            if isinstance(e, PermissionError) else "the write failed"
+        raise CheckpointError(f"cannot write checkpoint {final} ({hint}: {why}); the partial write was "
+                              "removed") from None
     if final.exists():
         # Re-saving a step (e.g. after resume): move the old one aside first so the swap stays atomic.
         old = root / f".old-{step_dirname(step)}-{os.getpid()}"

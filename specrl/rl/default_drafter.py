@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,7 @@ def ensure_default_drafter(kind: str, progress: bool = True) -> Path:
     final = default_drafter_dir(kind)
     if (final / "config.json").exists():
         return final
+    remove_stale_builds(final)
     tmp = final.with_name(f"{final.name}.building-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     b = DEFAULT_BUILD
@@ -71,6 +73,26 @@ def ensure_default_drafter(kind: str, progress: bool = True) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"[specrl] default {kind} drafter built in {time.perf_counter() - t0:.0f} s", flush=True)
     return final
+
+
+def remove_stale_builds(final: Path) -> list[Path]:
+    """Delete `NAME.building-PID` directories of interrupted builds whose process is gone; return them.
+
+    A build that is still running (its PID is alive) is left alone: whichever build finishes first installs
+    the drafter, the other discards its copy.
+    """
+    from specrl.rl.checkpoint import pid_alive
+
+    removed = []
+    for d in sorted(final.parent.glob(f"{final.name}.building-*")) if final.parent.is_dir() else []:
+        pid = d.name.rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+        print(f"[specrl] removed {d}, left by an interrupted build of the default drafter", file=sys.stderr,
+              flush=True)
+    return removed
 
 
 def resolve_drafter(spec: str | None, target, dtype=None) -> Drafter | None:

@@ -44,6 +44,14 @@ MIN_DRAFTS_FOR_HEALTH = 32  # drafted tokens a step needs before its acceptance 
 class NonFiniteError(SpecRLError):
     """Loss, logits or gradients became NaN/inf; the step's update was not applied."""
 
+    component = "policy"
+
+
+class DrafterNonFiniteError(NonFiniteError):
+    """The online drafter's loss or weights became NaN/inf (the policy is not the cause)."""
+
+    component = "drafter"
+
 
 @dataclass
 class Batch:
@@ -223,7 +231,10 @@ class Learner:
                 dl = draft_loss(self.drafter, batch.captured[c])
                 if not torch.isfinite(dl):
                     self.optimizer.zero_grad(set_to_none=True)
-                    raise NonFiniteError(f"step {step_no}: non-finite drafter loss; update skipped")
+                    raise DrafterNonFiniteError(
+                        f"step {step_no}: non-finite drafter loss of the online drafter "
+                        f"{self.cfg.speculative.drafter!r} (drafter learning rate "
+                        f"{self.optimizer.param_groups[1]['lr']:g}; the policy is not the cause); update skipped")
                 (self.cfg.drafter.loss_weight * dl / len(chunks)).backward()
                 stats["draft"] += float(dl.detach()) / len(chunks)
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -262,9 +273,10 @@ class Learner:
                 dl = draft_loss(self.drafter, c)
                 if not torch.isfinite(dl):
                     self.optimizer.zero_grad(set_to_none=True)
-                    raise NonFiniteError(f"step {self.step_count + 1}: non-finite drafter loss in drafter refresh "
-                                         f"update {i + 1}; that update was skipped (the step's policy update and "
-                                         "earlier refresh updates were applied)")
+                    raise DrafterNonFiniteError(
+                        f"step {self.step_count + 1}: non-finite drafter loss in drafter refresh update {i + 1} of the "
+                        f"online drafter {self.cfg.speculative.drafter!r}; that update was skipped (the step's policy "
+                        "update and earlier refresh updates were applied)")
                 (dl / len(batch.captured)).backward()
             if any(p.grad is not None for p in self.policy.parameters()):
                 raise RuntimeError("drafter refresh produced policy gradients; the drafter loss must be detached "
@@ -356,6 +368,32 @@ class Learner:
         }
         return rec, batch
 
+    def _apply_config_hyperparams(self) -> None:
+        """After loading optimizer and scheduler state: use this config's learning rates, betas and weight decay.
+
+        The loaded state carries the values of the run that wrote it, so `--resume RUN --set
+        policy.learning_rate=X` would otherwise keep the old rate while config.yaml says X. The schedule's
+        position (steps taken) is kept; an unchanged config gives bit-identical rates.
+        """
+        pc, d = self.cfg.policy, self.cfg.drafter
+        bases = [pc.learning_rate]
+        if self.drafter is not None:
+            bases.append(d.learning_rate or pc.learning_rate * 100)
+        names = ("policy.learning_rate", "drafter.learning_rate")
+        for i, (group, base) in enumerate(zip(self.optimizer.param_groups, bases, strict=False)):
+            old = self.scheduler.base_lrs[i]
+            if old != base:
+                self.log(f"[specrl] resume: {names[i]} {old:g} -> {base:g} (the optimizer uses the new value "
+                         f"from step {self.step_count + 1})")
+            self.scheduler.base_lrs[i] = base
+            group["initial_lr"] = base
+            group["lr"] = base * self.scheduler.lr_lambdas[i](self.scheduler.last_epoch)
+            if tuple(group["betas"]) != tuple(pc.adam_betas) or group["weight_decay"] != pc.weight_decay:
+                if i == 0:
+                    self.log(f"[specrl] resume: policy.adam_betas / weight_decay now {tuple(pc.adam_betas)} / "
+                             f"{pc.weight_decay:g}")
+                group["betas"], group["weight_decay"] = tuple(pc.adam_betas), pc.weight_decay
+
     # ------------------------------------------------------------------ checkpoint state
     def state_parts(self) -> dict[str, Any]:
         parts: dict[str, Any] = {
@@ -379,6 +417,7 @@ class Learner:
         self.optimizer.load_state_dict(parts["optimizer"])
         self.step_count = int(st["step"])
         self.scheduler.load_state_dict(st["scheduler"])
+        self._apply_config_hyperparams()
         self.health.load_state_dict(st.get("drafter_health", {}))
         torch.set_rng_state(st["rng"]["torch"])
         np.random.set_state(st["rng"]["numpy"])

@@ -6,15 +6,25 @@
 directory, and writes the resolved `config.yaml`. `run_training` drives the steps, evaluates held-out accuracy
 (at step 0, every `grpo.val_every` steps and at the end), appends `metrics.jsonl` / `validation.jsonl` /
 TensorBoard, writes atomic checkpoints, exports the final policy as a loadable checkpoint directory and writes
-`report.md`. `run_compare` runs the same config autoregressively and speculatively with the same seeds,
+`report.md`. A run directory is locked while a run uses it (`RunLock`: a second run refuses, naming the first's
+PID; a dead run's stale lock is taken over), weights are checked before every checkpoint (`check_weights`), a
+full or read-only disk stops the run with the previous checkpoint intact, and SIGINT/SIGTERM finish the step in
+flight, checkpoint it and stop (`RunInterrupted`), so `--resume` continues with no step missing or twice.
+`run_compare` runs the same config autoregressively and speculatively with the same seeds,
 interleaving their steps so machine noise hits both, checks seed-exact identity after every step, and writes
 `compare.json` / `compare.md`.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 import shutil
+import signal
+import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,21 +33,142 @@ from typing import Any
 import torch
 
 from specrl.errors import SpecRLError
-from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint
+from specrl.rl.checkpoint import CheckpointError, load_latest, pid_alive, save_checkpoint, step_dirname
 from specrl.rl.config import TrainConfig, load_config, validate_config
 from specrl.rl.learner import NonFiniteError
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
 from specrl.rl.trainer import GRPOTrainer, seed_everything
 
+LOCK_FILE = ".specrl.lock"
+
+
+def warn(text: str) -> None:
+    """Warnings and run-state lines go to stderr whatever run.progress says."""
+    print(text, file=sys.stderr, flush=True)
+
+
+class RunLock:
+    """An exclusive lock on a run directory: `.specrl.lock` holds the owner's PID and host under an flock.
+
+    The kernel drops an flock when its process dies (kill -9 too), so a lock file left by a dead run is stale:
+    the next run takes it over and says so. A live owner makes `acquire` refuse, naming its PID. Locks are
+    re-entrant within one process (compare mode, a resume after a failed start in the same interpreter).
+    """
+
+    _held: dict[Path, RunLock] = {}
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd, self.depth = path, fd, 1
+
+    @staticmethod
+    def _owner(path: Path) -> tuple[int | None, str]:
+        try:
+            pid_s, _, host = path.read_text().strip().partition(" ")
+            return int(pid_s), host
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None, ""
+
+    @classmethod
+    def acquire(cls, run_dir: Path) -> RunLock:
+        run_dir = Path(run_dir)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpecRLError(f"cannot create the run directory {run_dir}: {e.strerror or e}; pass --out DIR "
+                              "(or run.out_dir) on a writable disk") from None
+        key = run_dir.resolve()
+        if key in cls._held:
+            cls._held[key].depth += 1
+            return cls._held[key]
+        path = run_dir / LOCK_FILE
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise SpecRLError(f"cannot create the lock file {path}: {e.strerror or e}; the run directory "
+                                  "must be writable (pass --out DIR on a writable disk)") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise SpecRLError(f"cannot lock {path}: {e.strerror or e}") from None
+                pid, host = cls._owner(path)
+                who = f"PID {pid}" + (f" on {host}" if host and host != socket.gethostname() else "") \
+                    if pid else "another process"
+                raise SpecRLError(
+                    f"run directory {run_dir} is in use by another `specrl train` ({who}; lock file {path}). "
+                    "Two runs in one directory would delete each other's checkpoints: wait for it to finish, "
+                    f"stop it, or pass --out DIR for a separate run") from None
+            try:  # the file may have been removed and re-created by an owner releasing it: lock the live one
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        pid, host = cls._owner(path)
+        if pid is not None and pid != os.getpid():
+            alive = host == socket.gethostname() and pid_alive(pid)
+            warn(f"[specrl] warning: {run_dir} was locked by PID {pid}{f' on {host}' if host else ''}, which no "
+                 f"longer holds it ({'a stopped run' if not alive else 'its lock was released'}); taking over "
+                 "the stale lock")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        lock = cls(path, fd)
+        cls._held[key] = lock
+        return lock
+
+    @classmethod
+    def release(cls, run_dir: Path) -> None:
+        key = Path(run_dir).resolve()
+        lock = cls._held.get(key)
+        if lock is None:
+            return
+        lock.depth -= 1
+        if lock.depth > 0:
+            return
+        del cls._held[key]
+        try:
+            os.unlink(lock.path)  # still holding the flock: nobody can lock the unlinked inode meanwhile
+        except OSError:
+            pass
+        os.close(lock.fd)
+
+
 _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validation.jsonl", "report.md",
               "reward.png", "stages.png", "acceptance.png", "config.yaml", "autoregressive", "speculative",
               "compare.json", "compare.md", "compare_reward.png", "timeline.jsonl", "timeline.png", "wandb", "mlruns")
 
 
+def _write_text(path: Path, text: str) -> None:
+    """Write a small run file atomically (temp file + rename), with a clear error on a read-only or full disk."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SpecRLError(f"cannot write {path}: {e.strerror or e}; the run directory must be writable with free "
+                          "space (pass --out DIR elsewhere)") from None
+
+
+def _unfinished_checkpoint(run_dir: Path) -> int | None:
+    """The newest checkpoint step of a run that has checkpoints but never finished (no final/), else None."""
+    from specrl.rl.checkpoint import list_checkpoints
+
+    if (run_dir / "final").exists():
+        return None
+    ckpts = list_checkpoints(run_dir / "checkpoints")
+    return ckpts[0][0] if ckpts else None
+
+
 def setup_run(config_path: str | None, sets: list[str], resume: str | None,
               out: str | None) -> tuple[TrainConfig, Path]:
-    """Resolve config and run directory; write the resolved config.yaml."""
+    """Resolve config and run directory, lock the directory (`RunLock`), write the resolved config.yaml.
+
+    The lock is held until `release_run(run_dir)` (train_main releases it when the run ends)."""
     if resume is not None:
         run_dir = Path(resume)
         saved = run_dir / "config.yaml"
@@ -45,31 +176,54 @@ def setup_run(config_path: str | None, sets: list[str], resume: str | None,
             raise SpecRLError(f"--resume {resume}: no config.yaml there; pass the directory of an earlier "
                               "`specrl train` run (it holds config.yaml, metrics.jsonl, checkpoints/)")
         if config_path is not None:
-            print(f"[specrl] resuming: using {saved} (the run's resolved config); --config {config_path} is "
-                  "not used", flush=True)
+            warn(f"[specrl] resuming: using {saved} (the run's resolved config); --config {config_path} is "
+                 "not used")
         cfg = load_config(saved, sets)
-        if sets:
-            saved.write_text(cfg.to_yaml())
+        RunLock.acquire(run_dir)
+        try:
+            if sets:
+                _write_text(saved, cfg.to_yaml())
+        except BaseException:
+            RunLock.release(run_dir)
+            raise
         return cfg, run_dir
     cfg = load_config(config_path, sets)
     run_dir = Path(out) if out else Path(cfg.run.out_dir) / cfg.run.name
-    existing = [a for a in _ARTEFACTS if (run_dir / a).exists() and a != "config.yaml"]
-    if existing:
-        if not cfg.run.overwrite:
-            raise SpecRLError(
-                f"run directory {run_dir} already holds a run ({', '.join(existing)}); use --resume {run_dir} "
-                "to continue it, --out DIR (or run.name) for a new one, or --set run.overwrite=true to start over"
-            )
-        print(f"[specrl] run.overwrite=true: clearing {run_dir}", flush=True)
-        for a in _ARTEFACTS:
-            p = run_dir / a
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SpecRLError(f"run directory {run_dir} is a file; pass --out DIR naming a directory")
+    RunLock.acquire(run_dir)  # before anything is cleared or written: a second run into this directory refuses
+    try:
+        existing = [a for a in _ARTEFACTS if (run_dir / a).exists() and a != "config.yaml"]
+        if existing:
+            if not cfg.run.overwrite:
+                raise SpecRLError(
+                    f"run directory {run_dir} already holds a run ({', '.join(existing)}); use --resume {run_dir} "
+                    "to continue it, --out DIR (or run.name) for a new one, or --set run.overwrite=true to start "
+                    "over")
+            step = _unfinished_checkpoint(run_dir)
+            if step is not None:
+                # A killed or failed run: overwriting would silently throw its checkpoints away.
+                raise SpecRLError(
+                    f"run directory {run_dir} holds an unfinished run (checkpoints up to step {step}, no final/), "
+                    f"and run.overwrite=true would delete them. Continue it with `specrl train --resume {run_dir}`, "
+                    f"or delete {run_dir / 'checkpoints'} to start over, or pass --out DIR for a new run")
+            warn(f"[specrl] run.overwrite=true: clearing the finished run in {run_dir}")
+            for a in _ARTEFACTS:
+                p = run_dir / a
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
+        _write_text(run_dir / "config.yaml", cfg.to_yaml())
+    except BaseException:
+        RunLock.release(run_dir)
+        raise
     return cfg, run_dir
+
+
+def release_run(run_dir: Path) -> None:
+    """Release the run directory's lock taken by `setup_run`."""
+    RunLock.release(run_dir)
 
 
 TrainerFactory = Callable[[TrainConfig, Path], Any]
@@ -80,6 +234,97 @@ def sync_trainer(cfg: TrainConfig, run_dir: Path) -> GRPOTrainer:
         raise SpecRLError(f"pipeline.mode={cfg.pipeline.mode!r} runs on Ray (specrl.distributed); start it with "
                           "`specrl train`, or pass make_trainer=specrl.distributed.make_trainer")
     return GRPOTrainer.from_config(cfg)
+
+
+def _nonfinite(state: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(name, non-finite count, numel) of the first floating tensor holding NaN/inf, else None."""
+    for name, t in state.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            if bool(torch.isfinite(t.amax()) & torch.isfinite(t.amin())):  # NaN propagates, +-inf shows
+                continue
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                return name, bad, t.numel()
+    return None
+
+
+def check_weights(parts: dict[str, Any], policy: torch.nn.Module | None, step: int) -> None:
+    """Refuse to checkpoint weights that are not usable: NaN/inf in the policy or drafter, or a policy whose
+    forward pass gives non-finite logits (weights blown up to ~1e10 by a huge learning rate are finite, yet
+    the next step's forward overflows). Raises NonFiniteError naming the part, so no checkpoint holds them."""
+    from specrl.rl.learner import DrafterNonFiniteError
+
+    for part, err in (("policy", NonFiniteError), ("drafter", DrafterNonFiniteError)):
+        state = parts.get(part)
+        hit = _nonfinite(state) if isinstance(state, dict) else None
+        if hit:
+            name, bad, n = hit
+            raise err(f"step {step}: after the update, the {part}'s tensor {name!r} holds {bad} NaN/inf values "
+                      f"(of {n}); the step-{step} checkpoint was not written")
+    if policy is not None and hasattr(policy, "forward_hidden") and hasattr(policy, "logits"):
+        # A probe forward + backward on 16 tokens: the next step must be able to train from these weights.
+        vocab = policy.args.vocab_size
+        toks = (torch.arange(16) * 7919 % vocab).unsqueeze(0)
+        params = [p for p in policy.parameters() if p.requires_grad]
+        with torch.enable_grad():
+            logits = policy.logits(policy.forward_hidden(toks)[0][:, :-1])
+            what = "logits in a forward pass"
+            ok = bool(torch.isfinite(logits).all())
+            if ok and params:
+                lp = torch.log_softmax(logits.float(), -1).gather(-1, toks[:, 1:, None]).sum()
+                grads = [g for g in torch.autograd.grad(lp, params, allow_unused=True) if g is not None]
+                what = "gradients"
+                ok = bool(torch.isfinite(torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))) if grads else True
+        if not ok:
+            raise NonFiniteError(f"step {step}: after the update the policy gives non-finite {what} (largest "
+                                 f"weight magnitude {_max_abs(policy):.3g}: the update blew the weights up, e.g. "
+                                 f"a learning rate far too high); the step-{step} checkpoint was not written")
+
+
+def _max_abs(m: torch.nn.Module) -> float:
+    return max(float(p.detach().abs().max()) for p in m.parameters())
+
+
+class RunInterrupted(SpecRLError):
+    """SIGINT/SIGTERM: the step in flight was finished and checkpointed, then the run stopped."""
+
+
+class _StopSignals:
+    """While installed, the first SIGINT/SIGTERM only asks the run to stop after the step in flight (which is
+    then checkpointed); a second one aborts at once (KeyboardInterrupt: that step is discarded, and resume
+    continues from the last checkpoint)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            self.uninstall()
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}")
+        self.received = signum
+        warn(f"[specrl] {signal.Signals(signum).name}: finishing the current step, then checkpointing and "
+             "stopping (send it again to abort now and lose that step)")
+
+    def install(self) -> _StopSignals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else ""
 
 
 def _due(step: int, every: int, last: int) -> bool:
@@ -122,13 +367,15 @@ class _Run:
             except CheckpointError as e:
                 raise SpecRLError(f"cannot resume {run_dir}: {e}") from None
             if ck is None:
-                display.message(f"[specrl] {run_dir}: no checkpoint yet; starting from step 0")
+                warn(f"[specrl] {run_dir}: no checkpoint yet; starting from step 0")
             else:
                 for s in ck.skipped:
-                    display.message(f"[specrl] warning: skipping bad checkpoint: {s}")
+                    warn(f"[specrl] warning: skipping bad checkpoint: {s}")
+                self.trainer.log = warn  # what resume changes (a new learning rate) is always shown
                 self.trainer.load_parts(ck.parts)
+                self.trainer.log = display.message
                 self.last_ckpt, start = ck.path, ck.step
-                display.message(f"[specrl] resumed {run_dir} from {ck.path.name} (step {ck.step})")
+                warn(f"[specrl] resumed {run_dir} from {ck.path.name} (step {ck.step})")
         self.val_path = run_dir / "validation.jsonl"
         if start is None and self.val_path.exists():
             self.val_path.unlink()
@@ -151,14 +398,30 @@ class _Run:
         self.writer.write(rec)
         self.display.update(rec, label)
         if _due(s, c.run.checkpoint_every, c.run.steps):
-            self.last_ckpt = save_checkpoint(self.ckpt_root, s, self.trainer.state_parts(),
+            self.checkpoint(s)
+
+    def checkpoint(self, step: int) -> None:
+        """Check the weights, then write checkpoint `step` (a clear error on a full or read-only disk)."""
+        c = self.cfg
+        parts = self.trainer.state_parts()
+        check_weights(parts, getattr(self.trainer, "policy", None), step)
+        try:
+            self.last_ckpt = save_checkpoint(self.ckpt_root, step, parts,
                                              meta={"run": c.run.name, "model": c.model.name},
                                              keep=c.run.keep_checkpoints)
+        except CheckpointError as e:
+            prev = f"the previous checkpoint {self.last_ckpt} is intact" if self.last_ckpt else \
+                "no earlier checkpoint exists"
+            raise SpecRLError(f"{e}; {prev}. Training stopped after step {step}: free space or fix the "
+                              f"permissions, then continue with --resume {self.run_dir}") from None
 
     def failed(self, e: NonFiniteError) -> SpecRLError:
         where = str(self.last_ckpt) if self.last_ckpt else "none (no checkpoint was written yet)"
+        fix = ("a lower drafter.learning_rate or drafter.loss_weight, or drafter.online=false"
+               if getattr(e, "component", "policy") == "drafter" else "a lower policy.learning_rate")
         return SpecRLError(f"{e}. Training stopped; the last good checkpoint is {where} (resume with "
-                           f"--resume {self.run_dir} after fixing the cause, e.g. a lower policy.learning_rate)")
+                           f"--resume {self.run_dir} after fixing the cause, e.g. {fix}: `specrl train --resume "
+                           f"{self.run_dir} --set KEY=VALUE` applies the new value)")
 
     def finish(self) -> Path:
         self.writer.close()
@@ -167,7 +430,13 @@ class _Run:
         final = self.run_dir / "final"
         tmp = self.run_dir / ".final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.trainer.save_final(tmp, save_model)
+        try:
+            self.trainer.save_final(tmp, save_model)
+        except (OSError, RuntimeError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SpecRLError(f"cannot write the final policy to {final}: {getattr(e, 'strerror', None) or e}; "
+                              f"the checkpoints in {self.ckpt_root} are intact: free space or fix the "
+                              f"permissions, then rerun with --resume {self.run_dir}") from None
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         return write_report(self.run_dir, read_metrics(self.writer.path), self.cfg.to_yaml(),
@@ -181,17 +450,27 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
     run_dir)` builds the trainer (default: the sync `GRPOTrainer`; the CLI passes one that also knows async)."""
     display = ProgressDisplay(cfg.run.steps, cfg.run.progress, title=f"specrl train {cfg.run.name}")
     run = _Run(cfg, run_dir, resume, display, make_trainer)
+    stop = _StopSignals().install()
     try:
         try:
             if run.trainer.step_count == 0:
                 v = run.validate(0)
                 display.message(f"[specrl] step 0 validation accuracy {v['accuracy']}")
-            while run.trainer.step_count < cfg.run.steps:
+            while run.trainer.step_count < cfg.run.steps and stop.received is None:
                 run.after_step(run.trainer.step())
+            if stop.received is not None:
+                s = run.trainer.step_count
+                if s > 0 and not (run.last_ckpt and run.last_ckpt.name == step_dirname(s)):
+                    run.checkpoint(s)
+                run.writer.close()
+                where = f"checkpoint {run.last_ckpt}" if run.last_ckpt else "no checkpoint (no step finished)"
+                raise RunInterrupted(f"{stop.name} received: stopped after step {s} of {cfg.run.steps}, "
+                                     f"{where}; continue with `specrl train --resume {run_dir}`")
         except NonFiniteError as e:
             run.writer.close()
             raise run.failed(e) from None
         finally:
+            stop.uninstall()
             display.close()
         report = run.finish()
     finally:
@@ -271,6 +550,12 @@ def train_main(config_path: str | None, sets: list[str] | None = None, resume: s
         if resume:
             raise SpecRLError("--compare and --resume cannot be combined; compare runs start from scratch")
         cfg, run_dir = setup_run(config_path, sets or [], None, out)
-        return run_compare(cfg, run_dir)
+        try:
+            return run_compare(cfg, run_dir)
+        finally:
+            release_run(run_dir)
     cfg, run_dir = setup_run(config_path, sets or [], resume, out)
-    return run_training(cfg, run_dir, resume=resume is not None, make_trainer=make_trainer)
+    try:
+        return run_training(cfg, run_dir, resume=resume is not None, make_trainer=make_trainer)
+    finally:
+        release_run(run_dir)

@@ -69,6 +69,18 @@ def parse_rates(text: str | None) -> tuple[float, ...] | None:
         raise SpecRLError(f"--acceptance-rates must be comma-separated numbers in [0, 1], got {text!r}") from None
 
 
+def parse_list(flag: str, text: str, kind: type) -> list:
+    """A comma-separated flag value as a list of `kind`; a SpecRLError naming the flag otherwise."""
+    try:
+        out = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecRLError(f"{flag} must be comma-separated {'integers' if kind is int else 'numbers'}, e.g. "
+                          f"{'1,2,3' if kind is int else '1.5,2,2.5'}; got {text!r}") from None
+    if not out:
+        raise SpecRLError(f"{flag} is empty; give comma-separated values, e.g. {'1,2,3' if kind is int else '1.5,2'}")
+    return out
+
+
 def build_config(preset=None, model=None, hardware=None, gpus=None, drafter=None, k=None,
                  acceptance_length=None, acceptance_rates=None, mode=None, policy_lag=None,
                  gen_gpu_fraction=None, precision=None, prompts_per_step=None, generations_per_prompt=None,
@@ -77,6 +89,9 @@ def build_config(preset=None, model=None, hardware=None, gpus=None, drafter=None
     from specrl.sim.fromrun import cpu_efficiency
     from specrl.sim.presets import get_preset
 
+    if gen_gpu_fraction is not None and not 0.0 < gen_gpu_fraction < 1.0:
+        raise SpecRLError(f"--gen-gpu-fraction must be in (0, 1) (the share of GPUs that generate in async mode), "
+                          f"got {gen_gpu_fraction}")
     cfg = get_preset(preset or "paper-8b-rl-think")
     kv = dict(model=model, hardware=hardware, gpus=gpus, drafter=drafter, k=parse_k(k), mode=mode,
               policy_lag=policy_lag, gen_gpu_fraction=gen_gpu_fraction, precision=precision,
@@ -138,6 +153,9 @@ def main(ctx: typer.Context, preset: Preset = None, model: Model = None, hardwar
                            policy_lag, gen_gpu_fraction, precision, prompts_per_step, generations_per_prompt,
                            max_response_tokens, response_mean, response_sigma, length_histogram,
                            gpus_per_engine, drafter_model, cpu_profile)
+        if gen_gpu_fraction is not None and cfg.mode == "sync":
+            raise SpecRLError("--gen-gpu-fraction splits GPUs between generation and training in async mode; "
+                              "in sync mode both use all GPUs, so it would be ignored: add --mode async or drop it")
         result = simulate(cfg)
     except SpecRLError as exc:
         _fail(exc)
@@ -168,9 +186,9 @@ def sweep(preset: Preset = None, model: Model = None, hardware: Hw = None, gpus:
         if cfg.drafter == "none":
             raise SpecRLError("sweep varies k and acceptance length; pick a --drafter other than none")
         t0 = time.perf_counter()
-        res = run_sweep(cfg, out, ks=[int(x) for x in ks.split(",")], als=[float(x) for x in als.split(",")],
-                        gpus=[int(x) for x in gpu_counts.split(",")] if gpu_counts else None,
-                        lags=[int(x) for x in lags.split(",")], plots=not no_plots)
+        res = run_sweep(cfg, out, ks=parse_list("--ks", ks, int), als=parse_list("--als", als, float),
+                        gpus=parse_list("--gpu-counts", gpu_counts, int) if gpu_counts else None,
+                        lags=parse_list("--lags", lags, int), plots=not no_plots)
     except ValueError as exc:
         _fail(exc)
     typer.echo(f"{res['configs']} configurations in {time.perf_counter() - t0:.1f} s")

@@ -29,12 +29,31 @@ def cpu_efficiency() -> Efficiency:
     return Efficiency.from_dict(CALIBRATION.get("cpu_efficiency", {"bw_eff": 1.0, "flops_eff": 1.0}))
 
 
-def read_metrics(path: str | Path) -> list[dict]:
+def metrics_file(path: str | Path) -> Path:
+    """--from-run accepts runs/NAME/metrics.jsonl or the run directory runs/NAME itself."""
     p = Path(path)
+    if p.is_dir():
+        if not (p / "metrics.jsonl").is_file():
+            raise SpecRLError(f"{p} is a directory without metrics.jsonl; pass the directory of a specrl training "
+                              "run (runs/NAME) or its metrics.jsonl")
+        return p / "metrics.jsonl"
+    return p
+
+
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecRLError(f"{p} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); pass the "
+                          "files a specrl training run wrote") from None
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    p = metrics_file(path)
     if not p.exists():
         raise SpecRLError(f"{p} does not exist; pass runs/NAME/metrics.jsonl of a specrl training run")
     rows = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
+    for i, line in enumerate(_read_text(p).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -58,7 +77,7 @@ def read_run_config(run_dir: Path) -> dict:
         raise SpecRLError(f"{p} does not exist; --from-run needs the run directory's config.yaml beside "
                           "metrics.jsonl")
     try:
-        cfg = yaml.safe_load(p.read_text()) or {}
+        cfg = yaml.safe_load(_read_text(p)) or {}
     except yaml.YAMLError as exc:
         raise SpecRLError(f"{p}: malformed YAML ({exc})") from exc
     return cfg
@@ -118,7 +137,7 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
 
 def predict_run(metrics_path: str | Path, cpu_profile: str | None = None,
                 efficiency: Efficiency | None = None, prompt_tokens: int = 120) -> dict:
-    metrics_path = Path(metrics_path)
+    metrics_path = metrics_file(metrics_path)
     records = read_metrics(metrics_path)
     run_cfg = read_run_config(metrics_path.parent)
     cfg = config_for_run(run_cfg, records, cpu_profile, efficiency, prompt_tokens=prompt_tokens)
@@ -147,7 +166,7 @@ def fit_cpu_efficiency(metrics_path: str | Path, cpu_profile: str | None = None,
     """
     from dataclasses import replace
 
-    metrics_path = Path(metrics_path)
+    metrics_path = metrics_file(metrics_path)
     records = read_metrics(metrics_path)
     run_cfg = read_run_config(metrics_path.parent)
     # keep the decode factors the engine-fidelity benchmark fitted (matmul efficiency, per-sequence host cost)
