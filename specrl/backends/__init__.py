@@ -1,7 +1,8 @@
 """specrl.backends: other generation engines behind the rollout backend protocol (`specrl.rollout.api`).
 
 This package owns adapters that let a trainer generate rollouts with an engine other than the native
-`specrl.rollout.engine` (a vLLM backend is to come), each declaring its `capabilities` so an unsupported
-request fails as a config error. It may import `specrl.errors`, `specrl.model`, `specrl.rollout` and
-`specrl.drafters`, never `specrl.rl`.
+`specrl.rollout.engine` (`vllm.py`: vLLM, with `vllm_worker.py` running inside vLLM's worker), each declaring
+its `capabilities` so an unsupported request fails as a config error, and the losslessness probe that tests any
+backend statistically through its own `generate` (`probe.py`). It may import `specrl.errors`, `specrl.model`,
+`specrl.rollout` and `specrl.drafters`, never `specrl.rl`.
 """

