@@ -123,7 +123,7 @@ def _demo() -> None:
 def _read_prompts(path: Path, tok, raw: bool) -> list[list[int]]:
     from specrl.model.tokenizer import encode_chat, encode_raw
     from specrl.rl.config import read_text_file
-    from specrl.rollout.engine import token_id_list
+    from specrl.rollout.api import token_id_list
 
     if not path.exists():
         raise SpecRLError(f"--prompts file {path} does not exist")

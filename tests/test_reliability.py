@@ -27,6 +27,8 @@ from specrl.rl.config import load_config
 from specrl.rl.learner import Learner
 from specrl.rl.metrics import read_metrics
 from specrl.rl.run import LOCK_FILE, RunInterrupted, RunLock, _StopSignals, release_run, setup_run, train_main
+from tests.test_rl_trainer import cfg_dict as trainer_cfg
+from tests.test_rl_trainer import write_cfg
 from tests.tiny import make_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,26 +41,8 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def cfg_dict(tiny: Path, **over) -> dict:
-    d = {
-        "model": {"name": str(tiny), "max_seq_len": 192, "rollout_dtype": "float32"},
-        "task": {"name": "chain_sum", "difficulty": "easy", "train_size": 40, "val_size": 4,
-                 "system_prompt": "Be brief."},
-        "grpo": {"num_prompts_per_step": 2, "num_generations": 4, "val_every": 0},
-        "policy": {"learning_rate": 1e-3, "train_micro_batch_size": 4},
-        "generation": {"max_new_tokens": 8, "max_batch_size": 8},
-        "speculative": {"verify": "seed_exact"},
-        "run": {"name": "t", "steps": 3, "checkpoint_every": 1, "keep_checkpoints": 3, "tensorboard": False,
-                "progress": False},
-    }
-    for key, value in over.items():
-        section, _, field = key.partition("__")
-        d.setdefault(section, {})[field] = value
-    return d
-
-
-def write_cfg(path: Path, d: dict) -> Path:
-    path.write_text(yaml.safe_dump(d))
-    return path
+    """tests/test_rl_trainer.py's tiny config, without periodic validation."""
+    return trainer_cfg(tiny, **{"grpo__val_every": 0, **over})
 
 
 def dead_pid() -> int:

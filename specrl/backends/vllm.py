@@ -44,6 +44,7 @@ from specrl.rollout.api import (
     RolloutOutput,
     RolloutRequest,
     check_weight_kind,
+    normalize_requests,
 )
 from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import SamplingParams
@@ -325,30 +326,8 @@ class VLLMBackend:
         return out
 
     def _validate(self, requests, params) -> tuple[list[RolloutRequest], list[SamplingParams]]:
-        if not isinstance(requests, (list, tuple)) or not requests:
-            raise SpecRLError("requests must be a non-empty list of RolloutRequest or token id lists")
-        n = len(requests)
-        if isinstance(params, SamplingParams):
-            plist = [params] * n
-        else:
-            plist = list(params)
-            if len(plist) != n or not all(isinstance(p, SamplingParams) for p in plist):
-                raise SpecRLError(f"params must be one SamplingParams or a list of {n} (one per request), "
-                                  f"got {len(plist)} items")
-        reqs = [r if isinstance(r, RolloutRequest) else RolloutRequest([int(t) for t in r], i)
-                for i, r in enumerate(requests)]
-        limit = self.options.max_model_len
-        for i, (r, p) in enumerate(zip(reqs, plist, strict=True)):
-            pr = r.prompt_token_ids
-            if not pr:
-                raise SpecRLError(f"prompt {i} is empty; every prompt needs at least one token")
-            if min(pr) < 0 or max(pr) >= self.vocab_size:
-                raise SpecRLError(f"prompt {i} has token ids outside [0, {self.vocab_size}) (the model's vocabulary)")
-            if len(pr) + p.max_new_tokens > limit:
-                raise SpecRLError(f"prompt {i} has {len(pr)} tokens; with max_new_tokens={p.max_new_tokens} it needs "
-                                  f"{len(pr) + p.max_new_tokens} positions but the vLLM max_model_len is {limit}: "
-                                  "shorten the prompt, lower max_new_tokens or raise rollout.max_model_len")
-        return reqs, plist
+        return normalize_requests(requests, params, self.vocab_size, self.options.max_model_len,
+                                  "the vLLM max_model_len", "raise rollout.max_model_len")
 
 
 def _has_suffix_decoding() -> bool:

@@ -22,10 +22,13 @@ optional truncated importance-sampling correction and the `token_mult_prob_error
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
@@ -116,6 +119,68 @@ class RolloutBackend(Protocol):
     def load_weights(self, which: Literal["policy", "drafter"], named_tensors: Mapping[str, Tensor],
                      version: int) -> None:
         """Replace the policy's or the drafter's weights (HF checkpoint names) and tag them with `version`."""
+
+
+def token_id_list(ids, where: str) -> list[int]:
+    """`ids` as a list of Python ints; a SpecRLError for a scalar, a string, floats or bools (never truncated)."""
+    if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+        raise SpecRLError(f"{where}: token ids must be a list of integers, got {type(ids).__name__} {ids!r:.60}")
+    if isinstance(ids, Tensor):
+        if ids.is_floating_point() or ids.dtype == torch.bool or ids.dim() != 1:
+            raise SpecRLError(f"{where}: token ids must be a 1-D integer tensor, got {ids.dtype} of shape "
+                              f"{tuple(ids.shape)}")
+        return [int(t) for t in ids.tolist()]
+    out = []
+    for j, t in enumerate(ids):
+        if isinstance(t, bool):
+            raise SpecRLError(f"{where}: token id #{j} is {t!r}; token ids must be integers")
+        try:
+            out.append(operator.index(t))
+        except TypeError:
+            raise SpecRLError(f"{where}: token id #{j} is {t!r} ({type(t).__name__}); token ids must be integers "
+                              "(a float such as 5.0 is not accepted, so nothing is silently truncated)") from None
+    return out
+
+
+def normalize_requests(requests, params, vocab_size: int, max_len: int, limit: str, raise_hint: str
+                       ) -> tuple[list[RolloutRequest], list[SamplingParams]]:
+    """The checks every backend's `generate` makes: a non-empty request list (plain token lists get request id =
+    their index), one SamplingParams or one per request with finite temperature/top_p, integer token ids (never
+    truncated) inside the vocabulary, and prompt + max_new_tokens within `max_len` (named `limit`; `raise_hint`
+    says which setting to raise)."""
+    if not isinstance(requests, (list, tuple)) or not requests:
+        raise SpecRLError("requests must be a non-empty list of RolloutRequest or token id lists")
+    n = len(requests)
+    if isinstance(params, SamplingParams):
+        plist = [params] * n
+    else:
+        plist = list(params)
+        if len(plist) != n or not all(isinstance(p, SamplingParams) for p in plist):
+            raise SpecRLError(f"params must be one SamplingParams or a list of {n} (one per request), "
+                              f"got {len(plist)} items")
+    for i, sp in enumerate(plist):
+        for name in ("temperature", "top_p"):
+            v = getattr(sp, name)
+            if not math.isfinite(v):
+                raise SpecRLError(f"request {i}: {name}={v!r} is not a finite number; use e.g. temperature=1.0 "
+                                  "(0 = greedy) and top_p in (0, 1]")
+    reqs = []
+    for i, r in enumerate(requests):
+        ids, rid, gid = (r.prompt_token_ids, r.request_id, r.group_id) if isinstance(r, RolloutRequest) else \
+            (r, i, None)
+        pr = token_id_list(ids, f"prompt {i}")
+        sp = plist[i]
+        if not pr:
+            raise SpecRLError(f"prompt {i} is empty; every prompt needs at least one token")
+        if min(pr) < 0 or max(pr) >= vocab_size:
+            raise SpecRLError(f"prompt {i} has token ids outside [0, {vocab_size}) (the model's vocabulary)")
+        if len(pr) + sp.max_new_tokens > max_len:
+            raise SpecRLError(
+                f"prompt {i} has {len(pr)} tokens; with max_new_tokens={sp.max_new_tokens} it needs "
+                f"{len(pr) + sp.max_new_tokens} positions but {limit} is {max_len}: shorten the prompt to <= "
+                f"{max_len - sp.max_new_tokens} tokens, lower max_new_tokens or {raise_hint}")
+        reqs.append(RolloutRequest(pr, rid, gid))
+    return reqs, plist
 
 
 def check_weight_kind(which: str) -> None:

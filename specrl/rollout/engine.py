@@ -12,8 +12,6 @@ forward and hand the decision to `specrl.rollout.verify` — the single verifica
 
 from __future__ import annotations
 
-import math
-import operator
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +28,7 @@ from specrl.rollout.api import (
     RolloutOutput,
     RolloutRequest,
     check_weight_kind,
+    normalize_requests,
 )
 from specrl.rollout.drafter import BindContext, DraftBatch
 from specrl.rollout.metrics import SpecMetrics
@@ -45,27 +44,6 @@ from specrl.rollout.sampling import (
     uniform,
 )
 from specrl.rollout.verify import VERIFY_MODES, verify
-
-
-def token_id_list(ids, where: str) -> list[int]:
-    """`ids` as a list of Python ints; a SpecRLError for a scalar, a string, floats or bools (never truncated)."""
-    if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
-        raise SpecRLError(f"{where}: token ids must be a list of integers, got {type(ids).__name__} {ids!r:.60}")
-    if isinstance(ids, Tensor):
-        if ids.is_floating_point() or ids.dtype == torch.bool or ids.dim() != 1:
-            raise SpecRLError(f"{where}: token ids must be a 1-D integer tensor, got {ids.dtype} of shape "
-                              f"{tuple(ids.shape)}")
-        return [int(t) for t in ids.tolist()]
-    out = []
-    for j, t in enumerate(ids):
-        if isinstance(t, bool):
-            raise SpecRLError(f"{where}: token id #{j} is {t!r}; token ids must be integers")
-        try:
-            out.append(operator.index(t))
-        except TypeError:
-            raise SpecRLError(f"{where}: token id #{j} is {t!r} ({type(t).__name__}); token ids must be integers "
-                              "(a float such as 5.0 is not accepted, so nothing is silently truncated)") from None
-    return out
 
 
 @dataclass
@@ -185,42 +163,12 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ validation
     def _validate(self, requests, params) -> list[_Seq]:
-        if not isinstance(requests, (list, tuple)) or not requests:
-            raise SpecRLError("requests must be a non-empty list of RolloutRequest or token id lists")
-        n = len(requests)
-        if isinstance(params, SamplingParams):
-            plist = [params] * n
-        else:
-            plist = list(params)
-            if len(plist) != n or not all(isinstance(p, SamplingParams) for p in plist):
-                raise SpecRLError(f"params must be one SamplingParams or a list of {n} (one per request), "
-                                  f"got {len(plist)} items")
-        for i, sp in enumerate(plist):
-            for name in ("temperature", "top_p"):
-                v = getattr(sp, name)
-                if not math.isfinite(v):
-                    raise SpecRLError(f"request {i}: {name}={v!r} is not a finite number; use e.g. temperature=1.0 "
-                                      "(0 = greedy) and top_p in (0, 1]")
-        reqs = [r if isinstance(r, RolloutRequest) else RolloutRequest(r, i) for i, r in enumerate(requests)]
-        prompts = [token_id_list(r.prompt_token_ids, f"prompt {i}") for i, r in enumerate(reqs)]
-        rids = [r.request_id for r in reqs]
+        reqs, plist = normalize_requests(requests, params, self.model.args.vocab_size, self.max_seq_len,
+                                         "max_seq_len", "raise max_seq_len")
         # default group: the prompt itself (samples of one prompt are siblings, across calls too)
-        gids = [hash(tuple(p)) if r.group_id is None else r.group_id for p, r in zip(prompts, reqs, strict=True)]
-        vocab = self.model.args.vocab_size
-        seqs = []
-        for i, (pr, sp) in enumerate(zip(prompts, plist, strict=True)):
-            if not pr:
-                raise SpecRLError(f"prompt {i} is empty; every prompt needs at least one token")
-            if min(pr) < 0 or max(pr) >= vocab:
-                raise SpecRLError(f"prompt {i} has token ids outside [0, {vocab}) (the model's vocabulary)")
-            if len(pr) + sp.max_new_tokens > self.max_seq_len:
-                raise SpecRLError(
-                    f"prompt {i} has {len(pr)} tokens; with max_new_tokens={sp.max_new_tokens} it needs "
-                    f"{len(pr) + sp.max_new_tokens} positions but max_seq_len is {self.max_seq_len}: shorten "
-                    f"the prompt to <= {self.max_seq_len - sp.max_new_tokens} tokens, lower max_new_tokens or "
-                    "raise max_seq_len")
-            seqs.append(_Seq(i, pr, sp, int(rids[i]), int(gids[i])))
-        return seqs
+        return [_Seq(i, r.prompt_token_ids, sp, int(r.request_id),
+                     int(hash(tuple(r.prompt_token_ids)) if r.group_id is None else r.group_id))
+                for i, (r, sp) in enumerate(zip(reqs, plist, strict=True))]
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
