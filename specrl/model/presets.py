@@ -71,7 +71,8 @@ def cache_problem(out: Path) -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this machine (for telling stale temporary files and locks)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -87,7 +88,7 @@ def _remove_stale_imports(name: str, parent: Path) -> None:
         return
     for d in parent.glob(f".{name}-*"):
         pid = d.name[len(name) + 2:].partition("-")[0]
-        if d.is_dir() and (not pid.isdigit() or (int(pid) != os.getpid() and not _pid_alive(int(pid)))):
+        if d.is_dir() and (not pid.isdigit() or (int(pid) != os.getpid() and not pid_alive(int(pid)))):
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -57,17 +57,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this machine (for telling stale temporary files and locks)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def step_dirname(step: int) -> str:
     return f"step_{step:06d}"
 

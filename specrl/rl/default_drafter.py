@@ -81,7 +81,7 @@ def remove_stale_builds(final: Path) -> list[Path]:
     A build that is still running (its PID is alive) is left alone: whichever build finishes first installs
     the drafter, the other discards its copy.
     """
-    from specrl.rl.checkpoint import pid_alive
+    from specrl.model.presets import pid_alive
 
     removed = []
     for d in sorted(final.parent.glob(f"{final.name}.building-*")) if final.parent.is_dir() else []:

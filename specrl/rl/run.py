@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from specrl.errors import SpecRLError
-from specrl.rl.checkpoint import CheckpointError, load_latest, pid_alive, save_checkpoint, step_dirname
+from specrl.model.presets import pid_alive
+from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
 from specrl.rl.config import TrainConfig, load_config, validate_config
 from specrl.rl.learner import NonFiniteError
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
