@@ -46,23 +46,28 @@ def _parse_k(k: str) -> int | str:
 
 @app.command()
 def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import into the cache."),
-            drafter: str = typer.Option("none", help="Also build the default drafter of the embedded model: "
-                                        "none | eagle | mtp (first use trains it in a few minutes).")):
-    """Import the embedded default model (one time; later calls are instant); optionally its default drafter."""
+            drafter: str = typer.Option("none", help="Also build a drafter of the embedded model: none | eagle | mtp "
+                                        "(the `default` one, chain_sum answers) | eagle:think | mtp:think (long "
+                                        "step-by-step replies of examples/think.yaml); first use trains it.")):
+    """Import the embedded default model (one time; later calls are instant); optionally one of its drafters."""
+    from specrl.drafters import DEFAULT_KINDS, EMBEDDED_NAMES
     from specrl.model import presets
 
     try:
-        if drafter not in ("none", "eagle", "mtp"):
-            raise SpecRLError(f"--drafter {drafter!r}: default drafters exist for eagle and mtp (or none)")
+        kind, _, name = drafter.partition(":")
+        name = name or "default"
+        if drafter != "none" and (kind not in DEFAULT_KINDS or name not in EMBEDDED_NAMES):
+            allowed = [k if n == "default" else f"{k}:{n}" for k in DEFAULT_KINDS for n in EMBEDDED_NAMES]
+            raise SpecRLError(f"--drafter {drafter!r}: the embedded drafters are {', '.join(allowed)} (or none)")
         if drafter != "none" and model != "smollm2-135m":
-            raise SpecRLError(f"--drafter builds the default drafter of smollm2-135m, not of {model!r}; "
+            raise SpecRLError(f"--drafter builds a drafter of the embedded smollm2-135m, not of {model!r}; "
                               "use `specrl draft init --model ... --out DIR` for other models")
         path = presets.prepare(model)
         typer.echo(f"[specrl] model {model} ready at {path}")
         if drafter != "none":
             from specrl.rl.default_drafter import ensure_default_drafter
 
-            typer.echo(f"[specrl] default {drafter} drafter ready at {ensure_default_drafter(drafter)}")
+            typer.echo(f"[specrl] {kind}:{name} drafter ready at {ensure_default_drafter(kind, name)}")
     except SpecRLError as e:
         _fail(e)
 

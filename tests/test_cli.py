@@ -56,9 +56,9 @@ def test_generate_bad_input(tmp_path):
 
 def test_prepare_bad_drafter_is_rejected_before_any_work():
     r = runner.invoke(app, ["prepare", "--drafter", "ngram"])
-    assert r.exit_code == 2 and "default drafters exist for eagle and mtp" in r.output
+    assert r.exit_code == 2 and "the embedded drafters are eagle, eagle:think, mtp, mtp:think" in r.output
     r = runner.invoke(app, ["prepare", "--model", "qwen3-8b", "--drafter", "eagle"])
-    assert r.exit_code == 2 and "default drafter of smollm2-135m, not of 'qwen3-8b'" in r.output
+    assert r.exit_code == 2 and "a drafter of the embedded smollm2-135m, not of 'qwen3-8b'" in r.output
 
 
 def test_draft_init_passes_draft_model_options(tmp_path):

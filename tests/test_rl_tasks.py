@@ -4,6 +4,7 @@ import pytest
 
 from specrl.errors import SpecRLError
 from specrl.rl.tasks import (
+    ANSWER_FORMATS,
     PromptFormatter,
     PromptSampler,
     extract_answer,
@@ -90,8 +91,24 @@ def test_answer_format_resolution():
     assert resolve_answer_format("chain_sum", "auto") == "number"
     assert resolve_answer_format("countdown", "auto") == "tags"
     assert resolve_answer_format("countdown", "line") == "line"
-    with pytest.raises(SpecRLError, match="allowed: auto, number, tags, line"):
+    assert resolve_answer_format("chain_sum", "reasoning") == "reasoning"
+    with pytest.raises(SpecRLError, match="allowed: auto, number, reasoning, tags, line"):
         resolve_answer_format("chain_sum", "json")
+
+
+def test_reasoning_format_reads_the_final_answer_not_the_working():
+    # the working mentions other numbers after the stated answer; the reward reads what follows "answer is"
+    reply = "First, 3 + 4 = 7. Then 7 - 2 = 5. So, the answer is 5.\n\nThis uses 2 steps of 1 operation."
+    assert extract_answer(reply, "reasoning") == "5"
+    assert extract_answer("the final Answer: **-12**. Done in 3 steps", "reasoning") == "-12"
+    assert extract_answer("3 + 4 = 7, then 7 - 2 = 5", "reasoning") == "5"  # no stated answer: the last number
+    assert extract_answer("steps 1 and 2 <answer>9</answer> then 4", "reasoning") == "9"  # tags win
+    assert extract_answer("no digits at all", "reasoning") is None
+    train, _ = make_task("chain_sum", "easy", train_size=10, val_size=2, seed=0)
+    p = train[0]
+    s = score_response(train, p, f"Let me add. The answer is {p.answer}. I used 3 steps.", answer_format="reasoning")
+    assert s.correct and s.reward == 1.0
+    assert ANSWER_FORMATS["reasoning"].startswith("Let's think step by step")
 
 
 def test_number_format_reward():

@@ -62,8 +62,8 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     calls = []
 
-    def fake_build(model, kind, prompts, samples, epochs, out, max_new_tokens, progress, source):
-        calls.append((model, kind, source, samples, epochs))
+    def fake_build(model, kind, prompts, samples, epochs, out, max_new_tokens, temperature, progress, source):
+        calls.append((model, kind, source, samples, epochs, max_new_tokens, temperature))
         assert callable(prompts)  # the task's prompts, rendered once the builder has the tokenizer
         assert ".building-" in str(out)  # written beside the final directory, renamed when complete
         out.mkdir(parents=True)
@@ -73,10 +73,15 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "build_drafter", fake_build)
     path = dd.ensure_default_drafter("eagle", progress=False)
     assert path == dd.default_drafter_dir("eagle") and (path / "config.json").exists()
-    assert calls == [("smollm2-135m", "eagle", "chain_sum", dd.DEFAULT_BUILD["samples"],
-                      dd.DEFAULT_BUILD["epochs"])]
+    assert calls == [("smollm2-135m", "eagle", "chain_sum (number)", dd.DEFAULT_BUILD["samples"],
+                      dd.DEFAULT_BUILD["epochs"], 64, 1.0)]
     assert dd.ensure_default_drafter("eagle", progress=False) == path and len(calls) == 1  # cached
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary directory left behind
+    think = dd.ensure_default_drafter("eagle", "think", progress=False)  # the long-reasoning workload's own
+    assert think == dd.default_drafter_dir("eagle", "think") != path
+    assert calls[-1] == ("smollm2-135m", "eagle", "chain_sum (reasoning)", 320, 3, 512, 0.7)
+    with pytest.raises(SpecRLError, match="not an embedded drafter name"):
+        dd.default_drafter_dir("eagle", "thinking")
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, think.name])  # no temporary dirs
     with pytest.raises(SpecRLError, match="no default 'ngram' drafter"):
         dd.ensure_default_drafter("ngram")
 
@@ -87,7 +92,7 @@ def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
 
-    def failing_build(model, kind, prompts, samples, epochs, out, max_new_tokens, progress, source):
+    def failing_build(model, kind, prompts, samples, epochs, out, max_new_tokens, temperature, progress, source):
         out.mkdir(parents=True)
         raise KeyboardInterrupt
 
@@ -109,10 +114,14 @@ def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_
     assert not (tmp_path / "drafters").exists()
     built = []
 
-    def build_default(kind):
-        built.append(kind)
+    def build_default(kind, name):
+        built.append((kind, name))
         raise SpecRLError("stop here")  # a real builder returns the directory; loading it is tested elsewhere
 
     with pytest.raises(SpecRLError, match="stop here"):
         make_drafter("mtp:default", embedded, build_default=build_default)
-    assert built == ["mtp"]
+    with pytest.raises(SpecRLError, match=r"eagle:think.*not built yet.*specrl prepare --drafter eagle:think"):
+        make_drafter("eagle:think", embedded)
+    with pytest.raises(SpecRLError, match="stop here"):
+        make_drafter("eagle:think", embedded, build_default=build_default)
+    assert built == [("mtp", "default"), ("eagle", "think")]

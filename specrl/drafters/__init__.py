@@ -5,9 +5,10 @@ This package owns the helpers all drafters share (`base.py`, which re-exports th
 (`mtp.py`), n-gram (`ngram.py`) and sibling suffix (`suffix.py`); the drafter directory format (`io.py`), offline
 distillation into a drafter (`training.py`) and building one from in-domain rollouts of given prompts (`build.py`).
 `make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
-draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH. PATH may be `default`: the cached in-domain drafter of the
-embedded model (SmolLM2-135M on chain_sum), which the RL layer builds from its task prompts
-(`specrl.rl.default_drafter`, `specrl prepare --drafter eagle`). It imports model, rollout and errors only.
+draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH. PATH may be one of EMBEDDED_NAMES: a cached in-domain drafter of
+the embedded model (SmolLM2-135M): `default` on chain_sum's short answers, `think` on the long step-by-step replies
+of examples/think.yaml. The RL layer builds them from its task prompts (`specrl.rl.default_drafter`,
+`specrl prepare --drafter eagle[:think]`). It imports model, rollout and errors only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specrl.rollout.api import DRAFTER_KINDS
 
 _NEEDS_PATH = ("draft-model", "eagle", "mtp")
 DEFAULT_KINDS = ("eagle", "mtp")  # kinds with a `default` drafter of the embedded model
+EMBEDDED_NAMES = ("default", "think")  # the embedded model's built-on-first-use drafters (see rl.default_drafter)
 DEFAULT_DRAFTER_MODEL = "smollm2-135m"  # the embedded model the `default` drafters belong to
 DRAFTER_SPECS = tuple(f"{k}:PATH" if k in _NEEDS_PATH else k for k in DRAFTER_KINDS)  # how a spec is written
 
@@ -43,11 +45,13 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-def default_drafter_dir(kind: str) -> Path:
-    """Where `eagle:default` / `mtp:default` live: next to the embedded model in the specrl cache."""
+def default_drafter_dir(kind: str, name: str = "default") -> Path:
+    """Where `eagle:default` / `eagle:think` / `mtp:...` live: next to the embedded model in the specrl cache."""
     from specrl.model.presets import cache_root
 
-    return cache_root() / "drafters" / f"{DEFAULT_DRAFTER_MODEL}-{kind}-default"
+    if name not in EMBEDDED_NAMES:
+        raise SpecRLError(f"{name!r} is not an embedded drafter name; allowed: {', '.join(EMBEDDED_NAMES)}")
+    return cache_root() / "drafters" / f"{DEFAULT_DRAFTER_MODEL}-{kind}-{name}"
 
 
 EMBEDDED_SHAPE = {"hidden_size": 576, "num_layers": 30, "vocab_size": 49152}  # SmolLM2-135M (ModelArgs fields)
@@ -78,12 +82,12 @@ def read_draft_vocab(ckpt_dir: Path, vocab_size: int):
 
 
 def make_drafter(spec: str | None, target=None, dtype=None,
-                 build_default: Callable[[str], Path] | None = None) -> Drafter | None:
+                 build_default: Callable[[str, str], Path] | None = None) -> Drafter | None:
     """Build a drafter from a spec string; None/'none' means plain autoregressive decoding.
 
-    `eagle:default` / `mtp:default` load the cached default drafter of the embedded model; when it is not built
-    yet, `build_default(kind)` builds it and returns its directory (`specrl.rl.default_drafter.resolve_drafter`
-    passes the builder), and without one the error says how to build it.
+    `eagle:NAME` / `mtp:NAME` with NAME in EMBEDDED_NAMES load a cached drafter of the embedded model; when it is
+    not built yet, `build_default(kind, name)` builds it and returns its directory
+    (`specrl.rl.default_drafter.resolve_drafter` passes the builder), and without one the error says how to build it.
     """
     if spec is None or spec == "none":
         return None
@@ -103,22 +107,23 @@ def make_drafter(spec: str | None, target=None, dtype=None,
             return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
         from specrl.drafters.io import load_drafter
 
-        if arg == "default":
-            arg = str(_default_dir(kind, target, build_default))
+        if arg in EMBEDDED_NAMES:
+            arg = str(_default_dir(kind, arg, target, build_default))
         return load_drafter(arg, target, expected_kind=kind)
     raise SpecRLError(f"unknown drafter {spec!r}; use one of {list(DRAFTER_SPECS)}")
 
 
-def _default_dir(kind: str, target, build_default: Callable[[str], Path] | None) -> Path:
-    final = default_drafter_dir(kind)
+def _default_dir(kind: str, name: str, target, build_default: Callable[[str, str], Path] | None) -> Path:
+    final = default_drafter_dir(kind, name)
     if target is not None and not _is_embedded(target) and not final.exists():
-        raise SpecRLError(f"{kind}:default is the drafter of the embedded {DEFAULT_DRAFTER_MODEL} model; this target "
+        raise SpecRLError(f"{kind}:{name} is a drafter of the embedded {DEFAULT_DRAFTER_MODEL} model; this target "
                           f"is a different model. Train one for it with `specrl draft init --model PATH "
                           f"--drafter {kind} --task TASK --out DIR` and pass {kind}:DIR")
     if (final / "config.json").exists():
         return final
     if build_default is not None:
-        return Path(build_default(kind))
-    raise SpecRLError(f"{kind}:default, the in-domain drafter of {DEFAULT_DRAFTER_MODEL}, is not built yet "
-                      f"({final} is missing); build it once with `specrl prepare --drafter {kind}` (a few minutes), "
+        return Path(build_default(kind, name))
+    spec = kind if name == "default" else f"{kind}:{name}"
+    raise SpecRLError(f"{kind}:{name}, an in-domain drafter of {DEFAULT_DRAFTER_MODEL}, is not built yet "
+                      f"({final} is missing); build it once with `specrl prepare --drafter {spec}` (minutes), "
                       f"or pass {kind}:DIR of a drafter from `specrl draft init`")

@@ -69,7 +69,7 @@ class TaskConfig(_Section):
     train_size: int = Field(10000, ge=1)
     val_size: int = Field(64, ge=0)
     seed: int = 0
-    answer_format: Literal["auto", "number", "tags", "line"] = "auto"
+    answer_format: Literal["auto", "number", "reasoning", "tags", "line"] = "auto"
     """How the answer is asked for and read back (specrl.rl.tasks.ANSWER_FORMATS); auto: number for
     chain_sum/basic_arithmetic, tags otherwise."""
     format_weight: float = Field(0.0, ge=0.0)

@@ -1,8 +1,10 @@
-"""The default drafter of the embedded model, built from the RL task's own prompts, and drafter specs with it.
+"""The embedded model's drafters, built from the RL task's own prompts, and drafter specs with them.
 
 `eagle:default` / `mtp:default` is an in-domain drafter of SmolLM2-135M: the policy's rollouts on chain_sum
-prompts, distilled with a small fixed budget (`DEFAULT_BUILD`) by `specrl.drafters.build.build_drafter`, and
-cached next to the model (`specrl.drafters.default_drafter_dir`). The drafters layer only loads it; the build
+prompts, distilled with a small fixed budget (`DEFAULT_BUILDS["default"]`) by `specrl.drafters.build.build_drafter`;
+`eagle:think` the same on examples/think.yaml's long step-by-step replies (`DEFAULT_BUILDS["think"]`: the
+`reasoning` answer format, its temperature and length). Both are cached next to the model
+(`specrl.drafters.default_drafter_dir`). The drafters layer only loads it; the build
 lives here because only this layer knows tasks: `task_prompts` renders a task's train and held-out prompts
 exactly as the trainer does (`PromptFormatter`). `ensure_default_drafter` builds it once; `resolve_drafter` is
 `make_drafter` with that builder, what the CLI, the trainer and the benchmarks call.
@@ -21,13 +23,20 @@ from specrl.drafters import DEFAULT_DRAFTER_MODEL, DEFAULT_KINDS, Drafter, defau
 from specrl.drafters import build as drafter_build
 from specrl.errors import SpecRLError
 
-# First-use budget for `eagle:default` / `mtp:default` (measured on an idle 2-core CPU: see README).
-DEFAULT_BUILD = {"task": "chain_sum", "samples": 320, "epochs": 3, "max_new_tokens": 64}
+# First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see README). `think` matches
+# examples/think.yaml: its prompts (answer_format reasoning), its temperature and its max_new_tokens.
+DEFAULT_BUILDS: dict[str, dict] = {
+    "default": {"task": "chain_sum", "answer_format": "number", "samples": 320, "epochs": 3, "max_new_tokens": 64,
+                "temperature": 1.0},
+    "think": {"task": "chain_sum", "answer_format": "reasoning", "samples": 320, "epochs": 3,
+              "max_new_tokens": 512, "temperature": 0.7},
+}
+DEFAULT_BUILD = DEFAULT_BUILDS["default"]
 DEFAULT_DIFFICULTY = "easy"
 
 
 def task_prompts(task: str, samples: int, heldout: int = drafter_build.HELDOUT_PROMPTS,
-                 difficulty: str = DEFAULT_DIFFICULTY, seed: int = 0) -> Callable:
+                 difficulty: str = DEFAULT_DIFFICULTY, seed: int = 0, answer_format: str = "auto") -> Callable:
     """A prompt source for `build_drafter`: tokenizer -> (train prompt ids, held-out prompt ids) of a task.
 
     The train split has up to `samples` prompts, the validation split `heldout` (disjoint from train, see
@@ -35,43 +44,46 @@ def task_prompts(task: str, samples: int, heldout: int = drafter_build.HELDOUT_P
     """
 
     def encode(tokenizer) -> tuple[list[list[int]], list[list[int]]]:
-        from specrl.rl.tasks import PromptFormatter, make_task
+        from specrl.rl.tasks import ANSWER_FORMATS, PromptFormatter, make_task, resolve_answer_format
 
         train, val = make_task(task, difficulty=difficulty, train_size=samples, val_size=heldout, seed=seed)
-        fmt = PromptFormatter(tokenizer)
+        fmt = PromptFormatter(tokenizer, instruction=ANSWER_FORMATS[resolve_answer_format(task, answer_format)])
         return [fmt.encode(p.question) for p in train.problems][:samples], [fmt.encode(p.question)
                                                                             for p in val.problems]
 
     return encode
 
 
-def ensure_default_drafter(kind: str, progress: bool = True) -> Path:
-    """The cached default drafter of the embedded model; trains it first (a few minutes, once) if missing.
+def ensure_default_drafter(kind: str, name: str = "default", progress: bool = True) -> Path:
+    """The cached drafter `kind:name` of the embedded model; trains it first (minutes, once) if missing.
 
     The build writes into a temporary directory next to the final one and renames it when complete, so an
     interrupted build never leaves a half-written default behind.
     """
     if kind not in DEFAULT_KINDS:
         raise SpecRLError(f"there is no default {kind!r} drafter; defaults exist for 'eagle' and 'mtp'")
-    final = default_drafter_dir(kind)
+    final = default_drafter_dir(kind, name)
     if (final / "config.json").exists():
         return final
     remove_stale_builds(final)
     tmp = final.with_name(f"{final.name}.building-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    b = DEFAULT_BUILD
-    print(f"[specrl] building the default {kind} drafter for {DEFAULT_DRAFTER_MODEL} (first use only): "
-          f"{b['samples']} in-domain {b['task']} rollouts, {b['epochs']} epochs; cached at {final}", flush=True)
+    b = DEFAULT_BUILDS[name]
+    print(f"[specrl] building the {kind}:{name} drafter for {DEFAULT_DRAFTER_MODEL} (first use only): "
+          f"{b['samples']} in-domain {b['task']} rollouts ({b['answer_format']} answers, up to "
+          f"{b['max_new_tokens']} tokens, T={b['temperature']}), {b['epochs']} epochs; cached at {final}", flush=True)
     t0 = time.perf_counter()
-    drafter_build.build_drafter(DEFAULT_DRAFTER_MODEL, kind, prompts=task_prompts(b["task"], b["samples"]),
+    drafter_build.build_drafter(DEFAULT_DRAFTER_MODEL, kind,
+                                prompts=task_prompts(b["task"], b["samples"], answer_format=b["answer_format"]),
                                 samples=b["samples"], epochs=b["epochs"], out=tmp,
-                                max_new_tokens=b["max_new_tokens"], progress=progress, source=b["task"])
+                                max_new_tokens=b["max_new_tokens"], temperature=b["temperature"], progress=progress,
+                                source=f"{b['task']} ({b['answer_format']})")
     if not (final / "config.json").exists():  # another process may have finished first
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
     else:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"[specrl] default {kind} drafter built in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"[specrl] {kind}:{name} drafter built in {time.perf_counter() - t0:.0f} s", flush=True)
     return final
 
 

@@ -60,13 +60,22 @@ VAL_SEED_OFFSET = 1_000_003
 # tasks. Tags, when present, always win, so a model that learns them is read exactly.
 ANSWER_FORMATS = {
     "number": "Give only the final answer as a number.",
+    "reasoning": "Let's think step by step. Explain in detail how to solve this problem before giving the final "
+                 "answer as a number.",
     "tags": "Put the final answer inside <answer></answer> tags, for example <answer>42</answer>.",
     "line": "Give only the final answer on the last line.",
 }
+# `reasoning` asks for the working before the answer (the long-rollout regime of examples/think.yaml). Measured on
+# SmolLM2-135M-Instruct (chain_sum easy, 8 prompts x 8 samples, max 512 new tokens): at T=0.7 responses average 217
+# tokens (median 196, 2 of 64 hit the limit) and 11% are right, with right and wrong answers in 3 of 8 groups; at
+# T=1.0 the long replies degrade into unrelated text (mean 276, 8 of 32 at the limit, 9% right). The reward reads
+# the final answer only: the number after the last "answer is" / "answer:" when the reply has one, else the last
+# number in the reply -- never a number from the middle of the reasoning.
 NUMERIC_TASKS = ("chain_sum", "basic_arithmetic")
 SYSTEM_PROMPT: str | None = None  # None: the chat template's own default system turn
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+_FINAL_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 
 
 def resolve_answer_format(task: str, answer_format: str) -> str:
@@ -194,10 +203,16 @@ def make_task(
 
 def extract_answer(response: str, answer_format: str = "tags") -> str | None:
     """Read the answer back: the last <answer>...</answer> if any; else, for `number`, the last number in
-    the response, for `line`, its last non-empty line; None when nothing qualifies."""
+    the response, for `line`, its last non-empty line, for `reasoning`, the number after the last "answer is" /
+    "answer:" or else the last number; None when nothing qualifies."""
     found = _ANSWER_RE.findall(response)
     if found:
         return found[-1].strip()
+    if answer_format == "reasoning":
+        final = _FINAL_RE.findall(response)
+        if final:
+            return final[-1]
+        answer_format = "number"
     if answer_format == "number":
         nums = _NUMBER_RE.findall(response)
         return nums[-1] if nums else None
