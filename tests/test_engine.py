@@ -28,6 +28,18 @@ def test_batch_invariance_and_continuous_batching(model):
     assert alone[0].token_ids == big[3].token_ids
 
 
+def test_batch_trace_shows_the_batch_draining(model):
+    sp = SamplingParams(temperature=1.0, max_new_tokens=20, seed=7)
+    res = RolloutEngine(model, max_batch_size=8, max_seq_len=64).generate(PROMPTS, sp)
+    trace = res.metrics["batch_trace"]
+    assert len(trace) == res.metrics["ar_steps"] and all(k == 0 for _, _, k in trace)
+    active = [n for _, n, _ in trace]
+    assert active[0] == len(PROMPTS) and active == sorted(active, reverse=True)  # never grows: one wave
+    assert sum(active) + len(PROMPTS) == res.metrics["generated_tokens"]  # + the token each prefill samples
+    times = [t for t, _, _ in trace]
+    assert times == sorted(times) and times[-1] <= res.metrics["total_seconds"]
+
+
 def test_different_seeds_and_requests_differ(model):
     e = RolloutEngine(model, max_batch_size=4, max_seq_len=64)
     a = e.generate([[1, 2, 3]] * 2, SamplingParams(max_new_tokens=30, seed=0))

@@ -67,9 +67,22 @@ def test_write_report(tmp_path):
     assert "0.150 → 0.750" in text  # first-quarter and last-quarter mean reward
 
 
+def test_report_shows_the_rollout_shape(tmp_path):
+    # a long tail: most replies stop early, two hit the limit; the batch drains over the rollout
+    recs = [{**record(s, al=2.0), "response_lengths": [40, 60, 80, 120, 200, 300, 512, 512],
+             "batch_trace": [[0.1 * i, 8 - i // 10, 3 if i % 2 else 0] for i in range(70)]} for s in (1, 2)]
+    text = write_report(tmp_path, recs, max_new_tokens=512).read_text()
+    assert "rollout_shape.png" in text and (tmp_path / "rollout_shape.png").stat().st_size > 1000
+    w = MetricsWriter(tmp_path / "tb", tensorboard=True)  # traces stay in metrics.jsonl, not as 500 scalars
+    w.write(recs[0])
+    w.close()
+    assert read_metrics(tmp_path / "tb" / "metrics.jsonl")[0]["response_lengths"][-1] == 512
+
+
 def test_report_without_drafter(tmp_path):
-    write_report(tmp_path, [record(1), record(2)])
+    text = write_report(tmp_path, [record(1), record(2)]).read_text()
     assert (tmp_path / "acceptance.png").exists()
+    assert "rollout_shape" not in text  # records without lengths (older runs): no empty picture
 
 
 def test_amdahl_bound():

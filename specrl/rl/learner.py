@@ -346,6 +346,8 @@ class Learner:
             "reward_std": float(r.rewards.std()) if len(r.rewards) > 1 else 0.0,
             "accuracy": None,
             "response_length_mean": float(np.mean(lengths)),
+            "response_lengths": lengths,
+            "batch_trace": em.get("batch_trace", []),
             "stage_seconds": times,
             "step_seconds": total,
             "gen_share": times["gen"] / total if total > 0 else None,

@@ -26,6 +26,9 @@ STEP_FIELDS = (
     "gen_tokens_per_second",
 )
 
+# Per-sequence / per-engine-step lists kept in metrics.jsonl for the report's pictures, not mirrored as scalars.
+TRACE_FIELDS = ("response_lengths", "batch_trace")
+
 
 def _clean(value: Any) -> Any:
     """JSON-safe: non-finite floats become None, tuples become lists, numpy/torch scalars become floats."""
@@ -159,7 +162,7 @@ class MetricsWriter:
             return
         flat: dict[str, float] = {}
         for k, v in clean.items():
-            if k != "step":
+            if k != "step" and k not in TRACE_FIELDS:
                 _flatten(k, v, flat)
         step = int(record["step"])
         if self._tb is not None:

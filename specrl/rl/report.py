@@ -99,6 +99,42 @@ def plot_stages(records: list[dict], path: Path, title: str = "stage time per st
     return _finish(plt, fig, ax, path, "step", "seconds", title, grid=False)
 
 
+def plot_rollout_shape(records: list[dict], path: Path, max_new_tokens: int | None = None) -> Path | None:
+    """Left: histogram of every response length of the run (the tail; a marker at max_new_tokens). Right: active
+    sequences per decode step over the last step's rollout (the batch draining while the longest replies finish),
+    coloured by the draft length k of each step. None when the records carry no lengths (older runs)."""
+    lengths = [n for r in records for n in (r.get("response_lengths") or [])]
+    if not lengths:
+        return None
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    a1.hist(lengths, bins=min(40, max(5, len(set(lengths)))), color="#3aa655")
+    if max_new_tokens:
+        hit = sum(n >= max_new_tokens for n in lengths)
+        a1.axvline(max_new_tokens, color="#d9534f", ls="--", label=f"max_new_tokens {max_new_tokens} "
+                   f"({hit} of {len(lengths)} hit it)")
+        a1.legend(fontsize=8)
+    a1.set_xlabel("response tokens")
+    a1.set_ylabel("responses")
+    a1.set_title(f"response lengths ({len(lengths)} responses, mean {sum(lengths) / len(lengths):.0f})")
+    last = next((r for r in reversed(records) if r.get("batch_trace")), None)
+    if last is not None:
+        t = [row[0] for row in last["batch_trace"]]
+        n = [row[1] for row in last["batch_trace"]]
+        k = [row[2] for row in last["batch_trace"]]
+        a2.step(t, n, where="post", color="gray", lw=1)
+        sc = a2.scatter(t, n, c=k, s=6, cmap="viridis", vmin=0, vmax=max(max(k), 1))
+        fig.colorbar(sc, ax=a2, label="draft length k of the step (0 = plain)")
+        a2.set_title(f"active batch over step {last['step']}'s rollout")
+    a2.set_xlabel("decode seconds")
+    a2.set_ylabel("active sequences")
+    a2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_acceptance(records: list[dict], path: Path, title: str = "acceptance length") -> Path:
     plt, fig, ax = _figure()
     xs, ys = _series(records, "acceptance_length")
@@ -255,7 +291,8 @@ def _f(v: Any, spec: str = ".3f") -> str:
 
 
 def write_report(run_dir: str | Path, records: list[dict], config_text: str = "",
-                 extra: dict[str, Any] | None = None, validation: list[dict] | None = None) -> Path:
+                 extra: dict[str, Any] | None = None, validation: list[dict] | None = None,
+                 max_new_tokens: int | None = None) -> Path:
     """Write report.md and its three PNG plots into run_dir; return the path of report.md.
 
     `validation` (records with `step` and `accuracy`, including step 0 = before training) feeds the accuracy
@@ -266,6 +303,7 @@ def write_report(run_dir: str | Path, records: list[dict], config_text: str = ""
     plot_reward(records, run_dir / "reward.png", validation=validation)
     plot_stages(records, run_dir / "stages.png")
     plot_acceptance(records, run_dir / "acceptance.png")
+    shape = plot_rollout_shape(records, run_dir / "rollout_shape.png", max_new_tokens)
     s = summarize(records)
     if validation:
         _, vacc = _series(validation, "accuracy")
@@ -300,6 +338,8 @@ def write_report(run_dir: str | Path, records: list[dict], config_text: str = ""
         "## Acceptance length (tokens emitted per policy forward during generation)",
         "![acceptance](acceptance.png)",
         "",
+        *(["## Rollout shape: response lengths and the active batch over one rollout", "![rollout shape]"
+           "(rollout_shape.png)", ""] if shape is not None else []),
         "Per-step numbers: `metrics.jsonl`; live curves: `tensorboard --logdir " + str(run_dir) + "`.",
     ]
     a = async_summary(records)

@@ -139,8 +139,9 @@ class RunLock:
 
 
 _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validation.jsonl", "report.md",
-              "reward.png", "stages.png", "acceptance.png", "config.yaml", "autoregressive", "speculative",
-              "compare.json", "compare.md", "compare_reward.png", "timeline.jsonl", "timeline.png", "wandb", "mlruns")
+              "reward.png", "stages.png", "acceptance.png", "rollout_shape.png", "config.yaml", "autoregressive",
+              "speculative", "compare.json", "compare.md", "compare_reward.png", "timeline.jsonl", "timeline.png",
+              "wandb", "mlruns")
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -442,7 +443,8 @@ class _Run:
         tmp.rename(final)
         return write_report(self.run_dir, read_metrics(self.writer.path), self.cfg.to_yaml(),
                             extra={"final policy (load_model path)": f"`{final}`"},
-                            validation=read_metrics(self.val_path))
+                            validation=read_metrics(self.val_path),
+                            max_new_tokens=self.cfg.generation.max_new_tokens)
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,

@@ -3,7 +3,9 @@
 Acceptance length is 1 + accepted / verify steps (a verify step = one sequence verified once), acceptance
 rate is accepted / drafted, and the per-position rate at position i is accepted-at-i / drafted-at-i. The exported
 dict carries the raw counters too, so `merge_metrics` can combine calls (several rollout workers' parts of one
-step) by summing counters and deriving the rates once, here.
+step) by summing counters and deriving the rates once, here. `batch_trace` is the shape of the call over time: one
+[seconds, active sequences, k] row per decode step (seconds = the step's end, counted over decode steps), which is
+what shows a rollout's tail (the batch draining while the longest replies finish).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class SpecMetrics:
     drafted_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
     _seq_steps: int = 0  # sequences x engine steps, plain and speculative (for the mean draft length)
+    batch_trace: list = field(default_factory=list)  # [decode seconds at the step's end, active, k] per step
+    _decode_s: float = 0.0
 
     def __post_init__(self):
         self.drafted_at = [0] * self.k_max
@@ -44,6 +48,11 @@ class SpecMetrics:
         self.generated_tokens += n
         self.k_histogram[0] = self.k_histogram.get(0, 0) + 1
         self._seq_steps += n
+        self._trace(n, 0, seconds)
+
+    def _trace(self, n: int, k: int, seconds: float) -> None:
+        self._decode_s += seconds
+        self.batch_trace.append([round(self._decode_s, 4), n, k])
 
     def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float) -> None:
         n = int(num_accepted.numel())
@@ -56,6 +65,7 @@ class SpecMetrics:
         self.verify_seconds += verify_s
         self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
         self._seq_steps += n
+        self._trace(n, k, draft_s + verify_s)
         for i in range(k):
             self.drafted_at[i] += n
             self.accepted_at[i] += int((num_accepted > i).sum())
@@ -86,6 +96,7 @@ class SpecMetrics:
             "drafted_per_position": list(self.drafted_at),
             "accepted_per_position": list(self.accepted_at),
             "sequence_steps": self._seq_steps,
+            "batch_trace": [list(r) for r in self.batch_trace],
         }
 
     @classmethod
@@ -98,6 +109,7 @@ class SpecMetrics:
         m.finished, m._seq_steps = d["num_sequences"], d["sequence_steps"]
         m.k_histogram = {int(k): v for k, v in d["k_histogram"].items()}
         m.drafted_at, m.accepted_at = drafted, accepted
+        m.batch_trace = [list(r) for r in d.get("batch_trace", [])]
         return m
 
 
@@ -107,7 +119,8 @@ _SUMMED = ("prompt_tokens", "generated_tokens", "ar_steps", "spec_steps", "verif
 
 def merge_metrics(parts: list[dict], wall_seconds: float | None = None) -> dict:
     """One metrics dict for several `generate` calls: counters summed, rates derived again. `total_seconds`
-    (and so tokens_per_second) is `wall_seconds` when the calls ran in parallel, else their sum."""
+    (and so tokens_per_second) is `wall_seconds` when the calls ran in parallel, else their sum. The batch trace
+    is the first part's (one engine's view of the rollout; parallel engines' traces do not add up)."""
     if not parts:
         raise ValueError("merge_metrics needs at least one metrics dict")
     ms = [SpecMetrics.from_dict(p) for p in parts]
@@ -122,6 +135,7 @@ def merge_metrics(parts: list[dict], wall_seconds: float | None = None) -> dict:
         for i in range(m.k_max):
             out.drafted_at[i] += m.drafted_at[i]
             out.accepted_at[i] += m.accepted_at[i]
+    out.batch_trace = ms[0].batch_trace
     if wall_seconds is not None:
         out.total_seconds = wall_seconds
     return out.as_dict()
