@@ -64,6 +64,10 @@ def make_small_drafter(kind, target):
         return randomise(EagleDrafter(target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6, 7]), seed=7).eval()
     if kind == "mtp":
         return randomise(MTPDrafter(target, num_modules=2), seed=7).eval()
+    if kind == "hybrid":  # EAGLE + sibling suffix; min_match=1 so both kinds of rows occur on a vocab-8 target
+        from specrl.drafters.hybrid import HybridDrafter
+
+        return HybridDrafter(make_small_drafter("eagle", target), min_match=1)
     return make_drafter(kind)
 
 
@@ -91,12 +95,12 @@ def count_bonus_emissions(engine, max_new_tokens: int) -> list[int]:
     return counter
 
 
-def bonus_path_case(target, kind, mode, k=2) -> tuple[float, int]:
+def bonus_path_case(target, kind, mode, k=2, drafter=None) -> tuple[float, int]:
     """(family-adjusted chi-square p-value, rows whose output includes a bonus token) for continuations of k + 2
     tokens: the first comes from prefill, and a row accepting all k drafts in its first step emits k + 1 more."""
     sp = SamplingParams(max_new_tokens=k + 2, seed=4321, temperature=1.0)
-    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=16, drafter=make_small_drafter(kind, target),
-                           num_draft_tokens=k, verify=mode)
+    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=16,
+                           drafter=drafter or make_small_drafter(kind, target), num_draft_tokens=k, verify=mode)
     bonus = count_bonus_emissions(engine, sp.max_new_tokens)
     return speculative_pvalue(engine, target, sp), bonus[0]
 
@@ -109,6 +113,30 @@ def test_bonus_path_exact_distribution(target, kind, mode):
     pvalue, bonus = bonus_path_case(target, kind, mode)
     assert bonus >= 0.01 * 20000, f"only {bonus} rows accepted all drafts and emitted a bonus token"
     assert pvalue > FAMILY_ALPHA
+
+
+@pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
+def test_hybrid_drafter_exact_with_both_kinds_of_rows(target, mode):
+    """The hybrid's rows mix one-hot suffix proposals and sampled EAGLE proposals (with their q) in one step; the
+    output distribution stays exact, and both kinds of rows were really verified."""
+    drafter = make_small_drafter("hybrid", target)
+    pvalue, bonus = bonus_path_case(target, "hybrid", mode, drafter=drafter)
+    assert 0.05 * drafter.rows < drafter.suffix_rows < 0.95 * drafter.rows, (drafter.suffix_rows, drafter.rows)
+    assert bonus >= 0.01 * 20000
+    assert pvalue > FAMILY_ALPHA
+
+
+def test_hybrid_drafter_spec_and_bad_input(target):
+    from specrl.drafters import make_drafter as spec_drafter
+    from specrl.drafters.hybrid import HybridDrafter
+    from specrl.errors import SpecRLError
+
+    with pytest.raises(SpecRLError, match="combines a learned drafter"):
+        HybridDrafter(SuffixDrafter())
+    with pytest.raises(SpecRLError, match="min_match must be an integer >= 1"):
+        HybridDrafter(make_small_drafter("eagle", target), min_match=0)
+    with pytest.raises(SpecRLError, match="unknown drafter 'hybrid:suffix'"):
+        spec_drafter("hybrid:suffix", target)
 
 
 # ---------------------------------------------------------------- identities

@@ -8,7 +8,8 @@ distillation into a drafter (`training.py`) and building one from in-domain roll
 draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH. PATH may be one of EMBEDDED_NAMES: a cached in-domain drafter of
 the embedded model (SmolLM2-135M): `default` on chain_sum's short answers, `think` on the long step-by-step replies
 of examples/think.yaml. The RL layer builds them from its task prompts (`specrl.rl.default_drafter`,
-`specrl prepare --drafter eagle[:think]`). It imports model, rollout and errors only.
+`specrl prepare --drafter eagle[:think]`). `hybrid:LEARNED` pairs a learned drafter with the suffix drafter
+(`hybrid.py`). It imports model, rollout and errors only.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ _NEEDS_PATH = ("draft-model", "eagle", "mtp")
 DEFAULT_KINDS = ("eagle", "mtp")  # kinds with a `default` drafter of the embedded model
 EMBEDDED_NAMES = ("default", "think")  # the embedded model's built-on-first-use drafters (see rl.default_drafter)
 DEFAULT_DRAFTER_MODEL = "smollm2-135m"  # the embedded model the `default` drafters belong to
-DRAFTER_SPECS = tuple(f"{k}:PATH" if k in _NEEDS_PATH else k for k in DRAFTER_KINDS)  # how a spec is written
+DRAFTER_SPECS = tuple(f"{k}:PATH" if k in _NEEDS_PATH else "hybrid:LEARNED" if k == "hybrid" else k
+                      for k in DRAFTER_KINDS)  # how a spec is written
 
 __all__ = ["DraftBatch", "Drafter", "Proposal", "DraftModelDrafter", "NGramDrafter", "SuffixDrafter",
            "EagleDrafter", "MTPDrafter", "make_drafter", "DRAFTER_KINDS"]
@@ -96,6 +98,10 @@ def make_drafter(spec: str | None, target=None, dtype=None,
         return NGramDrafter()
     if kind == "suffix" and not arg:
         return SuffixDrafter()
+    if kind == "hybrid" and arg.partition(":")[0] in _NEEDS_PATH:
+        from specrl.drafters.hybrid import HybridDrafter
+
+        return HybridDrafter(make_drafter(arg, target, dtype, build_default))
     if kind in _NEEDS_PATH and arg:
         if kind == "draft-model":
             from specrl.model.loader import load_model, same_tokenizer

@@ -44,7 +44,8 @@ class _GroupIndex:
                         del hits[0]
         return sid
 
-    def continuation(self, me: int, tokens: list[int], k: int) -> list[int]:
+    def continuation(self, me: int, tokens: list[int], k: int) -> tuple[list[int], int]:
+        """(up to k continuation tokens, the number of context tokens matched); ([], 0) without a match."""
         for n in self.lengths:
             if len(tokens) < n:
                 continue
@@ -53,8 +54,8 @@ class _GroupIndex:
                     continue  # our own latest n-gram: nothing follows it yet
                 cont = self.seqs[sid][end:end + k]
                 if cont:
-                    return cont
-        return []
+                    return cont, n
+        return [], 0
 
 
 class SuffixDrafter(Drafter):
@@ -75,13 +76,15 @@ class SuffixDrafter(Drafter):
             g = self.groups[gid] = _GroupIndex(self.lengths)
         return g
 
-    def propose(self, batch: DraftBatch, k: int) -> Proposal:
+    def continuations(self, batch: DraftBatch, k: int) -> list[tuple[list[int], int]]:
+        """Per row: (up to k continuation tokens, context tokens matched), after indexing the batch's new tokens."""
         ids = []
         for b, toks in enumerate(batch.tokens):  # index everything new first, so siblings see each other
             key = (int(batch.seeds[b]) << 32) ^ int(batch.request_ids[b])
             ids.append(self._group(batch.group_ids[b]).extend(key, toks))
-        rows = []
-        for b, toks in enumerate(batch.tokens):
-            cont = self._group(batch.group_ids[b]).continuation(ids[b], toks, k)
-            rows.append(cont + [toks[-1]] * (k - len(cont)))
+        return [self._group(batch.group_ids[b]).continuation(ids[b], toks, k) for b, toks in enumerate(batch.tokens)]
+
+    def propose(self, batch: DraftBatch, k: int) -> Proposal:
+        rows = [cont + [toks[-1]] * (k - len(cont))
+                for (cont, _), toks in zip(self.continuations(batch, k), batch.tokens, strict=True)]
         return Proposal(pad_proposals(rows, k))

@@ -155,7 +155,8 @@ class GenerationConfig(_Section):
 
 class SpeculativeConfig(_Section):
     drafter: str = "none"
-    """none | ngram | suffix | eagle:PATH | eagle:default | mtp:PATH | draft-model:PATH"""
+    """none | ngram | suffix | eagle:PATH | eagle:default | eagle:think | mtp:PATH | draft-model:PATH |
+    hybrid:LEARNED (a learned drafter spec plus the sibling-suffix drafter, e.g. hybrid:eagle:think)"""
     num_draft_tokens: int | Literal["auto"] = 3
     verify: Literal["rejection", "seed_exact"] = "rejection"
 
@@ -165,7 +166,13 @@ class SpeculativeConfig(_Section):
         kind, _, arg = v.partition(":")
         if kind not in DRAFTER_KINDS:
             raise ValueError(f"unknown drafter kind {kind!r}; allowed: none, ngram, suffix, eagle:PATH, "
-                             "eagle:default, mtp:PATH, draft-model:PATH")
+                             "eagle:default, eagle:think, mtp:PATH, draft-model:PATH, hybrid:LEARNED")
+        if kind == "hybrid":
+            inner, _, inner_arg = arg.partition(":")
+            if inner not in _NEEDS_ARG or not inner_arg:
+                raise ValueError(f"hybrid:{arg} needs a learned drafter spec after 'hybrid:' (eagle:PATH, "
+                                 "eagle:default, eagle:think, mtp:PATH or draft-model:PATH), e.g. hybrid:eagle:think")
+            return v
         if kind in _NEEDS_ARG and not arg:
             raise ValueError(f"drafter {kind!r} needs a path, e.g. '{kind}:PATH'"
                              + (" or 'eagle:default'" if kind == "eagle" else ""))

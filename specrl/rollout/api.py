@@ -37,7 +37,7 @@ from specrl.rollout.sampling import SamplingParams
 WEIGHT_KINDS = ("policy", "drafter")
 # The drafter kinds specrl knows by name (the part of a drafter spec before ":"); each backend declares the
 # subset it offers in its capabilities.
-DRAFTER_KINDS = ("none", "ngram", "suffix", "draft-model", "eagle", "mtp")
+DRAFTER_KINDS = ("none", "ngram", "suffix", "draft-model", "eagle", "mtp", "hybrid")
 
 
 @dataclass(frozen=True)

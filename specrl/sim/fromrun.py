@@ -103,6 +103,8 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
         raise SpecRLError(f"run model {model!r} is neither a catalog model nor a checkpoint path")
     drafter_raw = str(_get(run_cfg, "speculative.drafter", "none"))
     kind, _, arg = drafter_raw.partition(":")
+    if kind == "hybrid":  # priced as its learned part (the suffix lookups cost no forward)
+        kind, _, arg = arg.partition(":")
     drafter = DRAFTER_KINDS.get(kind)
     if drafter is None:
         raise SpecRLError(f"run drafter {drafter_raw!r} has no simulator equivalent; known: {sorted(DRAFTER_KINDS)}")
