@@ -39,6 +39,10 @@ def main() -> None:
     ap.add_argument("--verify", default="rejection")
     ap.add_argument("--task", default=None, help="task name (e.g. chain_sum): held-out in-domain prompts from "
                     "specrl.rl.tasks instead of the generic prompt set")
+    ap.add_argument("--answer-format", default="auto", help="with --task: the answer instruction (reasoning = the "
+                    "long step-by-step replies of examples/think.yaml)")
+    ap.add_argument("--difficulty", default="easy")
+    ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--min-requests", type=int, default=8,
                     help="requests per point at least (B=1 runs them one after another)")
     ap.add_argument("--json", default=None)
@@ -52,10 +56,10 @@ def main() -> None:
     stops = stop_token_ids(tok, model.args)
     task_prompts = None
     if a.task:
-        from specrl.rl.tasks import PromptFormatter, make_task
+        from specrl.rl.tasks import ANSWER_FORMATS, PromptFormatter, make_task, resolve_answer_format
 
-        _, val = make_task(a.task, difficulty="easy", train_size=64, val_size=64, seed=0)
-        fmt = PromptFormatter(tok)
+        _, val = make_task(a.task, difficulty=a.difficulty, train_size=64, val_size=64, seed=0)
+        fmt = PromptFormatter(tok, instruction=ANSWER_FORMATS[resolve_answer_format(a.task, a.answer_format)])
         task_prompts = [fmt.encode(p.question) for p in val.problems]
     ks = [k if k == "auto" else int(k) for k in a.ks.split(",")]
     rows = []
@@ -69,11 +73,12 @@ def main() -> None:
             base = task_prompts[:n_base] if task_prompts else prompt_ids(tok, n_base)
             ids = [p for p in base for _ in range(a.group)][:n_req]
             ids += [base[0]] * (n_req - len(ids))
-            ar = RolloutEngine(model, max_batch_size=b, max_seq_len=512)
+            ar = RolloutEngine(model, max_batch_size=b, max_seq_len=a.max_seq_len)
             ar.generate(ids, SamplingParams(max_new_tokens=4))  # warm up
             for k in ks:
                 drafter = resolve_drafter(spec, model)
-                eng = RolloutEngine(model, max_batch_size=b, max_seq_len=512, drafter=drafter, num_draft_tokens=k,
+                eng = RolloutEngine(model, max_batch_size=b, max_seq_len=a.max_seq_len, drafter=drafter,
+                                    num_draft_tokens=k,
                                     verify=a.verify)
                 ar_tps, sd_tps, al, c_list, kmean, v_list, dec = [], [], [], [], [], [], []
                 for r in range(a.repeats):
@@ -111,6 +116,9 @@ def main() -> None:
                       f"{speed / ideal:>5.2f} {kk:>6.2f} {v:>5.2f} {hw_ideal:>8.2f} {dspeed:>5.2f}x "
                       f"{dspeed / hw_ideal:>7.2f}",
                       flush=True)
+                if getattr(drafter, "rows", 0):  # hybrid: how often the suffix continuation was taken
+                    print(f"{'':>16} suffix proposals in {drafter.suffix_rows / drafter.rows:.0%} of drafted rows",
+                          flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

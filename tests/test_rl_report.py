@@ -70,7 +70,7 @@ def test_write_report(tmp_path):
 def test_report_shows_the_rollout_shape(tmp_path):
     # a long tail: most replies stop early, two hit the limit; the batch drains over the rollout
     recs = [{**record(s, al=2.0), "response_lengths": [40, 60, 80, 120, 200, 300, 512, 512],
-             "batch_trace": [[0.1 * i, 8 - i // 10, 3 if i % 2 else 0] for i in range(70)]} for s in (1, 2)]
+             "batch_trace": [[0.1 * i, 8 - i // 10, 3 if i % 2 else 0, 9] for i in range(70)]} for s in (1, 2)]
     text = write_report(tmp_path, recs, max_new_tokens=512).read_text()
     assert "rollout_shape.png" in text and (tmp_path / "rollout_shape.png").stat().st_size > 1000
     w = MetricsWriter(tmp_path / "tb", tensorboard=True)  # traces stay in metrics.jsonl, not as 500 scalars
@@ -104,6 +104,19 @@ def test_compare_outputs(tmp_path):
         assert k in data
     assert "rollouts_identical | True" in m.read_text()
     assert (tmp_path / "compare_reward.png").exists()
+
+
+def test_compare_phase_speedups_by_active_batch():
+    # AR: 1 token per sequence per step; speculative: twice the tokens per step while 2 are active, but slower
+    # per token once one sequence is left (a phase where speculation loses must show, not average away)
+    ar_trace = [[0.1, 2, 0, 2], [0.2, 2, 0, 2], [0.3, 1, 0, 1], [0.4, 1, 0, 1]]
+    sd_trace = [[0.1, 2, 3, 4], [0.3, 1, 3, 1]]
+    ar = [{**record(1), "batch_trace": ar_trace}]
+    sd = [{**record(1, al=2.0), "batch_trace": sd_trace}]
+    s = compare_summary(ar, sd)
+    assert s["phase_speedups"] == {2: pytest.approx(2.0), 1: pytest.approx(0.5)}
+    assert s["phase_speedup_min"] == pytest.approx(0.5)
+    assert compare_summary([record(1)], [record(1, al=2.0)])["phase_speedup_min"] is None  # no traces
 
 
 def test_progress_rich_panel_renders():

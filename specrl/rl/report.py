@@ -394,7 +394,31 @@ def compare_summary(ar: list[dict], sd: list[dict], checks: dict[str, Any] | Non
             "speculative": [r.get("reward_mean") for r in sd],
         },
     }
+    phases = phase_speedups(ar, sd)
+    out["phase_speedups"] = phases
+    out["phase_speedup_min"] = min(phases.values()) if phases else None
     out.update(checks or {})
+    return out
+
+
+def phase_speedups(ar: list[dict], sd: list[dict]) -> dict[int, float]:
+    """Decode speedup in each phase of the rollouts, by active batch size n: (speculative tokens/s) ÷
+    (autoregressive tokens/s) over all decode steps that ran with n sequences (from each step's batch_trace).
+    A phase needs >= 0.05 s in both arms to count (a single step is noise)."""
+    from specrl.rollout.metrics import phase_rates
+
+    tot: dict[str, dict[int, list]] = {"ar": {}, "sd": {}}
+    for arm, recs in (("ar", ar), ("sd", sd)):
+        for r in recs:
+            for n, (tok, sec) in phase_rates(r.get("batch_trace") or []).items():
+                acc = tot[arm].setdefault(n, [0, 0.0])
+                acc[0] += tok
+                acc[1] += sec
+    out = {}
+    for n in sorted(set(tot["ar"]) & set(tot["sd"])):
+        (ta, sa), (ts, ss) = tot["ar"][n], tot["sd"][n]
+        if sa >= 0.05 and ss >= 0.05 and ta and ts:  # noqa: PLR2004
+            out[n] = (ts / ss) / (ta / sa)
     return out
 
 
@@ -426,10 +450,17 @@ def write_compare(out_dir: str | Path, ar: list[dict], sd: list[dict],
         f"| gen share R_gen (autoregressive run) | {_f(summary['gen_share'], '.2f')} |",
         f"| mean acceptance length AL | {_f(summary['acceptance_length'], '.2f')} |",
         f"| bound 1/(R_gen/AL + 1 − R_gen) | {_f(summary['bound'], '.2f')}× |",
+        f"| slowest phase of the rollouts (decode speedup at one active batch size) | "
+        f"{_f(summary['phase_speedup_min'], '.2f')}× |",
     ]
     for k, v in (checks or {}).items():
         if not isinstance(v, list | dict):
             rows.append(f"| {k} | {v} |")
+    if summary["phase_speedups"]:
+        rows += ["", "Decode speedup by active batch size (the phases of a rollout: full batch → the tail):", "",
+                 "| active sequences | " + " | ".join(str(n) for n in summary["phase_speedups"]) + " |",
+                 "|---|" + "---|" * len(summary["phase_speedups"]),
+                 "| speedup | " + " | ".join(f"{v:.2f}×" for v in summary["phase_speedups"].values()) + " |"]
     rows += ["", "![reward curves](compare_reward.png)", ""]
     mpath = out_dir / "compare.md"
     mpath.write_text("\n".join(rows) + "\n")

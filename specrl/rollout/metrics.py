@@ -4,8 +4,9 @@ Acceptance length is 1 + accepted / verify steps (a verify step = one sequence v
 rate is accepted / drafted, and the per-position rate at position i is accepted-at-i / drafted-at-i. The exported
 dict carries the raw counters too, so `merge_metrics` can combine calls (several rollout workers' parts of one
 step) by summing counters and deriving the rates once, here. `batch_trace` is the shape of the call over time: one
-[seconds, active sequences, k] row per decode step (seconds = the step's end, counted over decode steps), which is
-what shows a rollout's tail (the batch draining while the longest replies finish).
+[seconds, active sequences, k, emitted tokens] row per decode step (seconds = the step's end, counted over decode
+steps), which shows a rollout's tail (the batch draining while the longest replies finish) and gives the
+throughput of each phase of it (`phase_rates`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class SpecMetrics:
     drafted_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
     _seq_steps: int = 0  # sequences x engine steps, plain and speculative (for the mean draft length)
-    batch_trace: list = field(default_factory=list)  # [decode seconds at the step's end, active, k] per step
+    batch_trace: list = field(default_factory=list)  # [decode s at the step's end, active, k, emitted] per step
     _decode_s: float = 0.0
 
     def __post_init__(self):
@@ -48,11 +49,11 @@ class SpecMetrics:
         self.generated_tokens += n
         self.k_histogram[0] = self.k_histogram.get(0, 0) + 1
         self._seq_steps += n
-        self._trace(n, 0, seconds)
+        self._trace(n, 0, seconds, n)
 
-    def _trace(self, n: int, k: int, seconds: float) -> None:
+    def _trace(self, n: int, k: int, seconds: float, emitted: int) -> None:
         self._decode_s += seconds
-        self.batch_trace.append([round(self._decode_s, 4), n, k])
+        self.batch_trace.append([round(self._decode_s, 4), n, k, emitted])
 
     def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float) -> None:
         n = int(num_accepted.numel())
@@ -65,7 +66,7 @@ class SpecMetrics:
         self.verify_seconds += verify_s
         self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
         self._seq_steps += n
-        self._trace(n, k, draft_s + verify_s)
+        self._trace(n, k, draft_s + verify_s, int(emitted.sum()))
         for i in range(k):
             self.drafted_at[i] += n
             self.accepted_at[i] += int((num_accepted > i).sum())
@@ -111,6 +112,18 @@ class SpecMetrics:
         m.drafted_at, m.accepted_at = drafted, accepted
         m.batch_trace = [list(r) for r in d.get("batch_trace", [])]
         return m
+
+
+def phase_rates(trace: list[list]) -> dict[int, tuple[int, float]]:
+    """Per active batch size n: (tokens emitted, decode seconds) over the steps that ran with n sequences."""
+    out: dict[int, list] = {}
+    prev = 0.0
+    for t, n, _, emitted in trace:
+        acc = out.setdefault(int(n), [0, 0.0])
+        acc[0] += int(emitted)
+        acc[1] += t - prev
+        prev = t
+    return {n: (tok, sec) for n, (tok, sec) in sorted(out.items())}
 
 
 _SUMMED = ("prompt_tokens", "generated_tokens", "ar_steps", "spec_steps", "verify_steps", "draft_tokens",
