@@ -96,6 +96,7 @@ def test_compare_outputs(tmp_path):
     sd = [record(s, gen=2.0, al=2.5) for s in range(1, 4)]
     s = compare_summary(ar, sd, {"rollouts_identical": True})
     assert s["gen_speedup"] == pytest.approx(2.0)
+    assert s["gen_throughput_speedup"] == pytest.approx(2.0)  # the same tokens in both arms
     assert s["step_speedup"] == pytest.approx(5.61 / 3.61)
     assert s["bound"] == pytest.approx(amdahl_bound(4.0 / 5.61, 2.5))
     j, m = write_compare(tmp_path, ar, sd, {"rollouts_identical": True, "weights_identical": True})

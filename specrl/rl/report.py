@@ -379,9 +379,15 @@ def compare_summary(ar: list[dict], sd: list[dict], checks: dict[str, Any] | Non
     sa, ss = summarize(ar), summarize(sd)
     gen_speedup = sa["gen_seconds"] / ss["gen_seconds"] if n and ss["gen_seconds"] > 0 else None
     step_speedup = sa["step_seconds"] / ss["step_seconds"] if n and ss["step_seconds"] > 0 else None
+    # generated tokens per gen second, speculative ÷ autoregressive: equal to gen_speedup when both arms generated
+    # the same tokens (seed_exact), and the fair number when they did not (rejection, or seed_exact runs that
+    # parted: then the arms' rollouts differ in length and gen time alone compares different work)
+    tps = [x["generated_tokens"] / x["gen_seconds"] if x["gen_seconds"] > 0 else None for x in (sa, ss)] \
+        if n else [None, None]
     out = {
         "steps": n,
         "gen_speedup": gen_speedup,
+        "gen_throughput_speedup": tps[1] / tps[0] if None not in tps and tps[0] > 0 else None,
         "step_speedup": step_speedup,
         "gen_share": sa.get("gen_share"),
         "gen_share_speculative": ss.get("gen_share"),
@@ -446,6 +452,8 @@ def write_compare(out_dir: str | Path, ar: list[dict], sd: list[dict],
         "| metric | value |",
         "|---|---|",
         f"| gen speedup (AR gen time / SD gen time) | {_f(summary['gen_speedup'], '.2f')}× |",
+        f"| gen throughput speedup (generated tokens per gen second, SD ÷ AR) | "
+        f"{_f(summary['gen_throughput_speedup'], '.2f')}× |",
         f"| step speedup | {_f(summary['step_speedup'], '.2f')}× |",
         f"| gen share R_gen (autoregressive run) | {_f(summary['gen_share'], '.2f')} |",
         f"| mean acceptance length AL | {_f(summary['acceptance_length'], '.2f')} |",

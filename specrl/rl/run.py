@@ -542,7 +542,12 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
         bad = next(i + 1 for i, (a, b) in enumerate(zip(same_rollouts, same_weights, strict=True)) if not (a and b))
         raise SpecRLError(f"seed_exact compare: the autoregressive and speculative runs diverged at step {bad} "
                           f"(rollouts identical: {same_rollouts[bad - 1]}, weights identical: "
-                          f"{same_weights[bad - 1]}); see {mpath}")
+                          f"{same_weights[bad - 1]}); see {mpath}. seed_exact emits plain decoding's token wherever "
+                          "the verify forward computes the same logits as a plain forward; in bf16 they differ "
+                          "slightly for some (batch, k) shapes (tools/forward_shape_drift.py), so over long "
+                          "rollouts a token can flip and the runs part (the distribution stays exact). For token "
+                          "identity use model.rollout_dtype=float32; compare.md's gen throughput speedup is the "
+                          "fair speed figure for runs that parted")
     return run_dir
 
 
