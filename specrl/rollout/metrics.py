@@ -45,11 +45,14 @@ class SpecMetrics:
         self.k_histogram[0] = self.k_histogram.get(0, 0) + 1
         self._seq_steps += n
 
-    def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float) -> None:
+    def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float,
+                    num_drafts: Tensor | None = None) -> None:
+        """One speculative step over n rows with k verified columns; `num_drafts` [n]: real drafts per row (the
+        rest is padding of a ragged proposal, counted neither as drafted nor as accepted), None: all k."""
         n = int(num_accepted.numel())
         self.spec_steps += 1
         self.verify_steps += n
-        self.draft_tokens += n * k
+        self.draft_tokens += n * k if num_drafts is None else int(num_drafts.sum())
         self.accepted_tokens += int(num_accepted.sum())
         self.generated_tokens += int(emitted.sum())
         self.draft_seconds += draft_s
@@ -57,7 +60,7 @@ class SpecMetrics:
         self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
         self._seq_steps += n
         for i in range(k):
-            self.drafted_at[i] += n
+            self.drafted_at[i] += n if num_drafts is None else int((num_drafts > i).sum())
             self.accepted_at[i] += int((num_accepted > i).sum())
 
     def as_dict(self) -> dict:
