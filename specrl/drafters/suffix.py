@@ -8,12 +8,14 @@ RECENT_PER_NGRAM most recent (sequence, position) pairs where they occurred; onl
 indexed at each step, so a proposal costs O(k) dictionary look-ups per sequence. A proposal takes the longest
 n whose last n tokens occurred anywhere in the group, and there the most recent occurrence with a non-empty
 continuation, whether it lies in a sibling, an earlier rollout or the sequence's own prompt and output (only
-the sequence's own current suffix is skipped). Deterministic: q is one-hot, verification stays exact.
+the sequence's own current suffix is skipped). Deterministic: q is one-hot, verification stays exact. Proposals
+are ragged (`num_drafts`): a short continuation is not padded with guesses, and a row without a match drafts
+nothing.
 """
 
 from __future__ import annotations
 
-from specrl.drafters.base import DraftBatch, Drafter, Proposal, pad_proposals
+from specrl.drafters.base import DraftBatch, Drafter, Proposal, ragged_proposal
 from specrl.errors import SpecRLError
 
 RECENT_PER_NGRAM = 4  # occurrences remembered per n-gram (the most recent ones)
@@ -80,8 +82,5 @@ class SuffixDrafter(Drafter):
         for b, toks in enumerate(batch.tokens):  # index everything new first, so siblings see each other
             key = (int(batch.seeds[b]) << 32) ^ int(batch.request_ids[b])
             ids.append(self._group(batch.group_ids[b]).extend(key, toks))
-        rows = []
-        for b, toks in enumerate(batch.tokens):
-            cont = self._group(batch.group_ids[b]).continuation(ids[b], toks, k)
-            rows.append(cont + [toks[-1]] * (k - len(cont)))
-        return Proposal(pad_proposals(rows, k))
+        return ragged_proposal([self._group(batch.group_ids[b]).continuation(ids[b], toks, k)
+                                for b, toks in enumerate(batch.tokens)], k)
