@@ -8,7 +8,7 @@ same pieces of a plain step over [B, 1]. The context is a filled KV cache of
 --ctx positions. `--drafts random`: random tokens (rejected at the first position: the residual path); `--drafts
 greedy`: the policy's own greedy continuation (all accepted at T=0, the bonus path; often accepted at T=1).
 
-    .venv/bin/python tools/verify_cost.py --batch-sizes 1,2,4,8 --k 3 --repeats 30 [--temperature 0] [--top-p 0.9] \
+    .venv/bin/python tools/verify_cost.py --batch-sizes 1,2,4,8 --k 3 --repeats 30 [--temperature 0] [--top-p 0.9]
         [--drafts greedy]
 """
 

@@ -7,7 +7,9 @@ always occupy slots 0..n-1: when sequences finish, the survivors are compacted, 
 (one gather per cache tensor) and waiting sequences are prefilled into the slots after them, so every forward
 runs on a contiguous view of the cache. Random draws depend only on (seed, request id, position), so outputs do
 not depend on batch composition. Speculative steps ask the drafter for k tokens, score them in one target
-forward and hand the decision to `specrl.rollout.verify` — the single verification point.
+forward and hand the decision to `specrl.rollout.verify` — the single verification point. A ragged proposal
+(n-gram, suffix) is cut to its longest real draft before the forward; after it, `_verify_logits` does the
+vocabulary-wide work only where it is needed (argmax alone for greedy batches, log-probs at emitted positions).
 """
 
 from __future__ import annotations

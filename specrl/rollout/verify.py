@@ -10,7 +10,10 @@ Every drafter only proposes tokens (and, if it samples from a full distribution,
   uniform that the autoregressive sampler uses; a draft is accepted iff it equals that token. The output is
   then token-for-token the autoregressive output for the same seed.
 
-Greedy requests arrive with one-hot p, for which both rules reduce to "accept iff draft == argmax".
+Greedy requests arrive with one-hot p, for which both rules reduce to "accept iff draft == argmax"; a batch of
+greedy requests only takes that path directly (`target_argmax`, no vocabulary-wide work). Ragged proposals
+(`num_drafts`) verify row b as a step with its own k = num_drafts[b]. Each row pays one inverse-CDF draw per
+emitted policy token, never one per verified position.
 """
 
 from __future__ import annotations
