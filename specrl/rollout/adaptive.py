@@ -122,16 +122,15 @@ class DraftLengthController:
         old = self.cost.get((bucket, k))
         self.cost[(bucket, k)] = value if old is None else (1 - self.ema) * old + self.ema * value
 
-    def observe_acceptance(self, num_accepted: Tensor, k: int, num_drafts: Tensor | None = None) -> None:
-        """Per-position acceptance of one step; a row attempted position i if it accepted all drafts before it
-        and (ragged proposals, `num_drafts`) had a real draft there."""
+    def observe_acceptance(self, num_accepted: Tensor, k: int) -> None:
+        """Per-position acceptance of one step with k asked drafts: a row reaching position i counts as an attempt
+        there even where a ragged proposal had no real draft (what choosing k yields, which the gain estimates)."""
         f = self.forget
         for i in range(self.k_max):  # forget old evidence a little at every speculative step
             self.att[i] *= f
             self.acc[i] *= f
         for i in range(k):
-            tried = num_accepted >= i if num_drafts is None else (num_accepted >= i) & (num_drafts > i)
-            self.att[i] += int(tried.sum())
+            self.att[i] += int((num_accepted >= i).sum())
             self.acc[i] += int((num_accepted > i).sum())
 
     def expected_tokens(self, k: int) -> float:

@@ -311,8 +311,9 @@ class RolloutEngine:
         metrics.record_spec(kv, res.num_accepted, emitted, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1,
                             num_drafts=proposal.num_drafts)
         self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2) - self.drafter.catch_up_seconds)
-        self.controller.observe_target(n, kv + 1, self._ctx_len(active), t2 - t1, emitted=int(emitted.sum()))
-        self.controller.observe_acceptance(res.num_accepted, kv, proposal.num_drafts)
+        # the controller learns what choosing k cost and yielded (a ragged proposal's trimming included)
+        self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1, emitted=int(emitted.sum()))
+        self.controller.observe_acceptance(res.num_accepted, k)
 
     def _verify_logits(self, logits: Tensor, batch: DraftBatch, proposal: Proposal) -> tuple[VerifyResult, Tensor]:
         """Policy logits [n, k+1, V] of a verify forward -> the verify decision and the behaviour log-probs of the
