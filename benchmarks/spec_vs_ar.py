@@ -13,6 +13,16 @@ decode tokens per second (total minus prefill time), the quantity the ideal form
 Each point submits max(--min-requests, B) requests to an engine of max_batch_size B (continuous batching), so
 small batches still generate enough tokens to time.
 
+`dec` and `eng_eff` compare whole runs, so they also charge the speculative arm for emitting other tokens than
+the AR arm (rejection: other samples; seed_exact: bf16 forward-shape drift, see tools/forward_shape_drift.py) and
+for a different batch occupancy over time (a long sequence left alone at n=1 for many steps). `occ` removes both:
+every step of both arms is timed with its occupancy n, and occ = (the AR time the speculative arm's own emitted
+tokens need at the occupancy they were emitted at, sum of e·t_ar(n)/n over its steps, t_ar(n) = the AR arm's mean
+step time at n, nearest n where missing) ÷ (the speculative arm's decode step time). `eng_occ` = occ ÷ the same
+hardware ideal AL_e/(v_n + k·c_n) formed at those occupancies (AL_e = emitted tokens per sequence-step, v_n and c_n
+= verify and draft seconds ÷ sum of t_ar(n) over the speculative steps): what the engine loses beyond the
+measured verify and draft costs.
+
     .venv/bin/python benchmarks/spec_vs_ar.py --drafters ngram,suffix,eagle:DIR --batch-sizes 1,4,16,32 \
         --ks 1,2,3,4,5,6,7,auto [--temperature 1.0] [--new-tokens 96] [--threads 1] [--json out.json]
 """
@@ -21,9 +31,54 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from collections import defaultdict
 
 import torch
 from common import median, prompt_ids
+
+
+def record_steps(engine) -> list[tuple]:
+    """Time every decode step of `engine` with its occupancy: (n, seconds, emitted, verify_s, draft_s) per step."""
+    log: list[tuple] = []
+
+    def wrap(name):
+        real = getattr(engine, name)
+
+        def step(active, *args):
+            metrics = args[-1]
+            before, v0, d0 = sum(len(s.out) for s in active), metrics.verify_seconds, metrics.draft_seconds
+            t = time.perf_counter()
+            real(active, *args)
+            log.append((len(active), time.perf_counter() - t, sum(len(s.out) for s in active) - before,
+                        metrics.verify_seconds - v0, metrics.draft_seconds - d0))
+        setattr(engine, name, step)
+
+    wrap("_ar_step")
+    wrap("_spec_step")
+    return log
+
+
+def occupancy_matched(ar_log: list[tuple], sd_log: list[tuple]) -> tuple[float, float]:
+    """(occ, eng_occ) of the module docstring from the two arms' step logs."""
+    by_n = defaultdict(list)
+    for n, dt, *_ in ar_log:
+        by_n[n].append(dt)
+    t_ar = {n: sum(v) / len(v) for n, v in by_n.items()}
+
+    def at(n):
+        return t_ar[n] if n in t_ar else t_ar[min(t_ar, key=lambda m: abs(m - n))]
+
+    ar_equiv = sum(e * at(n) / n for n, _, e, _, _ in sd_log)
+    spec_time = sum(dt for _, dt, *_ in sd_log)
+    occ = ar_equiv / spec_time
+    spec = [r for r in sd_log if r[3] > 0]  # speculative steps (verify time recorded)
+    if not spec:
+        return occ, 1.0
+    al_e = sum(e for _, _, e, _, _ in spec) / sum(n for n, *_ in spec)
+    base = sum(at(n) for n, *_ in spec)
+    hw = al_e / ((sum(r[3] for r in spec) + sum(r[4] for r in spec)) / base)
+    return occ, occ / hw
 
 
 def main() -> None:
@@ -65,7 +120,7 @@ def main() -> None:
     rows = []
     print(f"T={a.temperature} new_tokens<={a.new_tokens} group={a.group} threads={a.threads} verify={a.verify}")
     print(f"{'drafter':>16} {'B':>3} {'k':>5} {'speedup':>8} {'AL':>5} {'c':>6} {'ideal':>6} {'eff':>5} {'k_mean':>6} "
-          f"{'v':>5} {'hw_ideal':>8} {'dec':>6} {'eng_eff':>7}")
+          f"{'v':>5} {'hw_ideal':>8} {'dec':>6} {'eng_eff':>7} {'occ':>6} {'eng_occ':>7}")
     for spec in a.drafters.split(","):
         for b in [int(x) for x in a.batch_sizes.split(",")]:
             n_req = max(a.min_requests, b)
@@ -75,18 +130,25 @@ def main() -> None:
             ids += [base[0]] * (n_req - len(ids))
             ar = RolloutEngine(model, max_batch_size=b, max_seq_len=a.max_seq_len)
             ar.generate(ids, SamplingParams(max_new_tokens=4))  # warm up
+            ar_log = record_steps(ar)
             for k in ks:
                 drafter = resolve_drafter(spec, model)
                 eng = RolloutEngine(model, max_batch_size=b, max_seq_len=a.max_seq_len, drafter=drafter,
                                     num_draft_tokens=k,
                                     verify=a.verify)
-                ar_tps, sd_tps, al, c_list, kmean, v_list, dec = [], [], [], [], [], [], []
+                sd_log = record_steps(eng)
+                ar_tps, sd_tps, al, c_list, kmean, v_list, dec, occ, eng_occ = [], [], [], [], [], [], [], [], []
                 for r in range(a.repeats):
                     sp_r = SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens, stop_token_ids=stops,
                                           seed=r)
+                    ar_log.clear()
                     m_ar = ar.generate(ids, sp_r).metrics
                     ar_tps.append(m_ar["tokens_per_second"])
+                    sd_log.clear()
                     m = eng.generate(ids, sp_r).metrics
+                    o, eo = occupancy_matched(ar_log, sd_log)
+                    occ.append(o)
+                    eng_occ.append(eo)
                     sd_tps.append(m["tokens_per_second"])
                     al.append(m["acceptance_length"])
                     kmean.append(m["num_draft_tokens_mean"])
@@ -110,11 +172,12 @@ def main() -> None:
                 row = dict(drafter=spec, batch_size=b, k=k, speedup=speed, acceptance_length=AL, c=c, ideal=ideal,
                            efficiency=speed / ideal, k_mean=kk, verify_cost=v, hw_ideal=hw_ideal,
                            decode_speedup=dspeed, engine_efficiency=dspeed / hw_ideal,
-                           ar_tok_s=median(ar_tps), spec_tok_s=median(sd_tps))
+                           ar_tok_s=median(ar_tps), spec_tok_s=median(sd_tps), occupancy_speedup=median(occ),
+                           engine_efficiency_occupancy=median(eng_occ))
                 rows.append(row)
                 print(f"{spec[:16]:>16} {b:>3} {k!s:>5} {speed:>7.2f}x {AL:>5.2f} {c:>6.3f} {ideal:>6.2f} "
                       f"{speed / ideal:>5.2f} {kk:>6.2f} {v:>5.2f} {hw_ideal:>8.2f} {dspeed:>5.2f}x "
-                      f"{dspeed / hw_ideal:>7.2f}",
+                      f"{dspeed / hw_ideal:>7.2f} {median(occ):>5.2f}x {median(eng_occ):>7.2f}",
                       flush=True)
                 if getattr(drafter, "rows", 0):  # hybrid: how often the suffix continuation was taken
                     print(f"{'':>16} suffix proposals in {drafter.suffix_rows / drafter.rows:.0%} of drafted rows",

@@ -49,27 +49,43 @@ def adjusted(pvalue: float) -> float:
     return min(1.0, N_CHI_SQUARE * pvalue)
 
 
-def exact_distribution(target, sp, length: int = 3) -> dict:
-    """P(continuation) for every continuation of `length` tokens after DIST_PROMPT, from plain full forwards."""
+def copy_prompt(target) -> list[int]:
+    """A prompt for the copying drafters (n-gram, suffix), which draft nothing without a match: segments
+    1, t, a_t, b_t for every token t, with a_t, b_t the target's greedy continuation there, ending in 1. Whatever
+    token t the prefill samples, the row's context ends in (1, t), which occurred before followed by a_t, b_t:
+    every row has a draft, and a likely one, so the accept and bonus paths run."""
+    prompt = [1]
+    with torch.no_grad():
+        for t in range(V):
+            prompt.append(t)
+            for _ in range(2):
+                logits, _ = target(torch.tensor([prompt]))
+                prompt.append(int(logits[0, -1].argmax()))
+            prompt.append(1)
+    return prompt
+
+
+def exact_distribution(target, sp, length: int = 3, prompt: list[int] = DIST_PROMPT) -> dict:
+    """P(continuation) for every continuation of `length` tokens after `prompt`, from plain full forwards."""
     conts = list(itertools.product(range(V), repeat=length))
-    seqs = torch.tensor([DIST_PROMPT + list(c) for c in conts])
+    seqs = torch.tensor([prompt + list(c) for c in conts])
     with torch.no_grad():
         logits, _ = target(seqs)
-    rows = logits[:, len(DIST_PROMPT) - 1: -1]  # [N, length, V]
+    rows = logits[:, len(prompt) - 1: -1]  # [N, length, V]
     shape = rows.shape[:2]
     p = probs_from_logits(rows, torch.full(shape, float(sp.temperature)), torch.full(shape, float(sp.top_p)),
                           torch.full(shape, sp.top_k, dtype=torch.long))
-    chosen = p.gather(-1, seqs[:, len(DIST_PROMPT):, None]).squeeze(-1).double()
+    chosen = p.gather(-1, seqs[:, len(prompt):, None]).squeeze(-1).double()
     return dict(zip(conts, chosen.prod(-1).tolist(), strict=True))
 
 
-def speculative_pvalue(engine, target, sp) -> float:
-    """Draw N_SAMPLES speculative continuations of DIST_PROMPT and test them against the exact distribution;
+def speculative_pvalue(engine, target, sp, prompt: list[int] = DIST_PROMPT) -> float:
+    """Draw N_SAMPLES speculative continuations of `prompt` and test them against the exact distribution;
     returns the family-adjusted p-value (`adjusted`), to be compared with FAMILY_ALPHA (= 1e-3).
 
     Also asserts 0 < acceptance rate < 1, so both the accept and the reject paths ran."""
-    exact = exact_distribution(target, sp, sp.max_new_tokens)
-    outs = engine.generate([DIST_PROMPT] * N_SAMPLES, sp)
+    exact = exact_distribution(target, sp, sp.max_new_tokens, prompt)
+    outs = engine.generate([prompt] * N_SAMPLES, sp)
     m = outs.metrics
     assert 0 < m["acceptance_rate"] < 1, m
     keys = list(exact)

@@ -200,7 +200,10 @@ def test_compare_seed_exact(tiny, tmp_path, monkeypatch, drafter):
     assert (out / "compare.md").exists() and (out / "compare_reward.png").exists()
     assert (out / "speculative" / "report.md").exists() and (out / "autoregressive" / "report.md").exists()
     sd = read_metrics(out / "speculative" / "metrics.jsonl")
-    assert sd[0]["acceptance_length"] is not None and sd[0]["num_draft_tokens_mean"] == 2.0
+    assert sd[0]["acceptance_length"] is not None
+    # real drafts per sequence-step: k for the repeat drafter; n-gram/suffix padding is not counted (ragged drafts)
+    k_mean = sd[0]["num_draft_tokens_mean"]
+    assert k_mean == 2.0 if drafter == "repeat" else 0.0 <= k_mean <= 2.0
 
 
 def test_compare_needs_drafter(tiny, tmp_path):

@@ -16,7 +16,7 @@ from specrl import RolloutEngine, SamplingParams
 from specrl.drafters import DraftModelDrafter, NGramDrafter, SuffixDrafter
 from specrl.model.transformer import tiny_model
 from specrl.rollout.api import RolloutRequest
-from tests.stats import FAMILY_ALPHA, SETTINGS, V, speculative_pvalue
+from tests.stats import DIST_PROMPT, FAMILY_ALPHA, SETTINGS, V, copy_prompt, speculative_pvalue
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,15 @@ def make_drafter(kind):
 def test_exact_distribution(target, kind, mode, setting):
     sp = SamplingParams(max_new_tokens=3, seed=1234, **SETTINGS[setting])
     k = 2 if kind != "suffix" else 1  # k=1 makes the bonus token part of the tested continuation
-    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=16, drafter=make_drafter(kind),
+    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=48, drafter=make_drafter(kind),
                            num_draft_tokens=k, verify=mode)
-    assert speculative_pvalue(engine, target, sp) > FAMILY_ALPHA
+    assert speculative_pvalue(engine, target, sp, dist_prompt(kind, target)) > FAMILY_ALPHA
+
+
+def dist_prompt(kind: str, target) -> list[int]:
+    """The copying drafters draft only where a continuation exists (ragged proposals, no guessed padding): give
+    them a prompt where every row has one (`copy_prompt`), so their accept and bonus paths run."""
+    return copy_prompt(target) if kind in ("ngram", "suffix") else DIST_PROMPT
 
 
 BONUS_KINDS = ["ngram", "suffix", "draft-model", "draft-model-subset", "eagle", "mtp"]
@@ -99,10 +105,10 @@ def bonus_path_case(target, kind, mode, k=2, drafter=None) -> tuple[float, int]:
     """(family-adjusted chi-square p-value, rows whose output includes a bonus token) for continuations of k + 2
     tokens: the first comes from prefill, and a row accepting all k drafts in its first step emits k + 1 more."""
     sp = SamplingParams(max_new_tokens=k + 2, seed=4321, temperature=1.0)
-    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=16,
+    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=48,
                            drafter=drafter or make_small_drafter(kind, target), num_draft_tokens=k, verify=mode)
     bonus = count_bonus_emissions(engine, sp.max_new_tokens)
-    return speculative_pvalue(engine, target, sp), bonus[0]
+    return speculative_pvalue(engine, target, sp, dist_prompt(kind, target)), bonus[0]
 
 
 @pytest.mark.parametrize("mode", ["rejection", "seed_exact"])

@@ -43,8 +43,9 @@ MUTANTS = {
     "accept-ignoring-q": ("accept with probability p(x) instead of min(1, p(x)/q(x))",
                           ACCEPT, "    ok = u_accept < p_x.double()\n", ["rejection-q-k1", "rejection-q-k2"], False),
     "bonus-wrong-position": ("bonus token drawn from p at position k-1 instead of k",
-                             "sample_inverse_cdf(target_probs[:, k], u_sample[:, k])",
-                             "sample_inverse_cdf(target_probs[:, k - 1], u_sample[:, k])", REJECTION, True),
+                             "bonus_p, bonus_u = target_probs[rows, num_acc], u_sample[rows, num_acc]",
+                             "bonus_p, bonus_u = target_probs[rows, num_acc - 1], u_sample[rows, num_acc]", REJECTION,
+                             True),
     "over-accept-2pct": ("accept when u*q < 1.02*p", ACCEPT, ACCEPT.replace("< p_x", "< 1.02 * p_x"), REJECTION,
                          False),
     "over-accept-1pct": ("accept when u*q < 1.01*p", ACCEPT, ACCEPT.replace("< p_x", "< 1.01 * p_x"), REJECTION,
@@ -53,8 +54,9 @@ MUTANTS = {
                           False),
     "seed-exact-mirrored-noise": ("seed_exact draws the policy token with 1 - u (still p-distributed, not the "
                                   "autoregressive sampler's token)",
-                                  "sample_inverse_cdf(target_probs, u_sample)  # [n, k+1]",
-                                  "sample_inverse_cdf(target_probs, 1 - u_sample)  # [n, k+1]", SEED_EXACT, False),
+                                  "sample_inverse_cdf(target_probs[live, i], u_sample[live, i])",
+                                  "sample_inverse_cdf(target_probs[live, i], 1 - u_sample[live, i])", SEED_EXACT,
+                                  False),
 }
 
 

@@ -1,10 +1,11 @@
 """Helpers every drafter kind shares; the drafter protocol itself is the engine's (`specrl.rollout.drafter`).
 
 Re-exports `Drafter`, `DraftBatch`, `Proposal` and `BindContext` from the rollout layer, and owns what several
-drafters need on top: padding ragged proposals; validating a reduced draft vocabulary, mapping it both ways
-(draft index -> target id is `d2t`, target id -> draft index is `target_to_draft`) and scattering
-reduced-vocabulary logits back to the full vocabulary; and the decoder-layer plumbing of the feature drafters
-(EAGLE, MTP): their layer architecture, RoPE, cached layer forwards, the target-shape check and slot compaction.
+drafters need on top: padding ragged proposals (and marking the padding: `ragged_proposal`); validating a reduced
+draft vocabulary, mapping it both ways (draft index -> target id is `d2t`, target id -> draft index is
+`target_to_draft`) and scattering reduced-vocabulary logits back to the full vocabulary; and the decoder-layer
+plumbing of the feature drafters (EAGLE, MTP): their layer architecture, RoPE, cached layer forwards, the
+target-shape check and slot compaction.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from specrl.errors import SpecRLError
 from specrl.model.transformer import Block, KVCache, ModelArgs, _rope_inv_freq, cache_mask, rope_cos_sin
 from specrl.rollout.drafter import BindContext, DraftBatch, Drafter, Proposal
 
-__all__ = ["BindContext", "Drafter", "DraftBatch", "Proposal", "pad_proposals", "check_draft_vocab",
+__all__ = ["BindContext", "Drafter", "DraftBatch", "Proposal", "pad_proposals", "ragged_proposal", "check_draft_vocab",
            "is_full_vocab", "target_to_draft", "full_vocab_logits", "draft_layer_args", "Rope", "cached_block",
            "cached_kv", "check_target", "compact_slots"]
 
@@ -30,6 +31,12 @@ def pad_proposals(rows: list[list[int]], k: int, fill: Tensor | None = None) -> 
         if r:
             out[b, : len(r)] = torch.tensor(r[:k], dtype=torch.long)
     return out
+
+
+def ragged_proposal(rows: list[list[int]], k: int) -> Proposal:
+    """A one-hot `Proposal` from ragged rows (each up to k real drafts): padded to [n, k] with token 0, with
+    `num_drafts` telling the engine which columns are real (padding is neither verified as a draft nor counted)."""
+    return Proposal(pad_proposals(rows, k), num_drafts=torch.tensor([min(len(r), k) for r in rows], dtype=torch.long))
 
 
 # ---------------------------------------------------------------------------------------------- draft vocabulary

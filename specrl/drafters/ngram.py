@@ -1,13 +1,14 @@
 """Prompt-lookup (n-gram) drafter: propose the continuation that followed the latest occurrence of the
 sequence's last n tokens in its own prompt and output (n from max_ngram down to min_ngram).
 
-Deterministic: it returns one-hot q (`probs=None`), which the verifier handles exactly. When nothing
-matches it proposes repeats of the last token (a cheap, valid, usually rejected guess).
+Deterministic: it returns one-hot q (`probs=None`), which the verifier handles exactly. Proposals are ragged
+(`num_drafts`): a continuation shorter than k is not padded with guesses, and where nothing matches the row drafts
+nothing (its step emits the policy's own token).
 """
 
 from __future__ import annotations
 
-from specrl.drafters.base import DraftBatch, Drafter, Proposal, pad_proposals
+from specrl.drafters.base import DraftBatch, Drafter, Proposal, ragged_proposal
 from specrl.errors import SpecRLError
 
 
@@ -34,8 +35,4 @@ class NGramDrafter(Drafter):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
     def propose(self, batch: DraftBatch, k: int) -> Proposal:
-        rows = []
-        for toks in batch.tokens:
-            cont = lookup(toks, k, self.min_ngram, self.max_ngram)
-            rows.append(cont + [toks[-1]] * (k - len(cont)))
-        return Proposal(pad_proposals(rows, k))
+        return ragged_proposal([lookup(toks, k, self.min_ngram, self.max_ngram) for toks in batch.tokens], k)

@@ -8,12 +8,14 @@ RECENT_PER_NGRAM most recent (sequence, position) pairs where they occurred; onl
 indexed at each step, so a proposal costs O(k) dictionary look-ups per sequence. A proposal takes the longest
 n whose last n tokens occurred anywhere in the group, and there the most recent occurrence with a non-empty
 continuation, whether it lies in a sibling, an earlier rollout or the sequence's own prompt and output (only
-the sequence's own current suffix is skipped). Deterministic: q is one-hot, verification stays exact.
+the sequence's own current suffix is skipped). Deterministic: q is one-hot, verification stays exact. Proposals
+are ragged (`num_drafts`): a short continuation is not padded with guesses, and a row without a match drafts
+nothing.
 """
 
 from __future__ import annotations
 
-from specrl.drafters.base import DraftBatch, Drafter, Proposal, pad_proposals
+from specrl.drafters.base import DraftBatch, Drafter, Proposal, ragged_proposal
 from specrl.errors import SpecRLError
 
 RECENT_PER_NGRAM = 4  # occurrences remembered per n-gram (the most recent ones)
@@ -85,6 +87,4 @@ class SuffixDrafter(Drafter):
         return [self._group(batch.group_ids[b]).continuation(ids[b], toks, k) for b, toks in enumerate(batch.tokens)]
 
     def propose(self, batch: DraftBatch, k: int) -> Proposal:
-        rows = [cont + [toks[-1]] * (k - len(cont))
-                for (cont, _), toks in zip(self.continuations(batch, k), batch.tokens, strict=True)]
-        return Proposal(pad_proposals(rows, k))
+        return ragged_proposal([cont for cont, _ in self.continuations(batch, k)], k)

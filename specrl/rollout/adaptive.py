@@ -123,6 +123,8 @@ class DraftLengthController:
         self.cost[(bucket, k)] = value if old is None else (1 - self.ema) * old + self.ema * value
 
     def observe_acceptance(self, num_accepted: Tensor, k: int) -> None:
+        """Per-position acceptance of one step with k asked drafts: a row reaching position i counts as an attempt
+        there even where a ragged proposal had no real draft (what choosing k yields, which the gain estimates)."""
         f = self.forget
         for i in range(self.k_max):  # forget old evidence a little at every speculative step
             self.att[i] *= f

@@ -66,6 +66,11 @@ class DraftBatch:
 class Proposal:
     tokens: Tensor  # [n, k] long
     probs: Tensor | None = None  # [n, k, V] processed q, or None for one-hot drafts
+    # [n] long: row b's real drafts are its first num_drafts[b] tokens, the rest padding (ragged proposals of the
+    # n-gram and suffix drafters); None: all k are real. Padding is never accepted nor counted as drafted, and
+    # columns past the longest real draft are not verified at all. Only stateless drafters set it: the engine
+    # hands `on_verified` the proposal trimmed to those columns.
+    num_drafts: Tensor | None = None
 
 
 class Drafter:

@@ -7,7 +7,9 @@ always occupy slots 0..n-1: when sequences finish, the survivors are compacted, 
 (one gather per cache tensor) and waiting sequences are prefilled into the slots after them, so every forward
 runs on a contiguous view of the cache. Random draws depend only on (seed, request id, position), so outputs do
 not depend on batch composition. Speculative steps ask the drafter for k tokens, score them in one target
-forward and hand the decision to `specrl.rollout.verify` — the single verification point.
+forward and hand the decision to `specrl.rollout.verify` — the single verification point. A ragged proposal
+(n-gram, suffix) is cut to its longest real draft before the forward; after it, `_verify_logits` does the
+vocabulary-wide work only where it is needed (argmax alone for greedy batches, log-probs at emitted positions).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from specrl.rollout.api import (
     check_weight_kind,
     normalize_requests,
 )
-from specrl.rollout.drafter import BindContext, DraftBatch
+from specrl.rollout.drafter import BindContext, DraftBatch, Proposal
 from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import (
     STREAM_ACCEPT,
@@ -43,7 +45,7 @@ from specrl.rollout.sampling import (
     scaled_logits,
     uniform,
 )
-from specrl.rollout.verify import VERIFY_MODES, verify
+from specrl.rollout.verify import VERIFY_MODES, VerifyResult, verify
 
 
 @dataclass
@@ -282,38 +284,63 @@ class RolloutEngine:
         t0 = time.perf_counter()  # like _ar_step, the step's clock includes building its batch
         n = len(active)
         batch = self._draft_batch(active)
-        proposal = self.drafter.propose(batch, k)
+        proposal = _trim(self.drafter.propose(batch, k))
+        kv = proposal.tokens.shape[1]  # verified columns: k, or the longest real draft of a ragged proposal
         t1 = time.perf_counter()
         last = torch.tensor([[s.out[-1]] for s in active], dtype=torch.long)
-        tokens = torch.cat([last, proposal.tokens], dim=1)  # [n, k+1]
+        tokens = torch.cat([last, proposal.tokens], dim=1)  # [n, kv+1]
         pos0 = batch.positions  # position of the first drafted token
-        pos = (pos0 - 1)[:, None] + torch.arange(k + 1)[None, :]
+        pos = (pos0 - 1)[:, None] + torch.arange(kv + 1)[None, :]
         hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n),
                                                      capture=self.drafter.target_layers)
-        logits = self.model.logits(hidden)  # [n, k+1, V]
-        temp = batch.temperature[:, None].expand(n, k + 1)
-        scaled = scaled_logits(logits, temp, batch.top_p[:, None].expand(n, k + 1),
-                               batch.top_k[:, None].expand(n, k + 1))
-        probs = probs_from_scaled(logits, scaled, temp)
-        out_pos = pos0[:, None] + torch.arange(k + 1)[None, :]
-        seeds, rids = batch.seeds[:, None], batch.request_ids[:, None]
-        res = verify(self.verify_mode, probs, proposal.tokens, proposal.probs,
-                     uniform(seeds, rids, out_pos, STREAM_SAMPLE),
-                     uniform(seeds, rids, out_pos[:, :k], STREAM_ACCEPT),
-                     uniform(seeds, rids, out_pos[:, :k], STREAM_RESIDUAL))
-        lps = behaviour_logprobs(logits, scaled, res.tokens, temp)
+        logits = self.model.logits(hidden)  # [n, kv+1, V]
+        res, lps = self._verify_logits(logits, batch, proposal)
         emitted = torch.zeros(n, dtype=torch.long)
         toks, lpl, ne = res.tokens.tolist(), lps.tolist(), res.num_emitted.tolist()
+        at = 0  # lps holds the emitted positions only, row by row
         for b, s in enumerate(active):
             for i in range(ne[b]):
                 emitted[b] += 1
-                if s.emit(toks[b][i], lpl[b][i]):
+                if s.emit(toks[b][i], lpl[at + i]):
                     break
+            at += ne[b]
         t2 = time.perf_counter()
         captured["final"] = hidden
         self.drafter.on_verified(batch, proposal, emitted, captured)
         t3 = time.perf_counter()
-        metrics.record_spec(k, res.num_accepted, emitted, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1)
+        metrics.record_spec(kv, res.num_accepted, emitted, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1,
+                            num_drafts=proposal.num_drafts)
         self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2) - self.drafter.catch_up_seconds)
+        # the controller learns what choosing k cost and yielded (a ragged proposal's trimming included)
         self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1, emitted=int(emitted.sum()))
         self.controller.observe_acceptance(res.num_accepted, k)
+
+    def _verify_logits(self, logits: Tensor, batch: DraftBatch, proposal: Proposal) -> tuple[VerifyResult, Tensor]:
+        """Policy logits [n, k+1, V] of a verify forward -> the verify decision and the behaviour log-probs of the
+        emitted tokens ([sum(num_emitted)], row by row). A batch of greedy requests only is verified by argmax
+        (no softmax or inverse CDF); log-probs are computed at emitted positions only."""
+        n, k1, _ = logits.shape
+        k = k1 - 1
+        out_pos = batch.positions[:, None] + torch.arange(k1)[None, :]
+        u = uniform(batch.seeds[:, None, None], batch.request_ids[:, None, None], out_pos[:, None, :],
+                    torch.tensor([STREAM_SAMPLE, STREAM_ACCEPT, STREAM_RESIDUAL])[None, :, None])  # [n, 3, k+1]
+        temp = batch.temperature[:, None].expand(n, k1)
+        if bool((temp <= 0).all()):  # greedy fast path: the behaviour log-prob is the raw one
+            scaled, probs, argmax = logits, None, logits.argmax(-1)
+        else:
+            scaled = scaled_logits(logits, temp, batch.top_p[:, None].expand(n, k1), batch.top_k[:, None].expand(n, k1))
+            probs, argmax = probs_from_scaled(logits, scaled, temp), None
+        res = verify(self.verify_mode, probs, proposal.tokens, proposal.probs, u[:, 0], u[:, 1, :k], u[:, 2, :k],
+                     proposal.num_drafts, argmax)
+        sel = torch.arange(k1)[None, :] < res.num_emitted[:, None]
+        return res, behaviour_logprobs(logits[sel], scaled[sel], res.tokens[sel], temp[sel])
+
+
+def _trim(proposal: Proposal) -> Proposal:
+    """A ragged proposal cut to its longest real draft (None num_drafts where every row is full)."""
+    nd = proposal.num_drafts
+    if nd is None:
+        return proposal
+    kv = int(nd.max()) if nd.numel() else 0
+    probs = proposal.probs[:, :kv] if proposal.probs is not None else None
+    return Proposal(proposal.tokens[:, :kv], probs, None if bool((nd == kv).all()) else nd)

@@ -55,11 +55,14 @@ class SpecMetrics:
         self._decode_s += seconds
         self.batch_trace.append([round(self._decode_s, 4), n, k, emitted])
 
-    def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float) -> None:
+    def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float,
+                    num_drafts: Tensor | None = None) -> None:
+        """One speculative step over n rows with k verified columns; `num_drafts` [n]: real drafts per row (the
+        rest is padding of a ragged proposal, counted neither as drafted nor as accepted), None: all k."""
         n = int(num_accepted.numel())
         self.spec_steps += 1
         self.verify_steps += n
-        self.draft_tokens += n * k
+        self.draft_tokens += n * k if num_drafts is None else int(num_drafts.sum())
         self.accepted_tokens += int(num_accepted.sum())
         self.generated_tokens += int(emitted.sum())
         self.draft_seconds += draft_s
@@ -68,7 +71,7 @@ class SpecMetrics:
         self._seq_steps += n
         self._trace(n, k, draft_s + verify_s, int(emitted.sum()))
         for i in range(k):
-            self.drafted_at[i] += n
+            self.drafted_at[i] += n if num_drafts is None else int((num_drafts > i).sum())
             self.accepted_at[i] += int((num_accepted > i).sum())
 
     def as_dict(self) -> dict:

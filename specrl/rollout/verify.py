@@ -10,7 +10,10 @@ Every drafter only proposes tokens (and, if it samples from a full distribution,
   uniform that the autoregressive sampler uses; a draft is accepted iff it equals that token. The output is
   then token-for-token the autoregressive output for the same seed.
 
-Greedy requests arrive with one-hot p, for which both rules reduce to "accept iff draft == argmax".
+Greedy requests arrive with one-hot p, for which both rules reduce to "accept iff draft == argmax"; a batch of
+greedy requests only takes that path directly (`target_argmax`, no vocabulary-wide work). Ragged proposals
+(`num_drafts`) verify row b as a step with its own k = num_drafts[b]. Each row pays one inverse-CDF draw per
+emitted policy token, never one per verified position.
 """
 
 from __future__ import annotations
@@ -33,47 +36,62 @@ class VerifyResult:
     num_accepted: Tensor  # [n] in 0..k
 
 
-def verify(mode: str, target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None,
-           u_sample: Tensor, u_accept: Tensor, u_residual: Tensor) -> VerifyResult:
+def verify(mode: str, target_probs: Tensor | None, draft_tokens: Tensor, draft_probs: Tensor | None,
+           u_sample: Tensor, u_accept: Tensor, u_residual: Tensor, num_drafts: Tensor | None = None,
+           target_argmax: Tensor | None = None) -> VerifyResult:
     """Decide the emitted tokens of one speculative step for n sequences.
 
     target_probs [n, k+1, V]: processed policy probabilities at the k+1 positions.
     draft_tokens [n, k]; draft_probs [n, k, V] or None for one-hot drafts.
     u_sample [n, k+1], u_accept [n, k], u_residual [n, k]: position-keyed uniforms.
+    num_drafts [n] (optional, 0..k): row b's real drafts are its first num_drafts[b] columns; the rest is
+    padding, never accepted (row b is verified as a k = num_drafts[b] step: after its last real draft comes the
+    bonus from p at that position). None: every column is a real draft.
+    target_argmax [n, k+1] (optional, with target_probs=None): the greedy fast path for batches whose every row is
+    greedy (T = 0, p one-hot at the argmax): a draft is accepted iff it equals the argmax, in both modes (what the
+    general rules give for one-hot p), with no vocabulary-wide work.
 
     Shapes are checked first (a [n, k-1] draft_tokens would otherwise broadcast and emit a token never checked at
     its position). In `rejection` mode with draft_probs given, a draft x with q(x) <= 0 is an error naming the
     row: rejection sampling is exact only for drafts drawn from q, and a draft of probability 0 under q was not,
     so no rule could be exact for it (accepting, as min(1, p/0) would, emits x whenever p(x) > 0; rejecting
     leaves norm(max(0, p - q)), which also differs from p). A sampling drafter draws from the q it returns (the
-    inverse-CDF sampler never lands on a zero-probability token), so this never fires on valid input.
+    inverse-CDF sampler never lands on a zero-probability token), so this never fires on valid input. The check
+    runs on every rejection path with draft_probs (the greedy fast path and k = 0 too); padding columns are
+    exempt, as they were not drawn from q and are never accepted.
+
+    Work per row is one inverse-CDF draw per emitted policy token: seed_exact samples position i only for rows
+    whose drafts 0..i-1 were all accepted, and rejection draws either the bonus or the replacement, not both. A
+    row's draw is computed exactly as `sample_inverse_cdf` computes it in a batch (row by row), so the tokens are
+    bit-identical to drawing at every position.
     """
-    n, k1, k = _check_shapes(target_probs, draft_tokens, draft_probs, u_sample, u_accept, u_residual)
+    n, k1, k = _check_shapes(target_probs, draft_tokens, draft_probs, u_sample, u_accept, u_residual, num_drafts,
+                             target_argmax)
     rows = torch.arange(n)
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"verify mode {mode!r} unknown; use one of {VERIFY_MODES}")
+    if mode == "rejection" and draft_probs is not None and k > 0:
+        q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+        _check_drafts_have_mass(q_x if num_drafts is None else q_x.masked_fill(~_real(num_drafts, k), 1.0),
+                                draft_tokens)
+    if target_probs is None:  # greedy fast path: p is one-hot at target_argmax
+        num_acc = _num_accepted(target_argmax[:, :k] == draft_tokens, num_drafts)
+        return VerifyResult(target_argmax, num_acc + 1, num_acc)
     if k == 0:
         tok = sample_inverse_cdf(target_probs[:, 0], u_sample[:, 0])
         return VerifyResult(tok[:, None], torch.ones(n, dtype=torch.long), torch.zeros(n, dtype=torch.long))
-    p_x = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [n, k]
     if mode == "seed_exact":
-        policy_tok = sample_inverse_cdf(target_probs, u_sample)  # [n, k+1]
-        ok = policy_tok[:, :k] == draft_tokens
-        num_acc = _first_false(ok)
-        return VerifyResult(policy_tok, num_acc + 1, num_acc)
-    if mode != "rejection":
-        raise ValueError(f"verify mode {mode!r} unknown; use one of {VERIFY_MODES}")
+        return _seed_exact(target_probs, draft_tokens, u_sample, num_drafts)
+    p_x = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [n, k]
     if draft_probs is None:
         q_x = torch.ones_like(p_x)
-    else:
-        q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
-        _check_drafts_have_mass(q_x, draft_tokens)
     # accept with probability min(1, p/q)  <=>  u * q < p   (q(x) > 0 since x was drawn from q)
     ok = u_accept * q_x.double() < p_x.double()
-    num_acc = _first_false(ok)
+    num_acc = _num_accepted(ok, num_drafts)
+    full = num_acc == (k if num_drafts is None else num_drafts)  # all real drafts accepted: a bonus token
     out = torch.zeros(n, k1, dtype=torch.long)
     out[:, :k] = draft_tokens
-    # bonus token (all accepted): a fresh sample from p at position k
-    bonus = sample_inverse_cdf(target_probs[:, k], u_sample[:, k])
-    j = num_acc.clamp_max(k - 1)  # index of the rejected position (meaningful where num_acc < k)
+    j = num_acc.clamp_max(k - 1)  # index of the rejected position (meaningful where not full)
     p_j = target_probs[rows, j]
     if draft_probs is None:
         q_j = torch.zeros_like(p_j).scatter(-1, draft_tokens[rows, j][:, None], 1.0)
@@ -82,28 +100,66 @@ def verify(mode: str, target_probs: Tensor, draft_tokens: Tensor, draft_probs: T
     resid = (p_j - q_j).clamp_min(0.0)
     mass = resid.sum(-1, keepdim=True)
     resid = torch.where(mass > 0, resid / mass.clamp_min(1e-30), p_j)
-    replacement = sample_inverse_cdf(resid, u_residual[rows, j])
-    out[rows, num_acc] = torch.where(num_acc == k, bonus, replacement)
+    # one draw per row: the bonus from p at position num_acc, or the replacement from the residual at j
+    bonus_p, bonus_u = target_probs[rows, num_acc], u_sample[rows, num_acc]
+    dist = torch.where(full[:, None], bonus_p, resid)
+    out[rows, num_acc] = sample_inverse_cdf(dist, torch.where(full, bonus_u, u_residual[rows, j]))
     return VerifyResult(out, num_acc + 1, num_acc)
 
 
-def _check_shapes(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None, u_sample: Tensor,
-                  u_accept: Tensor, u_residual: Tensor) -> tuple[int, int, int]:
-    """(n, k+1, k) from target_probs [n, k+1, V]; a clear error for any other argument of the wrong shape."""
-    if target_probs.dim() != 3 or target_probs.shape[1] < 1:
-        raise SpecRLError(f"verify: target_probs must have shape [n, k+1, V], got {tuple(target_probs.shape)}")
-    n, k1, v = target_probs.shape
+def _seed_exact(target_probs: Tensor, draft_tokens: Tensor, u_sample: Tensor, num_drafts: Tensor | None
+                ) -> VerifyResult:
+    """The policy's inverse-CDF token at each position, drawn only where every draft before it was accepted."""
+    n, k1, _ = target_probs.shape
+    k = k1 - 1
+    nd = torch.full((n,), k, dtype=torch.long) if num_drafts is None else num_drafts
+    out = torch.zeros(n, k1, dtype=torch.long)
+    live = torch.arange(n)  # rows whose drafts before position i were all accepted
+    for i in range(k1):
+        tok = sample_inverse_cdf(target_probs[live, i], u_sample[live, i])
+        out[live, i] = tok
+        if i == k:
+            break
+        live = live[(tok == draft_tokens[live, i]) & (nd[live] > i)]
+        if live.numel() == 0:
+            break
+    num_acc = _num_accepted(out[:, :k] == draft_tokens, num_drafts)
+    return VerifyResult(out, num_acc + 1, num_acc)
+
+
+def _check_shapes(target_probs: Tensor | None, draft_tokens: Tensor, draft_probs: Tensor | None, u_sample: Tensor,
+                  u_accept: Tensor, u_residual: Tensor, num_drafts: Tensor | None = None,
+                  target_argmax: Tensor | None = None) -> tuple[int, int, int]:
+    """(n, k+1, k) from target_probs [n, k+1, V] (or target_argmax [n, k+1]); a clear error for any other argument
+    of the wrong shape."""
+    if (target_probs is None) == (target_argmax is None):
+        raise SpecRLError("verify: give exactly one of target_probs and target_argmax (the greedy fast path)")
+    if target_probs is None:
+        if target_argmax.dim() != 2 or target_argmax.shape[1] < 1 or target_argmax.dtype != torch.long:
+            raise SpecRLError(f"verify: target_argmax must be int64 token ids of shape [n, k+1], got "
+                              f"{tuple(target_argmax.shape)} {target_argmax.dtype}")
+        (n, k1), v = target_argmax.shape, draft_probs.shape[-1] if draft_probs is not None else None
+        target = f"target_argmax of shape {tuple(target_argmax.shape)}"
+    else:
+        if target_probs.dim() != 3 or target_probs.shape[1] < 1:
+            raise SpecRLError(f"verify: target_probs must have shape [n, k+1, V], got {tuple(target_probs.shape)}")
+        n, k1, v = target_probs.shape
+        target = f"target_probs of shape {tuple(target_probs.shape)}"
     k = k1 - 1
     expected = [("draft_tokens", draft_tokens, (n, k)), ("u_sample", u_sample, (n, k1)),
                 ("u_accept", u_accept, (n, k)), ("u_residual", u_residual, (n, k))]
     if draft_probs is not None:
         expected.append(("draft_probs", draft_probs, (n, k, v)))
+    if num_drafts is not None:
+        expected.append(("num_drafts", num_drafts, (n,)))
     for name, t, shape in expected:
         if tuple(t.shape) != shape:
-            raise SpecRLError(f"verify: {name} has shape {tuple(t.shape)}, but target_probs of shape "
-                              f"{tuple(target_probs.shape)} (n={n}, k={k}, V={v}) needs {shape}")
+            raise SpecRLError(f"verify: {name} has shape {tuple(t.shape)}, but {target} "
+                              f"(n={n}, k={k}, V={v}) needs {shape}")
     if draft_tokens.dtype != torch.long:
         raise SpecRLError(f"verify: draft_tokens must be int64 token ids, got dtype {draft_tokens.dtype}")
+    if num_drafts is not None and (num_drafts.dtype != torch.long or bool(((num_drafts < 0) | (num_drafts > k)).any())):
+        raise SpecRLError(f"verify: num_drafts must be int64 counts in 0..{k}, got {num_drafts.tolist()}")
     return n, k1, k
 
 
@@ -118,6 +174,13 @@ def _check_drafts_have_mass(q_x: Tensor, draft_tokens: Tensor) -> None:
             f"draft from the probabilities it returns (deterministic drafters return probs=None)")
 
 
-def _first_false(ok: Tensor) -> Tensor:
-    """Number of leading True values per row."""
+def _real(num_drafts: Tensor, k: int) -> Tensor:
+    """[n, k] mask of the real (not padding) draft columns."""
+    return torch.arange(k)[None, :] < num_drafts[:, None]
+
+
+def _num_accepted(ok: Tensor, num_drafts: Tensor | None) -> Tensor:
+    """Number of leading accepted real drafts per row (padding columns count as rejections)."""
+    if num_drafts is not None:
+        ok = ok & _real(num_drafts, ok.shape[1])
     return ok.long().cumprod(dim=-1).sum(dim=-1)
