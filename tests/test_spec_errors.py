@@ -1,5 +1,7 @@
 """Bad speculative-decoding input gets a clear error."""
 
+import json
+
 import pytest
 
 from specrl import RolloutEngine
@@ -84,6 +86,34 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, think.name])  # no temporary dirs
     with pytest.raises(SpecRLError, match="no default 'ngram' drafter"):
         dd.ensure_default_drafter("ngram")
+
+
+def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypatch, capsys):
+    import specrl.drafters.build as build
+    import specrl.rl.default_drafter as dd
+
+    monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
+    seen = []
+
+    def fake_build(model, kind, prompts, samples, epochs, out, max_new_tokens, temperature, progress, source):
+        seen.append(epochs)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return out
+
+    monkeypatch.setattr(build, "build_drafter", fake_build)
+    epochs = seen
+    path = dd.ensure_default_drafter("eagle", "think", progress=False)
+    assert json.loads((path / dd.RECIPE_FILE).read_text()) == dd.DEFAULT_BUILDS["think"]
+    assert dd.ensure_default_drafter("eagle", "think", progress=False) == path and epochs == [3]  # current: kept
+    monkeypatch.setitem(dd.DEFAULT_BUILDS, "think", {**dd.DEFAULT_BUILDS["think"], "epochs": 8})
+    assert dd.ensure_default_drafter("eagle", "think", progress=False) == path and epochs == [3, 8]
+    out = capsys.readouterr().out
+    assert 'was built with recipe {"task": "chain_sum"' in out and "rebuilding it" in out
+    (path / dd.RECIPE_FILE).unlink()  # a cache from a specrl that recorded no recipe
+    dd.ensure_default_drafter("eagle", "think", progress=False)
+    assert epochs == [3, 8, 8] and "an unrecorded recipe (an older specrl)" in capsys.readouterr().out
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary directory left behind
 
 
 def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):

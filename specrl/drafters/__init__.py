@@ -125,10 +125,10 @@ def _default_dir(kind: str, name: str, target, build_default: Callable[[str, str
         raise SpecRLError(f"{kind}:{name} is a drafter of the embedded {DEFAULT_DRAFTER_MODEL} model; this target "
                           f"is a different model. Train one for it with `specrl draft init --model PATH "
                           f"--drafter {kind} --task TASK --out DIR` and pass {kind}:DIR")
+    if build_default is not None:  # it returns the cached directory when that is current
+        return Path(build_default(kind, name))
     if (final / "config.json").exists():
         return final
-    if build_default is not None:
-        return Path(build_default(kind, name))
     spec = kind if name == "default" else f"{kind}:{name}"
     raise SpecRLError(f"{kind}:{name}, an in-domain drafter of {DEFAULT_DRAFTER_MODEL}, is not built yet "
                       f"({final} is missing); build it once with `specrl prepare --drafter {spec}` (minutes), "

@@ -12,6 +12,7 @@ exactly as the trainer does (`PromptFormatter`). `ensure_default_drafter` builds
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -32,6 +33,7 @@ DEFAULT_BUILDS: dict[str, dict] = {
               "max_new_tokens": 512, "temperature": 0.7},
 }
 DEFAULT_BUILD = DEFAULT_BUILDS["default"]
+RECIPE_FILE = "recipe.json"  # the DEFAULT_BUILDS entry a cached drafter was built with
 DEFAULT_DIFFICULTY = "easy"
 
 
@@ -54,21 +56,39 @@ def task_prompts(task: str, samples: int, heldout: int = drafter_build.HELDOUT_P
     return encode
 
 
+def _recipe_of(d: Path) -> dict | None:
+    try:
+        return json.loads((d / RECIPE_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _current(d: Path, recipe: dict) -> bool:
+    return (d / "config.json").exists() and _recipe_of(d) == recipe
+
+
 def ensure_default_drafter(kind: str, name: str = "default", progress: bool = True) -> Path:
     """The cached drafter `kind:name` of the embedded model; trains it first (minutes, once) if missing.
 
-    The build writes into a temporary directory next to the final one and renames it when complete, so an
-    interrupted build never leaves a half-written default behind.
+    The cache records the recipe (`DEFAULT_BUILDS[name]`) it was built with; a cached drafter built with another
+    recipe (or by a specrl that recorded none) is rebuilt, with a message saying so, never silently kept. The build
+    writes into a temporary directory next to the final one and renames it when complete, so an interrupted build
+    never leaves a half-written default behind.
     """
     if kind not in DEFAULT_KINDS:
         raise SpecRLError(f"there is no default {kind!r} drafter; defaults exist for 'eagle' and 'mtp'")
     final = default_drafter_dir(kind, name)
-    if (final / "config.json").exists():
+    b = DEFAULT_BUILDS[name]
+    if _current(final, b):
         return final
+    if (final / "config.json").exists():
+        old = _recipe_of(final)
+        print(f"[specrl] {kind}:{name} at {final} was built with "
+              f"{'recipe ' + json.dumps(old) if old else 'an unrecorded recipe (an older specrl)'}; the current "
+              f"recipe is {json.dumps(b)}: rebuilding it", flush=True)
     remove_stale_builds(final)
     tmp = final.with_name(f"{final.name}.building-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    b = DEFAULT_BUILDS[name]
     print(f"[specrl] building the {kind}:{name} drafter for {DEFAULT_DRAFTER_MODEL} (first use only): "
           f"{b['samples']} in-domain {b['task']} rollouts ({b['answer_format']} answers, up to "
           f"{b['max_new_tokens']} tokens, T={b['temperature']}), {b['epochs']} epochs; cached at {final}", flush=True)
@@ -78,7 +98,8 @@ def ensure_default_drafter(kind: str, name: str = "default", progress: bool = Tr
                                 samples=b["samples"], epochs=b["epochs"], out=tmp,
                                 max_new_tokens=b["max_new_tokens"], temperature=b["temperature"], progress=progress,
                                 source=f"{b['task']} ({b['answer_format']})")
-    if not (final / "config.json").exists():  # another process may have finished first
+    (tmp / RECIPE_FILE).write_text(json.dumps(b, indent=1) + "\n")
+    if not _current(final, b):  # another process may have finished a current one first
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
     else:
