@@ -31,32 +31,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections import defaultdict
 
 import torch
 from common import median, prompt_ids
 
 
-def record_steps(engine) -> list[tuple]:
-    """Time every decode step of `engine` with its occupancy: (n, seconds, emitted, verify_s, draft_s) per step."""
-    log: list[tuple] = []
-
-    def wrap(name):
-        real = getattr(engine, name)
-
-        def step(active, *args):
-            metrics = args[-1]
-            before, v0, d0 = sum(len(s.out) for s in active), metrics.verify_seconds, metrics.draft_seconds
-            t = time.perf_counter()
-            real(active, *args)
-            log.append((len(active), time.perf_counter() - t, sum(len(s.out) for s in active) - before,
-                        metrics.verify_seconds - v0, metrics.draft_seconds - d0))
-        setattr(engine, name, step)
-
-    wrap("_ar_step")
-    wrap("_spec_step")
-    return log
+def steps_of(metrics: dict) -> list[tuple]:
+    """(n, seconds, emitted, verify_s, draft_s) per decode step, from the call's `batch_trace` (engine metrics)."""
+    out, prev = [], 0.0
+    for t, n, _, emitted, verify_s in metrics["batch_trace"]:
+        out.append((n, t - prev, emitted, verify_s, (t - prev) - verify_s if verify_s > 0 else 0.0))
+        prev = t
+    return out
 
 
 def occupancy_matched(ar_log: list[tuple], sd_log: list[tuple]) -> tuple[float, float]:
@@ -130,23 +117,19 @@ def main() -> None:
             ids += [base[0]] * (n_req - len(ids))
             ar = RolloutEngine(model, max_batch_size=b, max_seq_len=a.max_seq_len)
             ar.generate(ids, SamplingParams(max_new_tokens=4))  # warm up
-            ar_log = record_steps(ar)
             for k in ks:
                 drafter = resolve_drafter(spec, model)
                 eng = RolloutEngine(model, max_batch_size=b, max_seq_len=a.max_seq_len, drafter=drafter,
                                     num_draft_tokens=k,
                                     verify=a.verify)
-                sd_log = record_steps(eng)
                 ar_tps, sd_tps, al, c_list, kmean, v_list, dec, occ, eng_occ = [], [], [], [], [], [], [], [], []
                 for r in range(a.repeats):
                     sp_r = SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens, stop_token_ids=stops,
                                           seed=r)
-                    ar_log.clear()
                     m_ar = ar.generate(ids, sp_r).metrics
                     ar_tps.append(m_ar["tokens_per_second"])
-                    sd_log.clear()
                     m = eng.generate(ids, sp_r).metrics
-                    o, eo = occupancy_matched(ar_log, sd_log)
+                    o, eo = occupancy_matched(steps_of(m_ar), steps_of(m))
                     occ.append(o)
                     eng_occ.append(eo)
                     sd_tps.append(m["tokens_per_second"])

@@ -33,11 +33,11 @@ def test_batch_trace_shows_the_batch_draining(model):
     sp = SamplingParams(temperature=1.0, max_new_tokens=20, seed=7)
     res = RolloutEngine(model, max_batch_size=8, max_seq_len=64).generate(PROMPTS, sp)
     trace = res.metrics["batch_trace"]
-    assert len(trace) == res.metrics["ar_steps"] and all(k == 0 and e == n for _, n, k, e in trace)
-    active = [n for _, n, _, _ in trace]
+    assert len(trace) == res.metrics["ar_steps"] and all(k == 0 and e == n and v == 0 for _, n, k, e, v in trace)
+    active = [n for _, n, *_ in trace]
     assert active[0] == len(PROMPTS) and active == sorted(active, reverse=True)  # never grows: one wave
     assert sum(active) + len(PROMPTS) == res.metrics["generated_tokens"]  # + the token each prefill samples
-    times = [t for t, _, _, _ in trace]
+    times = [t for t, *_ in trace]
     assert times == sorted(times) and times[-1] <= res.metrics["total_seconds"]
     rates = phase_rates(trace)
     assert sum(tok for tok, _ in rates.values()) == sum(active) and max(rates) == len(PROMPTS)

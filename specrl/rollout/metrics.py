@@ -4,9 +4,10 @@ Acceptance length is 1 + accepted / verify steps (a verify step = one sequence v
 rate is accepted / drafted, and the per-position rate at position i is accepted-at-i / drafted-at-i. The exported
 dict carries the raw counters too, so `merge_metrics` can combine calls (several rollout workers' parts of one
 step) by summing counters and deriving the rates once, here. `batch_trace` is the shape of the call over time: one
-[seconds, active sequences, k, emitted tokens] row per decode step (seconds = the step's end, counted over decode
-steps), which shows a rollout's tail (the batch draining while the longest replies finish) and gives the
-throughput of each phase of it (`phase_rates`).
+[seconds, active sequences, k, emitted tokens, verify seconds] row per decode step (seconds = the step's end, counted
+over decode steps; verify seconds 0 for plain steps), which shows a rollout's tail (the batch draining while the
+longest replies finish) and gives the throughput of each phase of it (`phase_rates`) and, in benchmarks, each
+step's cost at its occupancy.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class SpecMetrics:
     drafted_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
     _seq_steps: int = 0  # sequences x engine steps, plain and speculative (for the mean draft length)
-    batch_trace: list = field(default_factory=list)  # [decode s at the step's end, active, k, emitted] per step
+    batch_trace: list = field(default_factory=list)  # [decode s at step end, active, k, emitted, verify s]
     _decode_s: float = 0.0
 
     def __post_init__(self):
@@ -51,9 +52,9 @@ class SpecMetrics:
         self._seq_steps += n
         self._trace(n, 0, seconds, n)
 
-    def _trace(self, n: int, k: int, seconds: float, emitted: int) -> None:
+    def _trace(self, n: int, k: int, seconds: float, emitted: int, verify_s: float = 0.0) -> None:
         self._decode_s += seconds
-        self.batch_trace.append([round(self._decode_s, 4), n, k, emitted])
+        self.batch_trace.append([round(self._decode_s, 4), n, k, emitted, round(verify_s, 6)])
 
     def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float,
                     num_drafts: Tensor | None = None) -> None:
@@ -69,7 +70,7 @@ class SpecMetrics:
         self.verify_seconds += verify_s
         self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
         self._seq_steps += n
-        self._trace(n, k, draft_s + verify_s, int(emitted.sum()))
+        self._trace(n, k, draft_s + verify_s, int(emitted.sum()), verify_s)
         for i in range(k):
             self.drafted_at[i] += n if num_drafts is None else int((num_drafts > i).sum())
             self.accepted_at[i] += int((num_accepted > i).sum())
@@ -121,7 +122,7 @@ def phase_rates(trace: list[list]) -> dict[int, tuple[int, float]]:
     """Per active batch size n: (tokens emitted, decode seconds) over the steps that ran with n sequences."""
     out: dict[int, list] = {}
     prev = 0.0
-    for t, n, _, emitted in trace:
+    for t, n, _, emitted, *_ in trace:
         acc = out.setdefault(int(n), [0, 0.0])
         acc[0] += int(emitted)
         acc[1] += t - prev

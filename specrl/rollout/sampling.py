@@ -147,10 +147,9 @@ def behaviour_logprobs(logits: Tensor, scaled: Tensor, tokens: Tensor, temperatu
     filtering), since the one-hot it was "sampled" from carries no information. With top_p = 1 and top_k = 0
     this equals log_softmax(logits / T)[token], the trainer's recomputation."""
     greedy = temperature <= 0
-    if bool(greedy.all()):  # only the raw log-probs are needed
-        return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    raw = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1) \
+        if bool(greedy.any()) else None
+    if raw is not None and bool(greedy.all()):  # only the raw log-probs are needed
+        return raw
     lp = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
-    if bool(greedy.any()):
-        raw = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
-        lp = torch.where(greedy, raw, lp)
-    return lp
+    return lp if raw is None else torch.where(greedy, raw, lp)
