@@ -44,16 +44,29 @@ def _parse_k(k: str) -> int | str:
         raise SpecRLError(f"--k must be an integer or 'auto', got {k!r}") from None
 
 
+THREADS_HELP = "torch threads: an integer, or auto (the cores other processes leave free when it starts)"
+
+
+def _threads(value: str) -> None:
+    """Set torch's thread count from a --threads option (an integer or auto)."""
+    from specrl.threads import ThreadGovernor
+
+    g = ThreadGovernor("auto" if value == "auto" else (int(value) if value.isdigit() else value), "--threads")
+    typer.echo(f"[specrl] torch threads: {g.describe()}")
+
+
 @app.command()
 def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import into the cache."),
             drafter: str = typer.Option("none", help="Also build a drafter of the embedded model: none | eagle | mtp "
                                         "(the `default` one, chain_sum answers) | eagle:think | mtp:think (long "
-                                        "step-by-step replies of examples/think.yaml); first use trains it.")):
+                                        "step-by-step replies of examples/think.yaml); first use trains it."),
+            threads: str = typer.Option("auto", help=THREADS_HELP)):
     """Import the embedded default model (one time; later calls are instant); optionally one of its drafters."""
     from specrl.drafters import DEFAULT_KINDS, EMBEDDED_NAMES
     from specrl.model import presets
 
     try:
+        _threads(threads)
         kind, _, name = drafter.partition(":")
         name = name or "default"
         if drafter != "none" and (kind not in DEFAULT_KINDS or name not in EMBEDDED_NAMES):
@@ -257,12 +270,14 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
                                                 "layers the draft model keeps before distillation"),
                max_new_tokens: int = typer.Option(160, help="rollout length cap for the training data"),
                draft_vocab_size: int = typer.Option(8192, help="eagle / draft-model: draft over this many of the "
-                                                    "most frequent response tokens (the full vocabulary if larger)")):
+                                                    "most frequent response tokens (the full vocabulary if larger)"),
+               threads: str = typer.Option("auto", help=THREADS_HELP)):
     """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
     from specrl.drafters.build import build_drafter
     from specrl.rl.default_drafter import task_prompts
 
     try:
+        _threads(threads)
         path = build_drafter(model, drafter, prompts=task_prompts(task, samples), samples=samples, epochs=epochs,
                              out=out or Path("drafters") / f"{drafter}-{task}", data_jsonl=str(data) if data else None,
                              max_new_tokens=max_new_tokens, draft_layers=draft_layers,

@@ -4,6 +4,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ["OMP_NUM_THREADS"] = "1"  # tests run on one thread; run.threads=auto honours it as its ceiling
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

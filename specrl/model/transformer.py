@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specrl.model.packed import fused_linear
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -147,6 +149,8 @@ def cache_mask(pos: Tensor) -> tuple[Tensor, int]:
 
 
 class Attention(nn.Module):
+    PACKED_GROUPS = {"qkv": ("q_proj", "k_proj", "v_proj"), "kv": ("k_proj", "v_proj")}
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
@@ -166,9 +170,18 @@ class Attention(nn.Module):
         # the op order (q, k, v; norms; rotations) fixes autograd's gradient summation order: keep it
         a = self.args
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, a.num_heads, a.head_dim) if queries else None
-        k = self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
-        v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
+        qd, kd = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        layers = [self.q_proj, self.k_proj, self.v_proj] if queries else [self.k_proj, self.v_proj]
+        fused = fused_linear(self, "qkv" if queries else "kv", layers, x)  # packed inference: one product
+        if fused is not None:
+            parts = fused.split([qd, kd, kd] if queries else [kd, kd], dim=-1)
+            q = parts[0].reshape(b, t, a.num_heads, a.head_dim) if queries else None
+            k = parts[-2].reshape(b, t, a.num_kv_heads, a.head_dim)
+            v = parts[-1].reshape(b, t, a.num_kv_heads, a.head_dim)
+        else:
+            q = self.q_proj(x).view(b, t, a.num_heads, a.head_dim) if queries else None
+            k = self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
+            v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
         if a.qk_norm:
             q = self.q_norm(q) if queries else None
             k = self.k_norm(k)
@@ -208,6 +221,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    PACKED_GROUPS = {"gate_up": ("gate_proj", "up_proj")}
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
@@ -215,6 +230,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        fused = fused_linear(self, "gate_up", [self.gate_proj, self.up_proj], x)  # packed inference
+        if fused is not None:
+            gate, up = fused.chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

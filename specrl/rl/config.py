@@ -309,6 +309,18 @@ class RunConfig(_Section):
     (a local file store RUN/mlruns unless MLFLOW_TRACKING_URI is set)."""
     progress: bool = True
     """Live terminal display (rich); falls back to one plain line per step when not a TTY."""
+    threads: int | Literal["auto"] = "auto"
+    """torch threads of the sync pipeline (rollouts and training in one process). auto: the cores other processes
+    leave free, re-read before every step (a competing job then costs its share of the CPU instead of stalling
+    torch's threads); an integer is used as given (at most the cores this process may run on) and keeps a run
+    bitwise reproducible. The async pipeline sizes its actors with pipeline.worker_threads / learner_threads."""
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"must be an integer >= 1 or 'auto', got {v!r}")
 
     @field_validator("name")
     @classmethod
@@ -396,6 +408,11 @@ class TrainConfig(_Section):
             raise ValueError(f"reward.weights has {len(rw.weights)} entries but reward.functions has "
                              f"{len(rw.functions)}; give one weight per function")
         pl = self.pipeline
+        if pl.mode == "async" and self.run.threads != "auto":
+            raise ValueError(
+                f"run.threads={self.run.threads} sets the sync pipeline's torch threads; the async pipeline's actors "
+                "take pipeline.worker_threads and pipeline.learner_threads: set those and leave run.threads=auto"
+            )
         if pl.mode == "async" and pl.max_trajectory_age_steps > 0 and not self.grpo.importance_sampling_correction:
             raise ValueError(
                 f"pipeline.max_trajectory_age_steps={pl.max_trajectory_age_steps} trains on rollouts of older policy "

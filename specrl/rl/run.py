@@ -40,6 +40,7 @@ from specrl.rl.learner import NonFiniteError
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
 from specrl.rl.trainer import GRPOTrainer, seed_everything
+from specrl.threads import ThreadGovernor
 
 LOCK_FILE = ".specrl.lock"
 
@@ -447,11 +448,21 @@ class _Run:
                             max_new_tokens=self.cfg.generation.max_new_tokens)
 
 
+def _governor(cfg: TrainConfig) -> ThreadGovernor | None:
+    """The sync pipeline's torch thread count (run.threads); the async actors set their own."""
+    if cfg.pipeline.mode != "sync":
+        return None
+    g = ThreadGovernor(cfg.run.threads, "run.threads")
+    print(f"[specrl] torch threads: {g.describe()}", flush=True)
+    return g
+
+
 def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
                  make_trainer: TrainerFactory | None = None) -> Path:
     """Train for cfg.run.steps (continuing from the newest good checkpoint when resuming). `make_trainer(cfg,
     run_dir)` builds the trainer (default: the sync `GRPOTrainer`; the CLI passes one that also knows async)."""
     display = ProgressDisplay(cfg.run.steps, cfg.run.progress, title=f"specrl train {cfg.run.name}")
+    governor = _governor(cfg)
     run = _Run(cfg, run_dir, resume, display, make_trainer)
     stop = _StopSignals().install()
     try:
@@ -460,7 +471,11 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
                 v = run.validate(0)
                 display.message(f"[specrl] step 0 validation accuracy {v['accuracy']}")
             while run.trainer.step_count < cfg.run.steps and stop.received is None:
-                run.after_step(run.trainer.step())
+                threads = governor.update() if governor else None
+                rec = run.trainer.step()
+                if threads is not None:
+                    rec["torch_threads"] = threads
+                run.after_step(rec)
             if stop.received is not None:
                 s = run.trainer.step_count
                 if s > 0 and not (run.last_ckpt and run.last_ckpt.name == step_dirname(s)):
@@ -500,6 +515,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
     data["drafter"]["online"] = False
     ar_cfg = validate_config(data, "compare (autoregressive copy)")
     display = ProgressDisplay(cfg.run.steps, cfg.run.progress, live=False)
+    governor = _governor(cfg)
     runs = {"autoregressive": _Run(ar_cfg, run_dir / "autoregressive", False, display),
             "speculative": _Run(cfg, run_dir / "speculative", False, display)}
     for r in runs.values():
@@ -511,8 +527,11 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
     ar, sd = runs["autoregressive"], runs["speculative"]
     try:
         for _ in range(cfg.run.steps):
+            threads = governor.update()  # once per pair: both arms of a step run on the same thread count
             for name, r in runs.items():
-                r.after_step(r.trainer.step(), label="[ar]   " if name == "autoregressive" else "[spec] ")
+                rec = r.trainer.step()
+                rec["torch_threads"] = threads
+                r.after_step(rec, label="[ar]   " if name == "autoregressive" else "[spec] ")
             if exact:
                 same_rollouts.append(ar.trainer.last_rollouts.responses == sd.trainer.last_rollouts.responses)
                 same_weights.append(_weights_equal(ar.trainer.policy, sd.trainer.policy))

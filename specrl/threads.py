@@ -1,0 +1,137 @@
+"""How many torch threads to run: the cores this process may use that other processes leave free.
+
+torch's OpenMP threads wait on each other at every parallel region, so one thread on a core that another job
+holds stalls them all (measured on a 2-core machine: 70x slower with 2 threads and one competing job, instead of
+the 2x its share of the CPU would explain). `ThreadGovernor` picks the thread count from a setting: an integer
+(used as given, at most the cores this process may run on) or "auto", the cores the rest of the machine leaves
+free, read from /proc/stat (and at most OMP_NUM_THREADS when that is set). `update()` between training steps
+re-reads what other processes used since the last reading (all busy CPU time minus this process's own) and
+changes the count when that moved, so a job started mid-run costs its share of the CPU, not a collapse.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specrl.errors import SpecRLError
+
+log = logging.getLogger(__name__)
+
+FREE_IF_IDLE = 0.75  # a core counts as free when others leave at least this much of it idle
+
+
+def allowed_cores() -> int:
+    """The CPUs this process may run on (its affinity mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def omp_cap() -> int | None:
+    """OMP_NUM_THREADS as an integer >= 1, or None when unset or not a plain count."""
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
+def _busy_seconds() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (all CPUs; /proc/stat), or None where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+@dataclass
+class _Reading:
+    wall: float
+    busy: float
+    own: float
+
+
+def parse_threads(value: object, key: str) -> int | str:
+    """An integer >= 1 or "auto"; anything else is an error naming `key`."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecRLError(f"{key} must be an integer >= 1 or 'auto' (the cores other processes leave free), "
+                          f"got {value!r}")
+    return value
+
+
+class ThreadGovernor:
+    """Sets torch's thread count from `setting` (int or "auto") now, and again on `update()` for "auto"."""
+
+    def __init__(self, setting: int | str = "auto", key: str = "threads", sample_seconds: float = 0.2):
+        self.setting = parse_threads(setting, key)
+        self.cores = allowed_cores()
+        if isinstance(self.setting, int) and self.setting > self.cores:
+            raise SpecRLError(f"{key}={self.setting} but this process may run on {self.cores} cores "
+                              f"(sched_getaffinity); more threads than cores stall each other: use at most "
+                              f"{self.cores}, or 'auto'")
+        self.others = 0.0  # cores' worth of CPU other processes used over the last reading
+        self._last = self._read()
+        if self.setting == "auto" and self._last is not None and sample_seconds > 0:
+            time.sleep(sample_seconds)  # nothing of ours runs yet: what is busy now is someone else
+            self._measure()
+        self.threads = self._choose()
+        torch.set_num_threads(self.threads)
+
+    @staticmethod
+    def _read() -> _Reading | None:
+        busy = _busy_seconds()
+        return None if busy is None else _Reading(time.monotonic(), busy, _own_seconds())
+
+    def _measure(self) -> None:
+        now = self._read()
+        if now is None or self._last is None:
+            return
+        wall = now.wall - self._last.wall
+        if wall > 0:
+            others = (now.busy - self._last.busy) - (now.own - self._last.own)
+            self.others = min(max(others / wall, 0.0), float(self.cores))
+        self._last = now
+
+    def _choose(self) -> int:
+        if isinstance(self.setting, int):
+            return self.setting
+        free = self.cores - self.others
+        return max(1, min(self.cores, omp_cap() or self.cores, math.floor(free + (1.0 - FREE_IF_IDLE))))
+
+    def update(self) -> int:
+        """Re-read what other processes used since the last call; for "auto", follow it. Returns the count."""
+        if self.setting != "auto":
+            return self.threads
+        self._measure()
+        n = self._choose()
+        if n != self.threads:
+            log.info("torch threads %d -> %d (other processes use %.1f of %d cores)", self.threads, n,
+                     self.others, self.cores)
+            self.threads = n
+            torch.set_num_threads(n)
+        return self.threads
+
+    def describe(self) -> str:
+        if self.setting == "auto":
+            return f"{self.threads} (auto: other processes use {self.others:.1f} of {self.cores} cores)"
+        return f"{self.threads} (set)"

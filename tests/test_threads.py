@@ -1,0 +1,100 @@
+"""run.threads / ThreadGovernor: explicit counts, auto from the cores other processes leave free, clear errors."""
+
+import pytest
+import torch
+
+from specrl import threads as th
+from specrl.errors import SpecRLError
+from specrl.rl.config import validate_config
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+class _Clock:
+    """Fake /proc/stat and process CPU readings: others use `others` cores' worth while wall time passes."""
+
+    def __init__(self, monkeypatch, cores=4):
+        self.wall = self.busy = self.own = 0.0
+        self.others = 0.0
+        monkeypatch.setattr(th, "allowed_cores", lambda: cores)
+        monkeypatch.setattr(th, "_busy_seconds", lambda: self.busy)
+        monkeypatch.setattr(th, "_own_seconds", lambda: self.own)
+        monkeypatch.setattr(th.time, "monotonic", lambda: self.wall)
+        monkeypatch.setattr(th.time, "sleep", self.advance)
+
+    def advance(self, seconds, ours=0.0):
+        self.wall += seconds
+        self.own += ours * seconds
+        self.busy += (self.others + ours) * seconds
+
+
+@pytest.mark.parametrize("bad", [0, -1, "two", True, 1.5, None])
+def test_bad_settings_name_the_key(bad):
+    with pytest.raises(SpecRLError, match=r"run\.threads must be an integer >= 1 or 'auto'"):
+        th.ThreadGovernor(bad, "run.threads")
+
+
+def test_more_threads_than_cores_is_an_error(monkeypatch):
+    monkeypatch.setattr(th, "allowed_cores", lambda: 2)
+    with pytest.raises(SpecRLError, match=r"run\.threads=3 but this process may run on 2 cores.*at most 2"):
+        th.ThreadGovernor(3, "run.threads")
+
+
+def test_an_integer_is_used_as_given_and_never_moves(monkeypatch):
+    clock = _Clock(monkeypatch, cores=4)
+    g = th.ThreadGovernor(2)
+    assert g.threads == 2 and torch.get_num_threads() == 2
+    clock.others = 3.5
+    clock.advance(1.0, ours=2)
+    assert g.update() == 2 and torch.get_num_threads() == 2
+
+
+def test_auto_takes_the_free_cores_and_follows_other_jobs(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    clock = _Clock(monkeypatch, cores=4)
+    clock.others = 1.0  # one core busy elsewhere at start
+    g = th.ThreadGovernor("auto")
+    assert g.threads == 3 and torch.get_num_threads() == 3
+    assert "other processes use 1.0 of 4 cores" in g.describe()
+    clock.others = 3.0  # a heavy job starts: our own CPU time is not counted as someone else's
+    clock.advance(2.0, ours=3)
+    assert g.update() == 1 and torch.get_num_threads() == 1
+    clock.others = 0.1  # it ends (a core 10 % busy still counts as free)
+    clock.advance(2.0, ours=1)
+    assert g.update() == 4
+    clock.others = 0.5  # half a core busy: not free
+    clock.advance(2.0, ours=4)
+    assert g.update() == 3
+
+
+def test_auto_never_goes_below_one_or_above_omp_num_threads(monkeypatch):
+    clock = _Clock(monkeypatch, cores=4)
+    clock.others = 4.0
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert th.ThreadGovernor("auto").threads == 1
+    clock.others = 0.0
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert th.ThreadGovernor("auto").threads == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert th.ThreadGovernor("auto").threads == 4
+
+
+def test_the_real_machine_is_readable():
+    assert th._busy_seconds() is not None and th._busy_seconds() > 0
+    g = th.ThreadGovernor("auto", sample_seconds=0.05)
+    assert 1 <= g.threads <= th.allowed_cores()
+
+
+def test_config_checks_run_threads():
+    assert validate_config({"run": {"threads": 2}}, "t").run.threads == 2
+    assert validate_config({}, "t").run.threads == "auto"
+    with pytest.raises(SpecRLError, match=r"run\.threads.*must be an integer >= 1 or 'auto', got 0"):
+        validate_config({"run": {"threads": 0}}, "t")
+    with pytest.raises(SpecRLError, match=r"run\.threads=2 sets the sync pipeline.*pipeline\.worker_threads"):
+        validate_config({"run": {"threads": 2}, "pipeline": {"mode": "async"},
+                         "grpo": {"importance_sampling_correction": True}}, "t")
