@@ -4,9 +4,10 @@
 per-forward overheads, stage fixed costs); everything else comes from `ModelSpec` and `Hardware`.
 `ForwardCost` binds a model, a device, a precision and an engine width (GPUs per engine, tensor-parallel for
 dense weights and attention, expert-parallel for experts) and answers "how long does a forward over T tokens
-that reads K cached tokens take": max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth) + TP/EP
-communication + a fixed per-forward overhead. Bytes are the streamed weights (MoE: only touched experts),
-the KV cache read, and the fp32 logits written and read back by the sampler.
+that reads K cached tokens take": the weight GEMMs (max(GEMM FLOPs / achieved FLOP/s, streamed weights + fp32
+logits / achieved bandwidth)) plus the attention over the KV cache (max(attention FLOPs / FLOP/s, KV bytes /
+bandwidth)) — two kernel families that run one after the other, so each has its own roofline and they add —
++ TP/EP communication + a fixed per-forward overhead. Streamed weights are MoE-aware (only touched experts).
 """
 
 from __future__ import annotations
@@ -95,35 +96,51 @@ class ForwardCost:
         return self._dense_bytes + self._expert_bytes * (1.0 - math.exp(self._log_miss * max(tokens, 0.0)))
 
     def compute_seconds(self, tokens: float, attn_pairs: float) -> float:
-        return (2.0 * self.active * tokens + self.attn_pair * attn_pairs) / self.shard / self.flops_rate
+        return self.gemm_flop_seconds(tokens) + self.attn_flop_seconds(attn_pairs)
 
     def memory_seconds(self, tokens: float, kv_read_tokens: float) -> float:
-        b = self.weight_bytes(tokens) + kv_read_tokens * self.kv_per_token + tokens * self.logit_bytes
-        return b / self.bw_rate
+        return self.gemm_byte_seconds(tokens) + self.attn_byte_seconds(kv_read_tokens)
+
+    # the two kernel families of a forward, each bound by its own resource
+    def gemm_flop_seconds(self, tokens: float) -> float:
+        return 2.0 * self.active * tokens / self.shard / self.flops_rate
+
+    def gemm_byte_seconds(self, tokens: float) -> float:
+        return (self.weight_bytes(tokens) + tokens * self.logit_bytes) / self.bw_rate
+
+    def attn_flop_seconds(self, attn_pairs: float) -> float:
+        return self.attn_pair * attn_pairs / self.shard / self.flops_rate
+
+    def attn_byte_seconds(self, kv_read_tokens: float) -> float:
+        return kv_read_tokens * self.kv_per_token / self.bw_rate
 
     def __call__(self, tokens: float, kv_read_tokens: float, attn_pairs: float | None = None) -> float:
         """Seconds for a forward over `tokens` new tokens that read `kv_read_tokens` cached tokens.
 
         `attn_pairs` (query x context pairs) defaults to tokens-per-sequence x cached tokens for decode.
+        The weight GEMMs (+ LM head and logits) and the attention over the KV cache are separate kernels that
+        run one after the other in every layer, so each is priced by its own roofline and the two add: the
+        KV read of a long-context batch does not hide the GEMM FLOPs of a verify over B*(k+1) tokens.
         """
         if tokens <= 0:
             return 0.0
         pairs = kv_read_tokens if attn_pairs is None else attn_pairs
-        t = max(self.compute_seconds(tokens, pairs), self.memory_seconds(tokens, kv_read_tokens))
+        t = max(self.gemm_flop_seconds(tokens), self.gemm_byte_seconds(tokens))
+        t += max(self.attn_flop_seconds(pairs), self.attn_byte_seconds(kv_read_tokens))
         if self.shard > 1:
             t += tokens * self.comm_per_token + self.comm_fixed
         return t + self.overhead_s
 
     def ridge_tokens(self, kv_read_tokens: float = 0.0) -> float:
-        """Smallest tokens per forward at which compute time reaches memory time (bisection)."""
+        """Smallest tokens per forward at which the weight GEMMs turn compute-bound (bisection)."""
         lo, hi = 1.0, 1.0
-        while self.compute_seconds(hi, 0.0) < self.memory_seconds(hi, kv_read_tokens):
+        while self.gemm_flop_seconds(hi) < self.gemm_byte_seconds(hi):
             hi *= 2.0
             if hi > 1e9:
                 return float("inf")
         while hi - lo > 0.5:
             mid = (lo + hi) / 2
-            if self.compute_seconds(mid, 0.0) < self.memory_seconds(mid, kv_read_tokens):
+            if self.gemm_flop_seconds(mid) < self.gemm_byte_seconds(mid):
                 lo = mid
             else:
                 hi = mid
