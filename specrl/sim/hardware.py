@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specrl.errors import SpecRLError
@@ -34,6 +34,7 @@ class Hardware:
     nvlink_domain: int
     collective_latency_s: float = 10e-6
     measured: bool = False
+    threads: int = 0  # measured profiles: the torch threads the peaks were measured with (0: unknown)
 
     def flops(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -93,12 +94,27 @@ def load_profile(path: str | Path) -> Hardware:
             nvlink_domain=int(data["nvlink_domain"]),
             collective_latency_s=float(data.get("collective_latency_s", 10e-6)),
             measured=True,
+            threads=int(data.get("threads", 0)),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SpecRLError(
             f"hardware profile {path} is malformed ({exc!r}); regenerate it with "
             "`specrl simulate profile-hardware --out PATH`"
         ) from exc
+
+
+def with_threads(hw: Hardware, threads: int) -> Hardware:
+    """A measured CPU profile re-expressed for a device of `threads` cores (an async run's rollout worker or
+    learner owns only its share of the machine): peak FLOP/s and memory bandwidth scale with the cores, the
+    per-forward overheads (in `Efficiency`) do not."""
+    if threads < 1:
+        raise SpecRLError(f"a cpu device needs >= 1 thread, got {threads}")
+    if not hw.measured or hw.threads < 1:
+        raise SpecRLError(f"hardware {hw.name!r} has no measured thread count, so it cannot be split into "
+                          f"{threads}-thread devices; re-measure it with `specrl simulate profile-hardware`")
+    f = threads / hw.threads
+    return replace(hw, peak_flops={k: v * f for k, v in hw.peak_flops.items()}, hbm_bandwidth=hw.hbm_bandwidth * f,
+                   nvlink_bandwidth=hw.nvlink_bandwidth * f, threads=threads)
 
 
 def _best_time(fn, repeats: int) -> float:

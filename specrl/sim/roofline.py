@@ -32,6 +32,9 @@ class Efficiency:
     spec_seq_overhead_s: float = 0.0  # per sequence per speculative step: host-side drafting + acceptance work
     mfu_logprob: float = 0.3  # achieved fraction of peak in the trainer's logprob forward
     mfu_train: float = 0.35  # achieved fraction of peak in forward+backward
+    # achieved fraction of peak of the trainer's attention kernels (logprob and train); 0: the stage's MFU.
+    # Separate where attention runs far below the GEMMs (specrl's CPU trainer: SDPA over padded micro-batches).
+    mfu_attention: float = 0.0
     prepare_fixed_s: float = 1.5  # weight-sync fixed cost (engine wake-up, cache reset)
     data_s: float = 0.2  # data stage
 
@@ -40,6 +43,9 @@ class Efficiency:
             v = getattr(self, f)
             if not 0.0 < v <= 1.0:
                 raise SpecRLError(f"efficiency {f}={v} must be a fraction in (0, 1]")
+        if not 0.0 <= self.mfu_attention <= 1.0:
+            raise SpecRLError(f"efficiency mfu_attention={self.mfu_attention} must be in [0, 1] (0: attention at the "
+                              "stage's MFU)")
         for f in ("step_overhead_s", "draft_overhead_s", "ngram_overhead_s", "spec_seq_overhead_s", "prepare_fixed_s",
                   "data_s"):
             if getattr(self, f) < 0:

@@ -131,7 +131,7 @@ def test_from_run_predicts_every_stage(tmp_path, drafter):
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     by = {r["stage"]: r for r in out["rows"]}
-    assert set(by) == CONTRACT_STAGES | {"step"}
+    assert set(by) == CONTRACT_STAGES | {"exposed gen", "step"}
     assert by["gen"]["measured"] == 4.0 and by["gen"]["predicted"] > 0
     assert out["steps_used"] == 2
     table = runner.invoke(app, ["--from-run", str(metrics), "--cpu-profile", str(prof)])
