@@ -243,12 +243,23 @@ def trainer_forward_flops(m: ModelSpec, prompts: np.ndarray, responses: np.ndarr
     return 2.0 * (m.active_params() - lm) * body + 2.0 * lm * head, m.attn_flops_per_pair() * pairs
 
 
+def moe_train_a2a_seconds(m: ModelSpec, hw: Hardware, tokens: float, ep: int, train_gpus: int) -> float:
+    """Expert-parallel all-to-all of one trainer forward: every token's hidden state goes to its k experts and
+    comes back (dispatch + combine, bf16) in every MoE layer, across the `ep` GPUs that share the experts."""
+    if not m.is_moe or ep <= 1:
+        return 0.0
+    ep = min(ep, m.num_experts)
+    per_gpu = tokens / train_gpus * 2 * m.experts_per_token * m.hidden * 2.0 * m.moe_layers * (ep - 1) / ep
+    return per_gpu / hw.link_bandwidth(ep) + 2 * m.moe_layers * hw.collective_latency_s
+
+
 def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
     cfg, eff, hw, m, lay = ctx.cfg, ctx.cfg.efficiency, ctx.hw, ctx.model, ctx.layout
     peak = hw.flops(cfg.train_precision) * lay.train_gpus
     gemm, attn = trainer_forward_flops(m, ctx.prompts[0], ctx.responses[0], cfg.train_micro_batch)
-    logprob = gemm / (peak * eff.mfu_logprob) + attn / (peak * (eff.mfu_attention or eff.mfu_logprob))
     mp, dp = lay.train_model_parallel, lay.train_gpus // lay.train_model_parallel
+    ep_a2a = moe_train_a2a_seconds(m, hw, float((ctx.prompts[0] + ctx.responses[0]).sum()), mp, lay.train_gpus)
+    logprob = gemm / (peak * eff.mfu_logprob) + attn / (peak * (eff.mfu_attention or eff.mfu_logprob)) + ep_a2a
     grad_bytes = m.total_params() * 2.0 / mp
     grad_sync = 0.0
     if dp > 1:
@@ -262,7 +273,7 @@ def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
         train_gemm += 3.0 * cfg.drafter_train_passes * d_gemm
         train_attn += 3.0 * cfg.drafter_train_passes * d_attn
     train = train_gemm / (peak * eff.mfu_train) + train_attn / (peak * (eff.mfu_attention or eff.mfu_train)) \
-        + grad_sync
+        + grad_sync + 2.0 * ep_a2a  # the backward sends the gradients of dispatch and combine back
     sync_bytes = m.total_params() * DTYPE_BYTES[cfg.precision]
     if speculative and ctx.drafter is not None and cfg.drafter_trained_online:
         sync_bytes += ctx.drafter.total_params() * DTYPE_BYTES[cfg.precision]

@@ -93,7 +93,9 @@ class ForwardCost:
             self.comm_per_token = n_allreduce * ring * act / bw
             a2a = 2.0 * model.moe_layers * model.experts_per_token * act * (shard - 1) / shard / bw
             self.comm_per_token += a2a
-            self.comm_fixed = 2 * model.layers * hw.collective_latency_s  # one after attention, one after FFN
+            # one collective after attention and one after a dense FFN; an MoE layer has two (dispatch + combine)
+            n_coll = model.layers + model.dense_ffn_layers + 2 * model.moe_layers
+            self.comm_fixed = n_coll * hw.collective_latency_s
 
     def weight_bytes(self, tokens: float) -> float:
         """Same as model.streamed_params(tokens, shard) * bytes, with the structure precomputed."""
