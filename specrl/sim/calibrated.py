@@ -16,7 +16,7 @@ CALIBRATION = {'source': 'specrl simulate fit on paper_8b.json; median |error| 0
  'cpu_efficiency': {'bw_eff': 1.0,
                     'flops_eff': 0.246188,
                     'step_overhead_s': 0.022626,
-                    'draft_overhead_s': 0.022626,
+                    'draft_overhead_s': 0.000754201,
                     'ngram_overhead_s': 0.0,
                     'spec_seq_overhead_s': 0.00358079,
                     'mfu_logprob': 0.823369,

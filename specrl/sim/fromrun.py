@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specrl.errors import SpecRLError
 from specrl.sim.calibrated import CALIBRATION
-from specrl.sim.models import CATALOG_CONFIGS
+from specrl.sim.models import CATALOG_CONFIGS, get_model
 from specrl.sim.pipeline import STAGES, SimConfig, config_dict, simulate
 from specrl.sim.roofline import Efficiency
 from specrl.sim.workload import Workload
@@ -270,12 +270,18 @@ def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None 
     def stages(cfg: SimConfig, eff: Efficiency, a: str) -> dict:
         return simulate(replace(cfg, efficiency=eff))[a]["stages"]
 
+    # Eager PyTorch on a CPU pays its host cost (Python, op dispatch) per layer, so a drafter forward costs the
+    # target's per-forward overhead times its share of decoder layers (an EAGLE head: 1 of the target's L). The
+    # engine's measured c ~ 0.06-0.1 on SmolLM2 (docs/speculative_benchmarks.md) is this; the same overhead for
+    # both (c ~ 0.7) is not. (On a GPU under CUDA graphs the 8B fit finds a per-forward cost instead.)
+    layer_share = 1.0 / get_model(cfg_a.model).layers
+
     def solve_overhead(e: Efficiency) -> Efficiency:
         r0 = stages(cfg_a, e, arm)
-        r1 = stages(cfg_a, replace(e, step_overhead_s=1e-3, draft_overhead_s=1e-3), arm)
+        r1 = stages(cfg_a, replace(e, step_overhead_s=1e-3, draft_overhead_s=1e-3 * layer_share), arm)
         slope = (r1["gen"] - r0["gen"]) / 1e-3
         o = max(0.0, (meas["gen"] - r0["gen"]) / slope) if slope > 0 else 0.0
-        return replace(e, step_overhead_s=o, draft_overhead_s=o)
+        return replace(e, step_overhead_s=o, draft_overhead_s=o * layer_share)
 
     eff = solve_overhead(unit)
     mfu_att = 0.0

@@ -140,3 +140,12 @@ def test_threads_flag_is_for_sync_runs_and_scales_the_device(tmp_path):
     arun, _ = _run(tmp_path, "a", mode="async")
     with pytest.raises(SpecRLError, match="applies to a sync run"):
         predict_run(arun, cpu_profile=prof, threads=1)
+
+
+def test_cpu_fit_prices_a_drafter_forward_by_its_share_of_layers(tmp_path):
+    """Eager PyTorch pays its host cost per layer: a 1-layer EAGLE head's forward overhead is 1/L of the
+    target's (the engine measures c ~ 0.06-0.1 on SmolLM2, not the ~0.7 of equal per-forward overheads)."""
+    run, prof = _run(tmp_path, "s")
+    eff = fit_cpu_efficiency(run, cpu_profile=prof, prompt_tokens=57)["efficiency"]
+    assert eff.step_overhead_s > 0
+    assert eff.draft_overhead_s == pytest.approx(eff.step_overhead_s / get_model("smollm2-135m").layers)
