@@ -59,15 +59,17 @@ def main() -> None:
     t = ForwardCost(target, hw, eff, "bf16", 1, eff.step_overhead_s)
     d = ForwardCost(head, hw, eff, "bf16", 1, eff.draft_overhead_s)
     print(f"cpu {hw.threads} thread(s): bf16 {hw.flops('bf16') / 1e9:.0f} GFLOP/s x flops_eff {eff.flops_eff:.3f}, "
-          f"step overhead {eff.step_overhead_s * 1e3:.1f} ms, draft overhead {eff.draft_overhead_s * 1e3:.2f} ms")
+          f"step overhead {eff.step_overhead_s * 1e3:.1f} ms, draft overhead {eff.draft_overhead_s * 1e3:.2f} ms, "
+          f"{eff.decode_seq_overhead_s * 1e3:.2f} ms per sequence per decode step")
     print(f"{'B':>3}{'k':>3}{'AL':>6}{'v meas':>8}{'pred':>6}{'c meas':>8}{'pred':>6}{'hw meas':>9}{'pred':>6}"
           f"{'dec meas':>10}")
     errs = {"v": [], "c": [], "hw": []}
     for r in read_grid(Path(a.doc)):
         b, k = r["B"], r["k"]
         kv = b * a.context
-        ar = t(b, kv)
-        v = t(b * (k + 1), kv, attn_pairs=(k + 1) * kv) / ar
+        host = b * eff.decode_seq_overhead_s  # per-sequence host work of every decode step
+        ar = t(b, kv) + host
+        v = (t(b * (k + 1), kv, attn_pairs=(k + 1) * kv) + host) / ar
         c = d(b, kv) / ar
         hw_pred = r["AL"] / (v + k * c)
         for key, p in (("v", v), ("c", c), ("hw", hw_pred)):

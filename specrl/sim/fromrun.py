@@ -245,10 +245,11 @@ def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None 
 
     One run: data and prepare fixed costs are its measured medians (minus the weight-copy bytes term),
     logprob/train MFU are predicted-at-MFU-1 / measured, and the per-forward overhead solves the generation
-    time, which is linear in it; the matmul efficiency `flops_eff` and the per-sequence host cost are kept from
-    the engine benchmark. A second run with longer sequences (`[short, long]`) also pins what one run cannot
-    separate: `flops_eff` against the per-forward overhead (two generation times, two batch/length regimes) and
-    the trainer's attention rate `mfu_attention` against the GEMM MFU (two train times; attention grows as L²).
+    time, which is linear in it; the matmul efficiency `flops_eff` and the per-sequence host costs are kept
+    from the calibration. A second run with longer sequences (`[short, long]`) also pins what one run cannot
+    separate: the per-forward overhead against a per-sequence host cost of every decode step (two generation
+    times in two batch/length regimes; GEMMs at the profile's rate) and the trainer's attention rate
+    `mfu_attention` against the GEMM MFU (two train times; attention grows as L²).
     Returns {"efficiency": Efficiency, "rows": predicted vs measured after the fit (per run with two)}.
     """
     from dataclasses import replace
@@ -261,7 +262,8 @@ def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None 
     prior = cpu_efficiency()
     unit = Efficiency(bw_eff=1.0, flops_eff=prior.flops_eff, step_overhead_s=0.0, draft_overhead_s=0.0,
                       ngram_overhead_s=0.0, spec_seq_overhead_s=prior.spec_seq_overhead_s,
-                      mfu_logprob=1.0, mfu_train=1.0, mfu_attention=1.0 if len(paths) == 2 else 0.0,
+                      decode_seq_overhead_s=prior.decode_seq_overhead_s, mfu_logprob=1.0, mfu_train=1.0,
+                      mfu_attention=1.0 if len(paths) == 2 else 0.0,
                       prepare_fixed_s=0.0, data_s=0.0)
     prompts = [prompt_tokens, long_prompt_tokens or prompt_tokens]
     runs = [_fit_inputs(p, cpu_profile, unit, pt) for p, pt in zip(paths, prompts, strict=False)]
@@ -287,19 +289,28 @@ def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None 
     mfu_att = 0.0
     if len(runs) == 2:
         _, cfg_b, meas_b, arm_b, _ = runs[1]
-        # more flops_eff: less per-token cost, so more per-forward overhead fitted on A, which B (more, smaller
-        # forwards) pays more often: B's predicted generation rises with flops_eff
-        # lower end: the flops_eff at which A's generation needs no overhead at all (below it, none fits A)
-        lo, hi = 1e-3, 1.0
-        for _ in range(40):
-            mid = (lo * hi) ** 0.5
-            lo, hi = (mid, hi) if stages(cfg_a, replace(unit, flops_eff=mid), arm)["gen"] > meas["gen"] else (lo, mid)
-        lo, hi = hi, 1.0
-        for _ in range(40):
-            mid = (lo * hi) ** 0.5
-            gen_b = stages(cfg_b, solve_overhead(replace(unit, flops_eff=mid)), arm_b)["gen"]
-            lo, hi = (lo, mid) if gen_b > meas_b["gen"] else (mid, hi)
-        eff = solve_overhead(replace(unit, flops_eff=lo))
+        # Two generation regimes (A: 32-wide batches of short answers, B: narrow batches, long answers) pin the
+        # per-forward overhead o and a per-sequence host cost s of every decode step, both linear: gen = g0 + n·o
+        # + m·s. The GEMMs run at the profile's large-GEMM rate (flops_eff 1): the engine's k-grid shows extra
+        # *verify* rows of a forward cost far less than extra *sequences* (docs/speculative_benchmarks.md: v = 1.84
+        # at B=16, k=7), so the per-row cost of decode is host work per sequence, not slow skinny GEMMs.
+        base = replace(unit, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, decode_seq_overhead_s=0.0)
+        rows_ = []
+        for cfg, a, m in ((cfg_a, arm, meas), (cfg_b, arm_b, meas_b)):
+            g0 = stages(cfg, base, a)["gen"]
+            n = (stages(cfg, replace(base, step_overhead_s=1e-3, draft_overhead_s=1e-3 * layer_share), a)["gen"]
+                 - g0) / 1e-3
+            k_ = (stages(cfg, replace(base, decode_seq_overhead_s=1e-3), a)["gen"] - g0) / 1e-3
+            rows_.append((n, k_, m["gen"] - g0))
+        (na, ma_, ra), (nb, mb_, rb) = rows_
+        det = na * mb_ - ma_ * nb
+        o = (ra * mb_ - ma_ * rb) / det if det else -1.0
+        s_ = (na * rb - ra * nb) / det if det else -1.0
+        if not (o >= 0 and s_ >= 0):
+            raise SpecRLError(f"the two runs' generation times do not separate a per-forward from a per-sequence "
+                              f"cost (o={o:.4g} s, s={s_:.4g} s); pass runs with different batch sizes and lengths "
+                              f"({paths})")
+        eff = replace(base, step_overhead_s=o, draft_overhead_s=o * layer_share, decode_seq_overhead_s=s_)
         # train = gemm/mfu + attention/mfu_attention on both runs: split each unit-efficiency prediction
         half = replace(eff, mfu_attention=0.5)
         parts = []

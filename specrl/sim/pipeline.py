@@ -213,7 +213,7 @@ def run_generation(ctx: Context, speculative: bool) -> tuple[GenerationResult, S
         draft = ForwardCost(ctx.drafter, ctx.hw, eff, cfg.precision, g, eff.draft_overhead_s)
     drafter = cfg.drafter if speculative else "none"
     step = StepModel(target, drafter, draft, ctx.acceptance if speculative else None, cfg.k,
-                     eff.ngram_overhead_s, eff.spec_seq_overhead_s)
+                     eff.ngram_overhead_s, eff.spec_seq_overhead_s, eff.decode_seq_overhead_s)
     res = simulate_generation(ctx.prompts, ctx.responses, ctx.layout.engines, step, prefill,
                               ctx.layout.kv_capacity_tokens, cfg.max_num_seqs, cfg.workload.generations_per_prompt)
     return res, step

@@ -29,6 +29,7 @@ class Efficiency:
     step_overhead_s: float = 2e-3  # per target forward: scheduling, launch, sampling bookkeeping
     draft_overhead_s: float = 0.5e-3  # per drafter forward
     ngram_overhead_s: float = 0.5e-3  # per step: CPU n-gram lookup (assumed, not fitted)
+    decode_seq_overhead_s: float = 0.0  # per sequence per decode step (AR or verify): host-side sampling/bookkeeping
     spec_seq_overhead_s: float = 0.0  # per sequence per speculative step: host-side drafting + acceptance work
     mfu_logprob: float = 0.3  # achieved fraction of peak in the trainer's logprob forward
     mfu_train: float = 0.35  # achieved fraction of peak in forward+backward
@@ -47,7 +48,7 @@ class Efficiency:
             raise SpecRLError(f"efficiency mfu_attention={self.mfu_attention} must be in [0, 1] (0: attention at the "
                               "stage's MFU)")
         for f in ("step_overhead_s", "draft_overhead_s", "ngram_overhead_s", "spec_seq_overhead_s", "prepare_fixed_s",
-                  "data_s"):
+                  "data_s", "decode_seq_overhead_s"):
             if getattr(self, f) < 0:
                 raise SpecRLError(f"efficiency {f}={getattr(self, f)} must be >= 0 seconds")
 
