@@ -259,7 +259,11 @@ def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
     gemm, attn = trainer_forward_flops(m, ctx.prompts[0], ctx.responses[0], cfg.train_micro_batch)
     mp, dp = lay.train_model_parallel, lay.train_gpus // lay.train_model_parallel
     ep_a2a = moe_train_a2a_seconds(m, hw, float((ctx.prompts[0] + ctx.responses[0]).sum()), mp, lay.train_gpus)
-    logprob = gemm / (peak * eff.mfu_logprob) + attn / (peak * (eff.mfu_attention or eff.mfu_logprob)) + ep_a2a
+    # attention priced apart (mfu_attention > 0: specrl's CPU trainer, whose SDPA runs at ~3 % of peak FLOP/s) is
+    # bandwidth-bound: on a device carved out of a cpu profile it scales with the device's bandwidth, not its cores
+    attn_peak = peak / hw.flops_scale * hw.bandwidth_scale if eff.mfu_attention else peak
+    attn_lp = attn / (attn_peak * eff.mfu_attention) if eff.mfu_attention else attn / (peak * eff.mfu_logprob)
+    logprob = gemm / (peak * eff.mfu_logprob) + attn_lp + ep_a2a
     grad_bytes = m.total_params() * 2.0 / mp
     grad_sync = 0.0
     if dp > 1:
@@ -272,8 +276,10 @@ def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
                                                head_on_all=True)
         train_gemm += 3.0 * cfg.drafter_train_passes * d_gemm
         train_attn += 3.0 * cfg.drafter_train_passes * d_attn
-    train = train_gemm / (peak * eff.mfu_train) + train_attn / (peak * (eff.mfu_attention or eff.mfu_train)) \
-        + grad_sync + 2.0 * ep_a2a  # the backward sends the gradients of dispatch and combine back
+    train_attn_s = train_attn / (attn_peak * eff.mfu_attention) if eff.mfu_attention else \
+        train_attn / (peak * eff.mfu_train)
+    train = train_gemm / (peak * eff.mfu_train) + train_attn_s + grad_sync \
+        + 2.0 * ep_a2a  # the backward sends the gradients of dispatch and combine back
     sync_bytes = m.total_params() * DTYPE_BYTES[cfg.precision]
     if speculative and ctx.drafter is not None and cfg.drafter_trained_online:
         sync_bytes += ctx.drafter.total_params() * DTYPE_BYTES[cfg.precision]

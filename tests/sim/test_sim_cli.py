@@ -81,7 +81,7 @@ def test_profile_hardware_quick(tmp_path):
     res = runner.invoke(app, ["profile-hardware", "--quick", "--out", str(out)])
     assert res.exit_code == 0, res.output
     prof = json.loads(out.read_text())
-    assert prof["peak_flops"]["bf16"] > 0 and prof["hbm_bandwidth"] > 0
+    assert prof["peak_flops"]["bf16"] > 0 and prof["hbm_bandwidth"] > 0 and prof["hbm_bandwidth_1thread"] > 0
 
 
 def test_fit_runs_and_reports_every_stage():

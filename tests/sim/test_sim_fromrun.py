@@ -150,3 +150,29 @@ def test_cpu_fit_prices_a_drafter_forward_by_its_share_of_layers(tmp_path):
     eff = fit_cpu_efficiency(run, cpu_profile=prof, prompt_tokens=57)["efficiency"]
     assert eff.step_overhead_s > 0
     assert eff.draft_overhead_s == pytest.approx(eff.step_overhead_s / get_model("smollm2-135m").layers)
+
+
+def test_one_core_gets_its_measured_bandwidth_and_bandwidth_bound_attention_follows_it(tmp_path):
+    """With the profile's one-thread bandwidth, a 1-core device streams that (not half of the 2-thread figure),
+    and the trainer's separately priced attention (bandwidth-bound) slows by the bandwidth ratio, its GEMMs by
+    the core ratio."""
+    prof = dict(PROFILE, hbm_bandwidth_1thread=1.5e10)  # one of two cores streams 75 % of the bandwidth
+    (tmp_path / "p.json").write_text(json.dumps(prof))
+    hw = get_hardware("cpu", tmp_path / "p.json")
+    one = with_threads(hw, 1)
+    assert one.hbm_bandwidth == pytest.approx(1.5e10) and one.flops("bf16") == pytest.approx(2e11)
+    assert with_threads(hw, 2).hbm_bandwidth == pytest.approx(2e10)  # never above what all threads measured
+    run, _ = _run(tmp_path, "s", new_tokens=512, lengths=[300, 420, 380, 500, 260, 350, 450, 480])
+    eff = Efficiency(mfu_logprob=0.5, mfu_train=0.5, mfu_attention=0.05)
+    rec = read_metrics(run)
+    cfg2 = config_for_run(read_run_config(run), rec, str(tmp_path / "p.json"), eff, prompt_tokens=60)
+    cfg1 = replace(cfg2, cpu_threads=1)
+    only_attn = replace(eff, mfu_logprob=1.0, mfu_attention=0.05)
+    no_attn_cost = replace(eff, mfu_logprob=1.0, mfu_attention=1.0)
+    lp = {}
+    for name, c in (("2", cfg2), ("1", cfg1)):
+        ctx = prepare(c)
+        a = other_stages(replace(ctx, cfg=replace(c, efficiency=only_attn)), False)["logprob"]
+        b = other_stages(replace(ctx, cfg=replace(c, efficiency=no_attn_cost)), False)["logprob"]
+        lp[name] = (a - b) / (1 / 0.05 - 1)  # attention seconds at mfu_attention 1
+    assert lp["1"] / lp["2"] == pytest.approx(2e10 / 1.5e10, rel=1e-6)  # bandwidth ratio, not the 2x core ratio
