@@ -134,6 +134,8 @@ def main(ctx: typer.Context, preset: Preset = None, model: Model = None, hardwar
          gpus_per_engine: PerEngine = None, drafter_model: DraftModel = None, cpu_profile: CpuProfile = None,
          from_run: Annotated[str | None, typer.Option("--from-run", help="runs/NAME/metrics.jsonl")] = None,
          prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="--from-run prompt length")] = 120,
+         threads: Annotated[int | None, typer.Option(
+             "--threads", help="--from-run of a sync run: the cores it ran on (default: the cpu profile's)")] = None,
          json_out: Json = False) -> None:
     """Simulate one RL step with and without speculative decoding."""
     if ctx.invoked_subcommand is not None:
@@ -142,7 +144,7 @@ def main(ctx: typer.Context, preset: Preset = None, model: Model = None, hardwar
         if from_run:
             from specrl.sim.fromrun import predict_run
 
-            out = predict_run(from_run, cpu_profile=cpu_profile, prompt_tokens=prompt_tokens)
+            out = predict_run(from_run, cpu_profile=cpu_profile, prompt_tokens=prompt_tokens, threads=threads)
             if json_out:
                 typer.echo(report.to_json({k2: v for k2, v in out.items() if k2 != "simulation"}))
             else:
@@ -247,9 +249,13 @@ def fit(
         "--holdout", help="WORKLOAD:ARM:STAGE,... left out of the fit, e.g. RL-Zero:spec:gen")] = None,
     write: Annotated[bool, typer.Option("--write", help="update specrl/sim/calibrated.py")] = False,
     max_nfev: Annotated[int, typer.Option("--max-evals")] = 60,
-    from_run: Annotated[str | None, typer.Option("--from-run", help="fit CPU factors to runs/NAME/metrics.jsonl")]
+    from_run: Annotated[list[str] | None, typer.Option(
+        "--from-run", help="fit CPU factors to a sync run (runs/NAME); twice: a short- then a long-sequence run")]
     = None,
     cpu_profile: CpuProfile = None,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="--from-run prompt length")] = 120,
+    long_prompt_tokens: Annotated[int | None, typer.Option(
+        "--long-prompt-tokens", help="prompt length of the second --from-run (default: --prompt-tokens)")] = None,
     json_out: Json = False,
 ) -> None:
     """Fit the efficiency factors to measured stage tables and print measured vs predicted per stage.
@@ -263,18 +269,24 @@ def fit(
         from specrl.sim.fromrun import fit_cpu_efficiency
 
         try:
-            out = fit_cpu_efficiency(from_run, cpu_profile=cpu_profile)
+            out = fit_cpu_efficiency(list(from_run), cpu_profile=cpu_profile, prompt_tokens=prompt_tokens,
+                                     long_prompt_tokens=long_prompt_tokens)
         except SpecRLError as exc:
             _fail(exc)
         eff = out["efficiency"].to_dict()
         if json_out:
-            typer.echo(report.to_json({"efficiency": eff, "rows": out["rows"], "steps_used": out["steps_used"]}))
+            typer.echo(report.to_json({"efficiency": eff, "rows": out["rows"], "rows_long": out.get("rows_long"),
+                                       "steps_used": out["steps_used"]}))
         else:
-            typer.echo(f"CPU fit on {from_run} (medians over {out['steps_used']} steps)")
+            typer.echo(f"CPU fit on {from_run[0]} (medians over {out['steps_used']} steps)")
             typer.echo(report.format_from_run(out["rows"]))
+            if "rows_long" in out:
+                typer.echo(f"and on {from_run[1]}")
+                typer.echo(report.format_from_run(out["rows_long"]))
             typer.echo("efficiency: " + ", ".join(f"{k}={v:.4g}" for k, v in eff.items()))
         if write:
-            typer.echo(f"wrote {write_calibration(cpu=out['efficiency'], cpu_source=str(from_run))}", err=json_out)
+            src = " + ".join(str(p) for p in from_run)
+            typer.echo(f"wrote {write_calibration(cpu=out['efficiency'], cpu_source=src)}", err=json_out)
         return
     try:
         res = run_fit(data or DEFAULT_DATA, tuple(h for h in (holdout or "").split(",") if h), max_nfev=max_nfev)

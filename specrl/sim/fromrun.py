@@ -16,11 +16,12 @@ from pathlib import Path
 
 from specrl.errors import SpecRLError
 from specrl.sim.calibrated import CALIBRATION
-from specrl.sim.models import CATALOG_CONFIGS
+from specrl.sim.models import CATALOG_CONFIGS, get_model
 from specrl.sim.pipeline import STAGES, SimConfig, config_dict, simulate
 from specrl.sim.roofline import Efficiency
 from specrl.sim.workload import Workload
 
+EAGLE_TTT_STEPS = 3  # specrl.drafters.training.TTT_STEPS: unrolled steps per drafter update
 DRAFTER_KINDS = {"none": "none", "ngram": "ngram", "suffix": "ngram", "eagle": "eagle3", "mtp": "mtp",
                  "draft-model": "draft-model"}
 
@@ -96,7 +97,7 @@ def _get(cfg: dict, dotted: str, default=None):
 
 def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None = None,
                    efficiency: Efficiency | None = None, length_sigma: float = 0.5,
-                   prompt_tokens: int = 120) -> SimConfig:
+                   prompt_tokens: int = 120, threads: int | None = None) -> SimConfig:
     model = _get(run_cfg, "model.name", "smollm2-135m") if isinstance(run_cfg.get("model"), dict) \
         else run_cfg.get("model", "smollm2-135m")
     if model not in CATALOG_CONFIGS and not Path(str(model)).exists():
@@ -120,73 +121,226 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
     if str(_get(run_cfg, "policy.precision", "fp32")).startswith("bf16"):
         train_dtype = "bfloat16"  # bf16 autocast over fp32 master weights
     prec = {"bfloat16": "bf16", "float32": "fp32"}
+    # the run's own response lengths when it recorded them (pooled over the steady steps), else a log-normal
+    sample = [float(x) for r in steady for x in (r.get("response_lengths") or [])]
+    have_all = sample and all(r.get("response_lengths") for r in steady)
     wl = Workload(prompts_per_step=int(_get(run_cfg, "grpo.num_prompts_per_step")),
                   generations_per_prompt=int(_get(run_cfg, "grpo.num_generations")),
                   max_response_tokens=int(_get(run_cfg, "generation.max_new_tokens")),
                   prompt_tokens=prompt_tokens,
-                  response_mean=max(mean_len, 1.0), response_sigma=length_sigma)
+                  response_mean=max(mean_len, 1.0), response_sigma=length_sigma,
+                  length_sample=tuple(max(1.0, x) for x in sample) if have_all else None)
+    mode, pipe = pipeline_layout(run_cfg)
+    if threads is not None:  # runs do not record how many cores their sync process had
+        if mode != "sync":
+            raise SpecRLError("--threads applies to a sync run; an async run's cores are its pipeline.worker_threads "
+                              "and learner_threads")
+        pipe["cpu_threads"] = threads
+    online = bool(_get(run_cfg, "drafter.online", False)) and drafter != "none"
+    updates = statistics.median(float(r.get("draft_updates") or 0) for r in steady) if online else 0.0
     # a run with adaptive k is simulated with the simulator's own adaptive policy, acceptance measured at ~k_mean
     auto = str(_get(run_cfg, "speculative.num_draft_tokens", 3)) == "auto"
-    return SimConfig(model=str(model), hardware="cpu", gpus=1, drafter=drafter, k="auto" if auto else k,
+    draft_vocab = eagle_draft_vocab(arg) if drafter == "eagle3" else None
+    return SimConfig(draft_vocab=draft_vocab,model=str(model), hardware="cpu", drafter=drafter, k="auto" if auto else k,
                      acceptance_ref_k=k,
                      acceptance_length=al if drafter != "none" else None,
                      drafter_model=arg if drafter == "draft-model" else "qwen3-0.6b",
-                     mode="sync", precision=prec.get(rollout_dtype, "bf16"),
+                     drafter_trained_online=online, drafter_train_passes=EAGLE_TTT_STEPS * max(updates, 1.0),
+                     precision=prec.get(rollout_dtype, "bf16"),
                      train_precision=prec.get(train_dtype, "fp32"),
                      max_num_seqs=int(_get(run_cfg, "generation.max_batch_size", 64)),
-                     workload=wl, efficiency=efficiency or cpu_efficiency(), cpu_profile=cpu_profile)
+                     train_micro_batch=int(_get(run_cfg, "policy.train_micro_batch_size", 16)),
+                     workload=wl, efficiency=efficiency or cpu_efficiency(), cpu_profile=cpu_profile, **pipe)
+
+
+def eagle_draft_vocab(arg: str) -> int | None:
+    """The draft vocabulary of the run's EAGLE head (`eagle:default`, `eagle:think` or `eagle:DIR`), read from the
+    drafter's config.json when it is on this machine; None (the simulator's 32k default) when it is not."""
+    from specrl.drafters import EMBEDDED_NAMES, default_drafter_dir
+
+    try:
+        d = default_drafter_dir("eagle", arg or "default") if (arg or "default") in EMBEDDED_NAMES else Path(arg)
+        cfg = json.loads((d / "config.json").read_text())
+        return int(cfg["draft_vocab_size"]) if cfg.get("draft_vocab_size") else int(cfg["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError, SpecRLError):
+        return None
+
+
+def pipeline_layout(run_cfg: dict) -> tuple[str, dict]:
+    """(mode, SimConfig fields) of a run's pipeline on this CPU.
+
+    sync: one device, all the cores the profile was measured with (torch uses every core for every phase).
+    async: each rollout worker and the learner own `worker_threads` / `learner_threads` cores, so the simulator
+    sees num_rollout_workers + 1 devices of that many cores (peaks and bandwidth scaled from the profile),
+    generation on the workers and training on the learner, overlapped within max_trajectory_age_steps.
+    """
+    mode = str(_get(run_cfg, "pipeline.mode", "sync"))
+    if mode == "sync":
+        return mode, {"mode": "sync", "gpus": 1}
+    if mode != "async":
+        raise SpecRLError(f"run pipeline.mode {mode!r} is neither sync nor async")
+    workers = int(_get(run_cfg, "pipeline.num_rollout_workers", 1))
+    wt = int(_get(run_cfg, "pipeline.worker_threads", 1))
+    lt = int(_get(run_cfg, "pipeline.learner_threads", 1))
+    if wt != lt:
+        raise SpecRLError(f"async run with worker_threads={wt} and learner_threads={lt}: the simulator's devices "
+                          "are all alike, so --from-run needs worker_threads == learner_threads")
+    lag = int(_get(run_cfg, "pipeline.max_trajectory_age_steps", 1))
+    # specrl's worker generates one step's batch at a time (no run-ahead across steps)
+    return mode, {"mode": "async", "gpus": workers + 1, "gen_gpu_fraction": workers / (workers + 1),
+                  "policy_lag": lag, "cpu_threads": wt, "async_run_ahead": False}
 
 
 def predict_run(metrics_path: str | Path, cpu_profile: str | None = None,
-                efficiency: Efficiency | None = None, prompt_tokens: int = 120) -> dict:
+                efficiency: Efficiency | None = None, prompt_tokens: int = 120, threads: int | None = None) -> dict:
     metrics_path = metrics_file(metrics_path)
     records = read_metrics(metrics_path)
     run_cfg = read_run_config(metrics_path.parent)
-    cfg = config_for_run(run_cfg, records, cpu_profile, efficiency, prompt_tokens=prompt_tokens)
+    cfg = config_for_run(run_cfg, records, cpu_profile, efficiency, prompt_tokens=prompt_tokens, threads=threads)
     result = simulate(cfg)
     arm = result["spec"] if cfg.drafter != "none" else result["ar"]
     steady = records[1:] or records
+    asynchronous = cfg.mode == "async"
+
+    def med(get) -> float:
+        return statistics.median(float(get(r) or 0.0) for r in steady)
+
     rows = []
-    for s in STAGES:
-        measured = statistics.median(float(r["stage_seconds"].get(s, 0.0)) for r in steady)
-        pred = float(arm["stages"][s])
-        rows.append({"stage": s, "measured": measured, "predicted": pred,
+
+    def row(stage: str, measured: float, pred: float) -> None:
+        rows.append({"stage": stage, "measured": measured, "predicted": float(pred),
                      "error": (pred - measured) / measured if measured > 0 else float("nan")})
-    measured_step = statistics.median(float(r.get("step_seconds") or sum(r["stage_seconds"].values()))
-                                      for r in steady)
-    rows.append({"stage": "step", "measured": measured_step, "predicted": float(arm["step_seconds"]),
-                 "error": (arm["step_seconds"] - measured_step) / measured_step})
+
+    for s in STAGES:
+        if asynchronous and s == "gen":  # the workers' generation time; the learner's "gen" is its wait
+            measured = med(lambda r: r.get("gen_seconds_workers"))
+        elif asynchronous and s == "prepare":  # the worker's weight refit (the learner's publish is in its step)
+            measured = med(lambda r: r.get("refit_seconds"))
+        else:
+            measured = med(lambda r, s=s: r["stage_seconds"].get(s, 0.0))
+        row(s, measured, arm["stages"][s])
+    row("exposed gen", med(lambda r: r.get("exposed_gen_seconds", r["stage_seconds"].get("gen"))),
+        arm["exposed_gen_seconds"])
+    row("step", med(lambda r: r.get("step_seconds") or sum(r["stage_seconds"].values())), arm["step_seconds"])
     return {"rows": rows, "config": config_dict(cfg), "steps_used": len(steady), "simulation": result}
 
 
-def fit_cpu_efficiency(metrics_path: str | Path, cpu_profile: str | None = None, prompt_tokens: int = 120) -> dict:
-    """Fit the CPU efficiency factors to one run's median stage times (all closed form or 1-D linear).
+def _fit_inputs(path: str | Path, cpu_profile: str | None, unit: Efficiency, prompt_tokens: int):
+    metrics_path = metrics_file(path)
+    records = read_metrics(metrics_path)
+    run_cfg = read_run_config(metrics_path.parent)
+    if pipeline_layout(run_cfg)[0] != "sync":
+        raise SpecRLError(f"{metrics_path}: `fit --from-run` needs a sync run (pipeline.mode: sync), whose stage "
+                          "times are the stages themselves; an async run records the learner's wait as its gen "
+                          "time. Fit on the sync arm and predict the async one with --from-run")
+    cfg = config_for_run(run_cfg, records, cpu_profile, unit, prompt_tokens=prompt_tokens)
+    steady = records[1:] or records
+    meas = {s: statistics.median(float(r["stage_seconds"].get(s, 0.0)) for r in steady) for s in STAGES}
+    return metrics_path, cfg, meas, "spec" if cfg.drafter != "none" else "ar", len(steady)
 
-    data and prepare fixed costs are the measured medians (minus the weight-copy bytes term), logprob/train
-    MFU are predicted-at-MFU-1 / measured, and the per-forward overhead solves the generation time, which is
-    linear in it. Returns {"efficiency": Efficiency, "rows": predicted vs measured after the fit}.
+
+def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None = None, prompt_tokens: int = 120,
+                       long_prompt_tokens: int | None = None) -> dict:
+    """Fit the CPU efficiency factors to sync runs' median stage times (closed form, 2x2 linear, or bisection).
+
+    One run: data and prepare fixed costs are its measured medians (minus the weight-copy bytes term),
+    logprob/train MFU are predicted-at-MFU-1 / measured, and the per-forward overhead solves the generation
+    time, which is linear in it; the matmul efficiency `flops_eff` and the per-sequence host costs are kept
+    from the calibration. A second run with longer sequences (`[short, long]`) also pins what one run cannot
+    separate: the per-forward overhead against a per-sequence host cost of every decode step (two generation
+    times in two batch/length regimes; GEMMs at the profile's rate) and the trainer's attention rate
+    `mfu_attention` against the GEMM MFU (two train times; attention grows as L²).
+    Returns {"efficiency": Efficiency, "rows": predicted vs measured after the fit (per run with two)}.
     """
     from dataclasses import replace
 
-    metrics_path = metrics_file(metrics_path)
-    records = read_metrics(metrics_path)
-    run_cfg = read_run_config(metrics_path.parent)
+    paths = list(metrics_path) if isinstance(metrics_path, list | tuple) else [metrics_path]
+    if not 1 <= len(paths) <= 2:
+        raise SpecRLError(f"fit --from-run takes one sync run, or two (a short- and a long-sequence one); got "
+                          f"{len(paths)}")
     # keep the decode factors the engine-fidelity benchmark fitted (matmul efficiency, per-sequence host cost)
     prior = cpu_efficiency()
     unit = Efficiency(bw_eff=1.0, flops_eff=prior.flops_eff, step_overhead_s=0.0, draft_overhead_s=0.0,
                       ngram_overhead_s=0.0, spec_seq_overhead_s=prior.spec_seq_overhead_s,
-                      mfu_logprob=1.0, mfu_train=1.0, prepare_fixed_s=0.0, data_s=0.0)
-    cfg = config_for_run(run_cfg, records, cpu_profile, unit, prompt_tokens=prompt_tokens)
-    steady = records[1:] or records
-    meas = {s: statistics.median(float(r["stage_seconds"].get(s, 0.0)) for r in steady) for s in STAGES}
-    arm = "spec" if cfg.drafter != "none" else "ar"
-    r0 = simulate(cfg)[arm]["stages"]
-    r1 = simulate(replace(cfg, efficiency=replace(unit, step_overhead_s=1e-3, draft_overhead_s=1e-3)))[arm]["stages"]
-    slope = (r1["gen"] - r0["gen"]) / 1e-3
-    overhead = max(0.0, (meas["gen"] - r0["gen"]) / slope) if slope > 0 else 0.0
-    eff = replace(unit, data_s=meas["data"], prepare_fixed_s=max(0.0, meas["prepare"] - r0["prepare"]),
-                  mfu_logprob=min(1.0, r0["logprob"] / meas["logprob"]) if meas["logprob"] > 0 else 1.0,
-                  mfu_train=min(1.0, r0["train"] / meas["train"]) if meas["train"] > 0 else 1.0,
-                  step_overhead_s=overhead, draft_overhead_s=overhead)
-    return {"efficiency": eff, "steps_used": len(steady),
-            "rows": predict_run(metrics_path, cpu_profile, eff, prompt_tokens)["rows"]}
+                      decode_seq_overhead_s=prior.decode_seq_overhead_s, mfu_logprob=1.0, mfu_train=1.0,
+                      mfu_attention=1.0 if len(paths) == 2 else 0.0,
+                      prepare_fixed_s=0.0, data_s=0.0)
+    prompts = [prompt_tokens, long_prompt_tokens or prompt_tokens]
+    runs = [_fit_inputs(p, cpu_profile, unit, pt) for p, pt in zip(paths, prompts, strict=False)]
+    path_a, cfg_a, meas, arm, steps = runs[0]
+
+    def stages(cfg: SimConfig, eff: Efficiency, a: str) -> dict:
+        return simulate(replace(cfg, efficiency=eff))[a]["stages"]
+
+    # Eager PyTorch on a CPU pays its host cost (Python, op dispatch) per layer, so a drafter forward costs the
+    # target's per-forward overhead times its share of decoder layers (an EAGLE head: 1 of the target's L). The
+    # engine's measured c ~ 0.06-0.1 on SmolLM2 (docs/speculative_benchmarks.md) is this; the same overhead for
+    # both (c ~ 0.7) is not. (On a GPU under CUDA graphs the 8B fit finds a per-forward cost instead.)
+    layer_share = 1.0 / get_model(cfg_a.model).layers
+
+    def solve_overhead(e: Efficiency) -> Efficiency:
+        r0 = stages(cfg_a, e, arm)
+        r1 = stages(cfg_a, replace(e, step_overhead_s=1e-3, draft_overhead_s=1e-3 * layer_share), arm)
+        slope = (r1["gen"] - r0["gen"]) / 1e-3
+        o = max(0.0, (meas["gen"] - r0["gen"]) / slope) if slope > 0 else 0.0
+        return replace(e, step_overhead_s=o, draft_overhead_s=o * layer_share)
+
+    eff = solve_overhead(unit)
+    mfu_att = 0.0
+    if len(runs) == 2:
+        _, cfg_b, meas_b, arm_b, _ = runs[1]
+        # Two generation regimes (A: 32-wide batches of short answers, B: narrow batches, long answers) pin the
+        # per-forward overhead o and a per-sequence host cost s of every decode step, both linear: gen = g0 + n·o
+        # + m·s. The GEMMs run at the profile's large-GEMM rate (flops_eff 1): the engine's k-grid shows extra
+        # *verify* rows of a forward cost far less than extra *sequences* (docs/speculative_benchmarks.md: v = 1.84
+        # at B=16, k=7), so the per-row cost of decode is host work per sequence, not slow skinny GEMMs.
+        base = replace(unit, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, decode_seq_overhead_s=0.0)
+        rows_ = []
+        for cfg, a, m in ((cfg_a, arm, meas), (cfg_b, arm_b, meas_b)):
+            g0 = stages(cfg, base, a)["gen"]
+            n = (stages(cfg, replace(base, step_overhead_s=1e-3, draft_overhead_s=1e-3 * layer_share), a)["gen"]
+                 - g0) / 1e-3
+            k_ = (stages(cfg, replace(base, decode_seq_overhead_s=1e-3), a)["gen"] - g0) / 1e-3
+            rows_.append((n, k_, m["gen"] - g0))
+        (na, ma_, ra), (nb, mb_, rb) = rows_
+        det = na * mb_ - ma_ * nb
+        o = (ra * mb_ - ma_ * rb) / det if det else -1.0
+        s_ = (na * rb - ra * nb) / det if det else -1.0
+        if not (o >= 0 and s_ >= 0):
+            raise SpecRLError(f"the two runs' generation times do not separate a per-forward from a per-sequence "
+                              f"cost (o={o:.4g} s, s={s_:.4g} s); pass runs with different batch sizes and lengths "
+                              f"({paths})")
+        eff = replace(base, step_overhead_s=o, draft_overhead_s=o * layer_share, decode_seq_overhead_s=s_)
+        # train = gemm/mfu + attention/mfu_attention on both runs: split each unit-efficiency prediction
+        half = replace(eff, mfu_attention=0.5)
+        parts = []
+        for cfg, a in ((cfg_a, arm), (cfg_b, arm_b)):
+            t1, t2 = stages(cfg, eff, a)["train"], stages(cfg, half, a)["train"]
+            parts.append((2 * t1 - t2, t2 - t1))  # (gemm seconds, attention seconds) at efficiency 1
+        (ga, aa), (gb, ab) = parts
+        det = ga * ab - aa * gb
+        x = (meas["train"] * ab - aa * meas_b["train"]) / det if det else 0.0
+        y = (ga * meas_b["train"] - meas["train"] * gb) / det if det else 0.0
+        if not (det and x > 0 and y > 0):
+            raise SpecRLError(f"the two runs do not separate GEMM and attention cost (their sequence lengths are too "
+                              f"alike, or the longer one trains faster per token); pass a short run first and a "
+                              f"run with much longer responses second ({paths})")
+        mfu_att = min(1.0, 1.0 / y)
+        eff = replace(eff, mfu_train=min(1.0, 1.0 / x), mfu_attention=mfu_att)
+    r0 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_train=1.0, prepare_fixed_s=0.0, data_s=0.0), arm)
+    if len(runs) == 2:  # logprob: its GEMM MFU from run A, at the attention rate the train fit found
+        l1 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_attention=1.0), arm)["logprob"]
+        l2 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_attention=0.5), arm)["logprob"]
+        g, a = 2 * l1 - l2, l2 - l1
+        rest = meas["logprob"] - a / mfu_att
+        mfu_lp = min(1.0, g / rest) if rest > 0 else 1.0
+    else:
+        mfu_lp = min(1.0, r0["logprob"] / meas["logprob"]) if meas["logprob"] > 0 else 1.0
+        eff = replace(eff, mfu_train=min(1.0, r0["train"] / meas["train"]) if meas["train"] > 0 else 1.0)
+    eff = replace(eff, data_s=meas["data"], prepare_fixed_s=max(0.0, meas["prepare"] - r0["prepare"]),
+                  mfu_logprob=mfu_lp, mfu_attention=mfu_att)
+    rows = predict_run(path_a, cpu_profile, eff, prompts[0])["rows"]
+    out = {"efficiency": eff, "steps_used": steps, "rows": rows}
+    if len(runs) == 2:
+        out["rows_long"] = predict_run(runs[1][0], cpu_profile, eff, prompts[1])["rows"]
+    return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specrl.errors import SpecRLError
@@ -34,6 +34,10 @@ class Hardware:
     nvlink_domain: int
     collective_latency_s: float = 10e-6
     measured: bool = False
+    threads: int = 0  # measured profiles: the torch threads the peaks were measured with (0: unknown)
+    bandwidth_1thread: float = 0.0  # measured profiles: GEMV bandwidth of one thread (0: unknown, scale linearly)
+    bandwidth_scale: float = 1.0  # with_threads: this device's share of the profile's bandwidth
+    flops_scale: float = 1.0  # with_threads: this device's share of the profile's FLOP/s
 
     def flops(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -93,12 +97,33 @@ def load_profile(path: str | Path) -> Hardware:
             nvlink_domain=int(data["nvlink_domain"]),
             collective_latency_s=float(data.get("collective_latency_s", 10e-6)),
             measured=True,
+            threads=int(data.get("threads", 0)),
+            bandwidth_1thread=float(data.get("hbm_bandwidth_1thread", 0.0)),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SpecRLError(
             f"hardware profile {path} is malformed ({exc!r}); regenerate it with "
             "`specrl simulate profile-hardware --out PATH`"
         ) from exc
+
+
+def with_threads(hw: Hardware, threads: int) -> Hardware:
+    """A measured CPU profile re-expressed for a device of `threads` cores (an async run's rollout worker or
+    learner owns only its share of the machine): peak FLOP/s scales with the cores; memory bandwidth with the
+    cores too, unless the profile measured one thread's bandwidth (`hbm_bandwidth_1thread`) — one core streams
+    more than its 1/n share of the memory bandwidth — then min(all threads, one thread x cores). The per-forward
+    host overheads (in `Efficiency`) do not scale."""
+    if threads < 1:
+        raise SpecRLError(f"a cpu device needs >= 1 thread, got {threads}")
+    if not hw.measured or hw.threads < 1:
+        raise SpecRLError(f"hardware {hw.name!r} has no measured thread count, so it cannot be split into "
+                          f"{threads}-thread devices; re-measure it with `specrl simulate profile-hardware`")
+    f = threads / hw.threads
+    bw = min(hw.hbm_bandwidth, hw.bandwidth_1thread * threads) if hw.bandwidth_1thread > 0 else hw.hbm_bandwidth * f
+    g = bw / hw.hbm_bandwidth
+    return replace(hw, peak_flops={k: v * f for k, v in hw.peak_flops.items()}, hbm_bandwidth=bw,
+                   nvlink_bandwidth=hw.nvlink_bandwidth * g, threads=threads, bandwidth_scale=hw.bandwidth_scale * g,
+                   flops_scale=hw.flops_scale * f)
 
 
 def _best_time(fn, repeats: int) -> float:
@@ -140,6 +165,14 @@ def profile_cpu(matmul_size: int = 1024, bandwidth_mb: int = 256, repeats: int =
     except (ValueError, OSError, AttributeError):
         mem = 16e9
     gemv_bw = w.numel() * 2 / t_gemv
+    threads = torch.get_num_threads()
+    gemv_bw_1t = gemv_bw
+    if threads > 1:  # one core's share: async workers and learners each own a few cores
+        torch.set_num_threads(1)
+        try:
+            gemv_bw_1t = w.numel() * 2 / _best_time(lambda: torch.nn.functional.linear(x, w), repeats)
+        finally:
+            torch.set_num_threads(threads)
     return {
         "name": "cpu",
         "peak_flops": peaks,
@@ -150,7 +183,8 @@ def profile_cpu(matmul_size: int = 1024, bandwidth_mb: int = 256, repeats: int =
         "network_bandwidth": 1e9,
         "nvlink_domain": 1,
         "collective_latency_s": 0.0,
-        "threads": torch.get_num_threads(),
+        "hbm_bandwidth_1thread": gemv_bw_1t,
+        "threads": threads,
         "matmul_size": n,
         "bandwidth_mb": bandwidth_mb,
     }

@@ -258,13 +258,16 @@ def get_model(name_or_path: str) -> ModelSpec:
 EAGLE_DRAFT_VOCAB = 32000
 
 
-def eagle3_head(target: ModelSpec) -> ModelSpec:
+def eagle3_head(target: ModelSpec, draft_vocab: int | None = None) -> ModelSpec:
     """EAGLE-3 head: one dense decoder layer reading concat(embedding, hidden), an fc fusing three target
-    hidden states (3h -> h) and an lm_head over a reduced draft vocabulary."""
+    hidden states (3h -> h) and an lm_head over a reduced draft vocabulary (`draft_vocab`, default 32k)."""
     inter = target.intermediate or 3 * target.hidden
+    vocab = EAGLE_DRAFT_VOCAB if draft_vocab is None else int(draft_vocab)
+    if not 1 <= vocab <= target.vocab:
+        raise SpecRLError(f"EAGLE draft vocabulary {vocab} must be in [1, {target.vocab}] (the target's vocabulary)")
     return ModelSpec(
         name=f"eagle3({target.name})", hidden=target.hidden, layers=1, heads=target.heads,
-        kv_heads=target.kv_heads, head_dim=target.head_dim, intermediate=inter, vocab=EAGLE_DRAFT_VOCAB,
+        kv_heads=target.kv_heads, head_dim=target.head_dim, intermediate=inter, vocab=vocab,
         tied_embeddings=True, extra_params=3.0 * target.hidden * target.hidden, attn_input_mult=2,
     )
 

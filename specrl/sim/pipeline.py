@@ -21,7 +21,7 @@ import numpy as np
 
 from specrl.errors import SpecRLError
 from specrl.sim.generation import GenerationResult, simulate_generation
-from specrl.sim.hardware import Hardware, get_hardware
+from specrl.sim.hardware import Hardware, get_hardware, with_threads
 from specrl.sim.models import DTYPE_BYTES, ModelSpec, eagle3_head, get_model, mtp_head
 from specrl.sim.roofline import Efficiency, ForwardCost
 from specrl.sim.speculation import DRAFTERS, Acceptance, StepModel
@@ -42,9 +42,16 @@ class SimConfig:
     acceptance_rates: tuple[float, ...] | None = None
     acceptance_ref_k: int = 3  # the k an acceptance length was measured at, when k is 'auto'
     drafter_model: str = "qwen3-0.6b"  # for drafter 'draft-model'
-    drafter_trained_online: bool = False  # drafter weights are synced every step too
+    draft_vocab: int | None = None  # EAGLE-3 head's draft vocabulary (None: 32k)
+    drafter_trained_online: bool = False  # drafter weights are trained and synced every step too
+    # online drafter: forward+backward passes of the drafter over the trainer's tokens per RL step
+    # (training-time-test steps x updates; specrl's EAGLE: 3 unrolled steps x 1 update)
+    drafter_train_passes: float = 3.0
     mode: str = "sync"
     policy_lag: int = 1
+    # async: generators queue the next L+1 steps' rollouts back to back, so the end-of-batch drain is paid once
+    # per L+1 steps (in-flight / partial-rollout designs). False: one batch at a time (specrl's rollout worker)
+    async_run_ahead: bool = True
     gen_gpu_fraction: float = 0.5
     precision: str = "bf16"  # generation weights
     train_precision: str = "bf16"  # logprob and train compute
@@ -55,6 +62,10 @@ class SimConfig:
     workload: Workload = field(default_factory=Workload)
     efficiency: Efficiency = field(default_factory=Efficiency)
     cpu_profile: str | None = None
+    cpu_threads: int | None = None  # measured cpu profile: threads per device (None: the threads it was measured with)
+    # 0: the trainer packs sequences (Megatron / NeMo-RL). N: specrl's trainer — micro-batches of N rollouts in
+    # rollout order, right-padded to their longest sequence; the LM head runs on response tokens only.
+    train_micro_batch: int = 0
 
     def with_(self, **kw) -> SimConfig:
         wl = {k: kw.pop(k) for k in list(kw) if k in Workload.__dataclass_fields__}
@@ -81,7 +92,7 @@ def build_drafter(cfg: SimConfig, target: ModelSpec) -> ModelSpec | None:
     if cfg.drafter not in DRAFTERS:
         raise SpecRLError(f"unknown drafter {cfg.drafter!r}; valid: {', '.join(DRAFTERS)}")
     if cfg.drafter == "eagle3":
-        return eagle3_head(target)
+        return eagle3_head(target, cfg.draft_vocab)
     if cfg.drafter == "mtp":
         return mtp_head(target)
     if cfg.drafter == "draft-model":
@@ -178,11 +189,16 @@ class Context:
 def prepare(cfg: SimConfig) -> Context:
     model = get_model(cfg.model)
     hw = get_hardware(cfg.hardware, cfg.cpu_profile)
+    if cfg.cpu_threads is not None:
+        hw = with_threads(hw, cfg.cpu_threads)
+    if cfg.train_micro_batch < 0:
+        raise SpecRLError(f"train_micro_batch={cfg.train_micro_batch} must be 0 (packed sequences) or the trainer's "
+                          "micro-batch size >= 1")
     drafter = build_drafter(cfg, model)
     acceptance = build_acceptance(cfg)
     layout = plan_layout(cfg, model, hw, drafter)
     wl = cfg.workload
-    streams = cfg.policy_lag + 1 if cfg.mode == "async" else 1
+    streams = cfg.policy_lag + 1 if cfg.mode == "async" and cfg.async_run_ahead else 1
     responses = np.stack([replace(wl, seed=wl.seed + s).response_lengths() for s in range(streams)])
     prompts = np.stack([wl.prompt_lengths()] * streams)
     return Context(cfg, model, hw, drafter, acceptance, layout, prompts, responses)
@@ -197,26 +213,73 @@ def run_generation(ctx: Context, speculative: bool) -> tuple[GenerationResult, S
         draft = ForwardCost(ctx.drafter, ctx.hw, eff, cfg.precision, g, eff.draft_overhead_s)
     drafter = cfg.drafter if speculative else "none"
     step = StepModel(target, drafter, draft, ctx.acceptance if speculative else None, cfg.k,
-                     eff.ngram_overhead_s, eff.spec_seq_overhead_s)
+                     eff.ngram_overhead_s, eff.spec_seq_overhead_s, eff.decode_seq_overhead_s)
     res = simulate_generation(ctx.prompts, ctx.responses, ctx.layout.engines, step, prefill,
                               ctx.layout.kv_capacity_tokens, cfg.max_num_seqs, cfg.workload.generations_per_prompt)
     return res, step
 
 
+def trainer_forward_flops(m: ModelSpec, prompts: np.ndarray, responses: np.ndarray, micro_batch: int = 0,
+                          head_on_all: bool = False) -> tuple[float, float]:
+    """(GEMM FLOPs, attention FLOPs) of one trainer forward over a step's rollouts.
+
+    Packed (micro_batch 0): every token through every weight, causal attention over each sequence (L²/2 pairs).
+    Padded (specrl's trainer): each micro-batch of `micro_batch` consecutive rollouts is right-padded to its
+    longest sequence, so the decoder body and attention run over n·L_max tokens (n·L_max²/2 pairs); the LM head
+    runs only on the response tokens, whose log-probabilities are needed (`head_on_all`: on every token, as
+    a drafter's training forward does).
+    """
+    seq = prompts + responses
+    if micro_batch <= 0:
+        body, head = float(seq.sum()), float(seq.sum())
+        pairs = float((seq * seq / 2).sum())
+    else:
+        longest = np.array([seq[i:i + micro_batch].max() for i in range(0, len(seq), micro_batch)])
+        sizes = np.array([len(seq[i:i + micro_batch]) for i in range(0, len(seq), micro_batch)])
+        body = float((sizes * longest).sum())
+        head = body if head_on_all else float(responses.sum())
+        pairs = float((sizes * longest * longest / 2).sum())
+    lm = m.lm_head_params()
+    return 2.0 * (m.active_params() - lm) * body + 2.0 * lm * head, m.attn_flops_per_pair() * pairs
+
+
+def moe_train_a2a_seconds(m: ModelSpec, hw: Hardware, tokens: float, ep: int, train_gpus: int) -> float:
+    """Expert-parallel all-to-all of one trainer forward: every token's hidden state goes to its k experts and
+    comes back (dispatch + combine, bf16) in every MoE layer, across the `ep` GPUs that share the experts."""
+    if not m.is_moe or ep <= 1:
+        return 0.0
+    ep = min(ep, m.num_experts)
+    per_gpu = tokens / train_gpus * 2 * m.experts_per_token * m.hidden * 2.0 * m.moe_layers * (ep - 1) / ep
+    return per_gpu / hw.link_bandwidth(ep) + 2 * m.moe_layers * hw.collective_latency_s
+
+
 def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
     cfg, eff, hw, m, lay = ctx.cfg, ctx.cfg.efficiency, ctx.hw, ctx.model, ctx.layout
-    seq = ctx.prompts[0] + ctx.responses[0]
-    tokens = float(seq.sum())
-    attn_pairs = float((seq * seq / 2).sum())
     peak = hw.flops(cfg.train_precision) * lay.train_gpus
-    fwd = 2.0 * m.active_params() * tokens + m.attn_flops_per_pair() * attn_pairs
-    logprob = fwd / (peak * eff.mfu_logprob)
+    gemm, attn = trainer_forward_flops(m, ctx.prompts[0], ctx.responses[0], cfg.train_micro_batch)
     mp, dp = lay.train_model_parallel, lay.train_gpus // lay.train_model_parallel
+    ep_a2a = moe_train_a2a_seconds(m, hw, float((ctx.prompts[0] + ctx.responses[0]).sum()), mp, lay.train_gpus)
+    # attention priced apart (mfu_attention > 0: specrl's CPU trainer, whose SDPA runs at ~3 % of peak FLOP/s) is
+    # bandwidth-bound: on a device carved out of a cpu profile it scales with the device's bandwidth, not its cores
+    attn_peak = peak / hw.flops_scale * hw.bandwidth_scale if eff.mfu_attention else peak
+    attn_lp = attn / (attn_peak * eff.mfu_attention) if eff.mfu_attention else attn / (peak * eff.mfu_logprob)
+    logprob = gemm / (peak * eff.mfu_logprob) + attn_lp + ep_a2a
     grad_bytes = m.total_params() * 2.0 / mp
     grad_sync = 0.0
     if dp > 1:
         grad_sync = 2.0 * (dp - 1) / dp * grad_bytes / hw.link_bandwidth(lay.train_gpus) + hw.collective_latency_s
-    train = 3.0 * fwd / (peak * eff.mfu_train) + grad_sync
+    train_gemm, train_attn = 3.0 * gemm, 3.0 * attn  # forward + backward (2x the forward)
+    if speculative and ctx.drafter is not None and cfg.drafter_trained_online:
+        if cfg.drafter_train_passes < 0:
+            raise SpecRLError(f"drafter_train_passes={cfg.drafter_train_passes} must be >= 0")
+        d_gemm, d_attn = trainer_forward_flops(ctx.drafter, ctx.prompts[0], ctx.responses[0], cfg.train_micro_batch,
+                                               head_on_all=True)
+        train_gemm += 3.0 * cfg.drafter_train_passes * d_gemm
+        train_attn += 3.0 * cfg.drafter_train_passes * d_attn
+    train_attn_s = train_attn / (attn_peak * eff.mfu_attention) if eff.mfu_attention else \
+        train_attn / (peak * eff.mfu_train)
+    train = train_gemm / (peak * eff.mfu_train) + train_attn_s + grad_sync \
+        + 2.0 * ep_a2a  # the backward sends the gradients of dispatch and combine back
     sync_bytes = m.total_params() * DTYPE_BYTES[cfg.precision]
     if speculative and ctx.drafter is not None and cfg.drafter_trained_online:
         sync_bytes += ctx.drafter.total_params() * DTYPE_BYTES[cfg.precision]

@@ -80,8 +80,10 @@ def format_fit(fit: dict) -> str:
 
 
 def format_from_run(rows: list[dict]) -> str:
-    lines = [f"{'stage':<10}{'measured s':>12}{'predicted s':>13}{'error':>9}"]
+    lines = [f"{'stage':<12}{'measured s':>12}{'predicted s':>13}{'error':>9}"]
     for row in rows:
-        lines.append(f"{row['stage']:<10}{row['measured']:>12.3f}{row['predicted']:>13.3f}"
-                     f"{100 * row['error']:>+8.1f}%")
+        err = row["error"]
+        # a stage measured at ~0 (an async learner that never waits) has no meaningful relative error
+        shown = f"{100 * err:>+8.1f}%" if row["measured"] >= 0.01 and err == err else f"{'—':>9}"
+        lines.append(f"{row['stage']:<12}{row['measured']:>12.3f}{row['predicted']:>13.3f}{shown}")
     return "\n".join(lines)

@@ -4,9 +4,10 @@
 per-forward overheads, stage fixed costs); everything else comes from `ModelSpec` and `Hardware`.
 `ForwardCost` binds a model, a device, a precision and an engine width (GPUs per engine, tensor-parallel for
 dense weights and attention, expert-parallel for experts) and answers "how long does a forward over T tokens
-that reads K cached tokens take": max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth) + TP/EP
-communication + a fixed per-forward overhead. Bytes are the streamed weights (MoE: only touched experts),
-the KV cache read, and the fp32 logits written and read back by the sampler.
+that reads K cached tokens take": the weight GEMMs (max(GEMM FLOPs / achieved FLOP/s, streamed weights + fp32
+logits / achieved bandwidth)) plus the attention over the KV cache (max(attention FLOPs / FLOP/s, KV bytes /
+bandwidth)) — two kernel families that run one after the other, so each has its own roofline and they add —
++ TP/EP communication + a fixed per-forward overhead. Streamed weights are MoE-aware (only touched experts).
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ class Efficiency:
     step_overhead_s: float = 2e-3  # per target forward: scheduling, launch, sampling bookkeeping
     draft_overhead_s: float = 0.5e-3  # per drafter forward
     ngram_overhead_s: float = 0.5e-3  # per step: CPU n-gram lookup (assumed, not fitted)
+    decode_seq_overhead_s: float = 0.0  # per sequence per decode step (AR or verify): host-side sampling/bookkeeping
     spec_seq_overhead_s: float = 0.0  # per sequence per speculative step: host-side drafting + acceptance work
     mfu_logprob: float = 0.3  # achieved fraction of peak in the trainer's logprob forward
     mfu_train: float = 0.35  # achieved fraction of peak in forward+backward
+    # achieved fraction of peak of the trainer's attention kernels (logprob and train); 0: the stage's MFU.
+    # Separate where attention runs far below the GEMMs (specrl's CPU trainer: SDPA over padded micro-batches).
+    mfu_attention: float = 0.0
     prepare_fixed_s: float = 1.5  # weight-sync fixed cost (engine wake-up, cache reset)
     data_s: float = 0.2  # data stage
 
@@ -39,8 +44,11 @@ class Efficiency:
             v = getattr(self, f)
             if not 0.0 < v <= 1.0:
                 raise SpecRLError(f"efficiency {f}={v} must be a fraction in (0, 1]")
+        if not 0.0 <= self.mfu_attention <= 1.0:
+            raise SpecRLError(f"efficiency mfu_attention={self.mfu_attention} must be in [0, 1] (0: attention at the "
+                              "stage's MFU)")
         for f in ("step_overhead_s", "draft_overhead_s", "ngram_overhead_s", "spec_seq_overhead_s", "prepare_fixed_s",
-                  "data_s"):
+                  "data_s", "decode_seq_overhead_s"):
             if getattr(self, f) < 0:
                 raise SpecRLError(f"efficiency {f}={getattr(self, f)} must be >= 0 seconds")
 
@@ -86,7 +94,9 @@ class ForwardCost:
             self.comm_per_token = n_allreduce * ring * act / bw
             a2a = 2.0 * model.moe_layers * model.experts_per_token * act * (shard - 1) / shard / bw
             self.comm_per_token += a2a
-            self.comm_fixed = 2 * model.layers * hw.collective_latency_s  # one after attention, one after FFN
+            # one collective after attention and one after a dense FFN; an MoE layer has two (dispatch + combine)
+            n_coll = model.layers + model.dense_ffn_layers + 2 * model.moe_layers
+            self.comm_fixed = n_coll * hw.collective_latency_s
 
     def weight_bytes(self, tokens: float) -> float:
         """Same as model.streamed_params(tokens, shard) * bytes, with the structure precomputed."""
@@ -95,35 +105,51 @@ class ForwardCost:
         return self._dense_bytes + self._expert_bytes * (1.0 - math.exp(self._log_miss * max(tokens, 0.0)))
 
     def compute_seconds(self, tokens: float, attn_pairs: float) -> float:
-        return (2.0 * self.active * tokens + self.attn_pair * attn_pairs) / self.shard / self.flops_rate
+        return self.gemm_flop_seconds(tokens) + self.attn_flop_seconds(attn_pairs)
 
     def memory_seconds(self, tokens: float, kv_read_tokens: float) -> float:
-        b = self.weight_bytes(tokens) + kv_read_tokens * self.kv_per_token + tokens * self.logit_bytes
-        return b / self.bw_rate
+        return self.gemm_byte_seconds(tokens) + self.attn_byte_seconds(kv_read_tokens)
+
+    # the two kernel families of a forward, each bound by its own resource
+    def gemm_flop_seconds(self, tokens: float) -> float:
+        return 2.0 * self.active * tokens / self.shard / self.flops_rate
+
+    def gemm_byte_seconds(self, tokens: float) -> float:
+        return (self.weight_bytes(tokens) + tokens * self.logit_bytes) / self.bw_rate
+
+    def attn_flop_seconds(self, attn_pairs: float) -> float:
+        return self.attn_pair * attn_pairs / self.shard / self.flops_rate
+
+    def attn_byte_seconds(self, kv_read_tokens: float) -> float:
+        return kv_read_tokens * self.kv_per_token / self.bw_rate
 
     def __call__(self, tokens: float, kv_read_tokens: float, attn_pairs: float | None = None) -> float:
         """Seconds for a forward over `tokens` new tokens that read `kv_read_tokens` cached tokens.
 
         `attn_pairs` (query x context pairs) defaults to tokens-per-sequence x cached tokens for decode.
+        The weight GEMMs (+ LM head and logits) and the attention over the KV cache are separate kernels that
+        run one after the other in every layer, so each is priced by its own roofline and the two add: the
+        KV read of a long-context batch does not hide the GEMM FLOPs of a verify over B*(k+1) tokens.
         """
         if tokens <= 0:
             return 0.0
         pairs = kv_read_tokens if attn_pairs is None else attn_pairs
-        t = max(self.compute_seconds(tokens, pairs), self.memory_seconds(tokens, kv_read_tokens))
+        t = max(self.gemm_flop_seconds(tokens), self.gemm_byte_seconds(tokens))
+        t += max(self.attn_flop_seconds(pairs), self.attn_byte_seconds(kv_read_tokens))
         if self.shard > 1:
             t += tokens * self.comm_per_token + self.comm_fixed
         return t + self.overhead_s
 
     def ridge_tokens(self, kv_read_tokens: float = 0.0) -> float:
-        """Smallest tokens per forward at which compute time reaches memory time (bisection)."""
+        """Smallest tokens per forward at which the weight GEMMs turn compute-bound (bisection)."""
         lo, hi = 1.0, 1.0
-        while self.compute_seconds(hi, 0.0) < self.memory_seconds(hi, kv_read_tokens):
+        while self.gemm_flop_seconds(hi) < self.gemm_byte_seconds(hi):
             hi *= 2.0
             if hi > 1e9:
                 return float("inf")
         while hi - lo > 0.5:
             mid = (lo + hi) / 2
-            if self.compute_seconds(mid, 0.0) < self.memory_seconds(mid, kv_read_tokens):
+            if self.gemm_flop_seconds(mid) < self.gemm_byte_seconds(mid):
                 lo = mid
             else:
                 hi = mid

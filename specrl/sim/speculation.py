@@ -74,13 +74,14 @@ class StepModel:
 
     def __init__(self, target: ForwardCost, drafter: str, draft: ForwardCost | None,
                  acceptance: Acceptance | None, k: int | str, ngram_overhead_s: float,
-                 seq_overhead_s: float = 0.0) -> None:
+                 seq_overhead_s: float = 0.0, decode_seq_overhead_s: float = 0.0) -> None:
         if drafter not in DRAFTERS:
             raise SpecRLError(f"unknown drafter {drafter!r}; valid: {', '.join(DRAFTERS)}")
         self.target, self.drafter, self.draft = target, drafter, draft
         self.acceptance, self.k = acceptance, k
         self.ngram_overhead_s = ngram_overhead_s
         self.seq_overhead_s = seq_overhead_s  # host work per sequence per speculative step (any drafter)
+        self.decode_seq_overhead_s = decode_seq_overhead_s  # host work per sequence per decode step (AR or verify)
         self.speculative = drafter != "none"
         if self.speculative:
             if acceptance is None:
@@ -102,7 +103,7 @@ class StepModel:
         return 1 + (max(self._al) if self.k == "auto" else int(self.k))
 
     def ar_seconds(self, b: float, kv: float) -> float:
-        return self.target(b, kv)
+        return self.target(b, kv) + b * self.decode_seq_overhead_s
 
     def draft_seconds(self, b: float, kv: float, k: int) -> float:
         host = b * self.seq_overhead_s
@@ -112,7 +113,7 @@ class StepModel:
         return k * self.draft(b, kv) + host
 
     def spec_seconds(self, b: float, kv: float, k: int) -> float:
-        verify = self.target(b * (k + 1), kv, attn_pairs=(k + 1) * kv)
+        verify = self.target(b * (k + 1), kv, attn_pairs=(k + 1) * kv) + b * self.decode_seq_overhead_s
         return self.draft_seconds(b, kv, k) + verify
 
     def draft_cost_ratio(self, b: float, kv: float) -> float:

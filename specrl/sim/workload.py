@@ -27,11 +27,14 @@ class Workload:
     response_sigma: float = 1.0
     length_histogram: str | None = None
     seed: int = 0
+    length_sample: tuple[float, ...] | None = None  # measured response lengths (a run's), used like a histogram
 
     def __post_init__(self) -> None:
         for f in ("prompts_per_step", "generations_per_prompt", "max_response_tokens", "prompt_tokens"):
             if int(getattr(self, f)) < 1:
                 raise SpecRLError(f"workload {f}={getattr(self, f)} must be >= 1")
+        if self.length_sample is not None and (not self.length_sample or min(self.length_sample) < 1):
+            raise SpecRLError("workload length_sample must be a non-empty list of response lengths >= 1")
         if self.response_mean <= 0 or self.response_sigma < 0:
             raise SpecRLError(f"response length needs mean > 0 and sigma >= 0; got mean={self.response_mean} "
                               f"sigma={self.response_sigma}")
@@ -44,8 +47,11 @@ class Workload:
         """Response lengths in rollout order (generations of a prompt are consecutive)."""
         n = self.rollouts
         u = (np.arange(n) + 0.5) / n
-        if self.length_histogram:
-            values, counts = read_histogram(self.length_histogram)
+        if self.length_histogram or self.length_sample is not None:
+            if self.length_sample is not None:
+                values, counts = np.unique(np.asarray(self.length_sample, dtype=float), return_counts=True)
+            else:
+                values, counts = read_histogram(self.length_histogram)
             cdf = np.cumsum(counts) / counts.sum()
             lengths = values[np.minimum(np.searchsorted(cdf, u), len(values) - 1)].astype(float)
         elif self.response_sigma == 0:

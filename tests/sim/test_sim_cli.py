@@ -81,7 +81,7 @@ def test_profile_hardware_quick(tmp_path):
     res = runner.invoke(app, ["profile-hardware", "--quick", "--out", str(out)])
     assert res.exit_code == 0, res.output
     prof = json.loads(out.read_text())
-    assert prof["peak_flops"]["bf16"] > 0 and prof["hbm_bandwidth"] > 0
+    assert prof["peak_flops"]["bf16"] > 0 and prof["hbm_bandwidth"] > 0 and prof["hbm_bandwidth_1thread"] > 0
 
 
 def test_fit_runs_and_reports_every_stage():
@@ -131,7 +131,7 @@ def test_from_run_predicts_every_stage(tmp_path, drafter):
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     by = {r["stage"]: r for r in out["rows"]}
-    assert set(by) == CONTRACT_STAGES | {"step"}
+    assert set(by) == CONTRACT_STAGES | {"exposed gen", "step"}
     assert by["gen"]["measured"] == 4.0 and by["gen"]["predicted"] > 0
     assert out["steps_used"] == 2
     table = runner.invoke(app, ["--from-run", str(metrics), "--cpu-profile", str(prof)])

@@ -91,3 +91,23 @@ def test_mtp_drafter_on_model_without_mtp():
 def test_bad_mode_and_fraction():
     _cli_error(["--mode", "pipelined"], "sync or async")
     _cli_error(["--mode", "async", "--gen-gpu-fraction", "1.0"], "(0, 1)")
+
+
+def test_issue18_config_errors_name_the_field_and_the_valid_range():
+    from dataclasses import replace
+
+    from specrl.sim.pipeline import SimConfig, simulate
+    from specrl.sim.roofline import Efficiency
+    from specrl.sim.workload import Workload
+
+    base = SimConfig(model="qwen3-8b", hardware="h100", gpus=8, workload=Workload(prompts_per_step=2))
+    with pytest.raises(SpecRLError, match="train_micro_batch=-1 must be 0"):
+        simulate(replace(base, train_micro_batch=-1))
+    with pytest.raises(SpecRLError, match=r"draft vocabulary 0 must be in \[1, 151936\]"):
+        simulate(replace(base, draft_vocab=0))
+    with pytest.raises(SpecRLError, match="length_sample must be a non-empty list"):
+        Workload(length_sample=())
+    with pytest.raises(SpecRLError, match="mfu_attention=2.0 must be in"):
+        Efficiency(mfu_attention=2.0)
+    with pytest.raises(SpecRLError, match="drafter_train_passes=-1"):
+        simulate(replace(base, drafter_trained_online=True, drafter_train_passes=-1))

@@ -96,3 +96,22 @@ def test_host_overhead_per_sequence_scales_with_batch(drafter):
         extra = host.spec_seconds(b, 100.0, 3) - plain.spec_seconds(b, 100.0, 3)
         assert extra == pytest.approx(b * 1e-3, rel=1e-9)
         assert host.ar_seconds(b, 100.0) == plain.ar_seconds(b, 100.0)  # plain decoding pays no drafting cost
+
+
+def test_per_sequence_decode_cost_is_paid_once_per_step_not_per_verified_token():
+    """A decode step's host work per sequence (sampling, bookkeeping) is paid by AR and verify steps alike, so it
+    makes extra sequences dearer than extra verified rows (the engine's k-grid: v = 1.84 at B=16, k=7)."""
+    from specrl.sim.hardware import get_hardware
+    from specrl.sim.models import eagle3_head, get_model
+    from specrl.sim.roofline import Efficiency, ForwardCost
+    from specrl.sim.speculation import Acceptance, StepModel
+
+    m, hw = get_model("qwen3-8b"), get_hardware("h100")
+    eff = Efficiency(step_overhead_s=0.0, draft_overhead_s=0.0)
+    t, d = ForwardCost(m, hw, eff, "bf16", 1, 0.0), ForwardCost(eagle3_head(m), hw, eff, "bf16", 1, 0.0)
+    acc = Acceptance.from_length(2.5, 3)
+    plain = StepModel(t, "eagle3", d, acc, 3, 0.0)
+    host = StepModel(t, "eagle3", d, acc, 3, 0.0, decode_seq_overhead_s=1e-3)
+    b, kv = 16, 16 * 1000.0
+    assert host.ar_seconds(b, kv) - plain.ar_seconds(b, kv) == pytest.approx(b * 1e-3)
+    assert host.spec_seconds(b, kv, 3) - plain.spec_seconds(b, kv, 3) == pytest.approx(b * 1e-3)  # not b*(k+1)

@@ -31,8 +31,9 @@ def test_memory_bound_limit_is_al_over_one_plus_kc(k, al):
 
 
 def test_compute_bound_limit_is_below_one():
-    wl = Workload(prompts_per_step=4096, generations_per_prompt=1, max_response_tokens=64, prompt_tokens=64,
-                  response_mean=64, response_sigma=0.0)
+    # short sequences: the KV read (not multiplied by k+1) stays small next to the compute-bound GEMMs
+    wl = Workload(prompts_per_step=4096, generations_per_prompt=1, max_response_tokens=16, prompt_tokens=16,
+                  response_mean=16, response_sigma=0.0)
     r = simulate(SimConfig(model="qwen3-8b", hardware="h100", gpus=4, drafter="eagle3", k=3, acceptance_length=2.5,
                            max_num_seqs=1024, workload=wl, efficiency=NO_OVERHEAD))
     assert r["rollout_speedup"] < 1.0
@@ -86,3 +87,17 @@ def test_more_lag_never_hurts():
     cfg = replace(_small_think(), mode="async", gen_gpu_fraction=0.75)
     steps = [simulate(replace(cfg, policy_lag=lag))["spec"]["step_seconds"] for lag in (0, 1, 2)]
     assert steps[0] >= steps[1] >= steps[2]
+
+
+def test_kv_read_does_not_hide_the_gemm_flops_of_a_verify():
+    """GEMMs and attention are separate kernels: a long-context verify over B*(k+1) tokens pays its GEMM FLOPs
+    on top of the KV read (one max over all FLOPs and all bytes let the KV read hide them: verify looked free)."""
+    fc = ForwardCost(get_model("qwen3-8b"), get_hardware("gb200"), NO_OVERHEAD, "bf16", 1, 0.0)
+    b, k = 256, 7
+    kv = b * 4000.0  # 256 sequences with 4k cached tokens each: the KV read alone outweighs the weights ~5x
+    assert fc.attn_byte_seconds(kv) > 4 * fc.gemm_byte_seconds(b)
+    ar, verify = fc(b, kv), fc(b * (k + 1), kv, attn_pairs=(k + 1) * kv)
+    extra_gemm = fc.gemm_flop_seconds(b * (k + 1)) - max(fc.gemm_flop_seconds(b), fc.gemm_byte_seconds(b))
+    assert extra_gemm > 0.5 * ar  # the verify's GEMMs are compute-bound
+    assert verify - ar >= extra_gemm * (1 - 1e-9)  # ... and all of that extra GEMM time is paid
+    assert verify > 1.5 * ar

@@ -84,3 +84,25 @@ def test_cpu_profile_roundtrip(tmp_path):
         load_profile(tmp_path / "bad.json")
     with pytest.raises(SpecRLError, match="profile-hardware"):
         get_hardware("cpu", tmp_path / "missing.json")
+
+
+def test_moe_forward_pays_dispatch_and_combine_collectives_per_layer():
+    from specrl.sim.roofline import Efficiency, ForwardCost
+
+    hw, eff = get_hardware("gb200"), Efficiency()
+    moe, dense = get_model("qwen3-235b-a22b"), get_model("qwen3-32b")
+    # attention all-reduce + MoE dispatch + combine: 3 collectives per MoE layer; dense: attention + FFN all-reduce
+    assert ForwardCost(moe, hw, eff, "fp8", 4, 0.0).comm_fixed == pytest.approx(3 * 94 * hw.collective_latency_s)
+    assert ForwardCost(dense, hw, eff, "bf16", 4, 0.0).comm_fixed == pytest.approx(2 * 64 * hw.collective_latency_s)
+
+
+def test_moe_trainer_pays_expert_parallel_all_to_all():
+    from specrl.sim.pipeline import moe_train_a2a_seconds
+
+    hw, moe = get_hardware("gb200"), get_model("qwen3-235b-a22b")
+    assert moe_train_a2a_seconds(get_model("qwen3-8b"), hw, 1e6, 32, 512) == 0.0
+    assert moe_train_a2a_seconds(moe, hw, 1e6, 1, 512) == 0.0  # experts not split: nothing to send
+    t = moe_train_a2a_seconds(moe, hw, 8e6, 32, 512)
+    bytes_per_gpu = 8e6 / 512 * 2 * 8 * 4096 * 2 * 94 * 31 / 32  # dispatch + combine, bf16, 94 MoE layers
+    assert t == pytest.approx(bytes_per_gpu / hw.nvlink_bandwidth + 2 * 94 * hw.collective_latency_s)
+    assert moe_train_a2a_seconds(moe, hw, 8e6, 128, 512) > t  # EP beyond the 72-GPU NVLink domain: network
