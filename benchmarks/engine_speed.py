@@ -39,6 +39,7 @@ def vllm_worker(a) -> None:
 
     jobs = json.loads(open(a.prompts_file).read())  # {B: prompts}
     llm = LLM(model=a.model_dir, dtype="bfloat16", enforce_eager=True, max_model_len=512, seed=0,
+              kv_cache_memory_bytes=2**30,
               max_num_seqs=max(int(b) for b in jobs))
     first = next(iter(jobs.values()))
     llm.generate([{"prompt_token_ids": first[0]}], SamplingParams(max_tokens=2), use_tqdm=False)
@@ -132,7 +133,10 @@ def main() -> None:
     bw, peak = peaks(a.threads)
     model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
     plain, _ = load_model("smollm2-135m", dtype=torch.bfloat16)
-    n_params = sum(p.numel() for p in model.parameters()) + model.lm_head.weight.numel()  # the tied head is read
+    # weights a decode step reads: all but the embedding table (one row per token), plus the LM head (tied: the
+    # same tensor as the table, read whole by the head)
+    n_params = sum(p.numel() for p in model.parameters()) - model.embed_tokens.weight.numel() + \
+        model.lm_head.weight.numel() * (model.lm_head.weight is model.embed_tokens.weight)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     tok.padding_side = "left"
     if tok.pad_token_id is None:

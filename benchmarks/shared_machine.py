@@ -30,9 +30,9 @@ def worker(a) -> None:
     from common import prompt_ids
 
     from specrl import RolloutEngine, SamplingParams, load_model
+    from specrl.cpu import ThreadGovernor
     from specrl.model.checkpoint import load_tokenizer
     from specrl.model.presets import prepare
-    from specrl.threads import ThreadGovernor
 
     g = ThreadGovernor("auto" if a.threads == "auto" else int(a.threads), "--threads")
     model, _ = load_model("smollm2-135m", dtype=torch.bfloat16)

@@ -49,7 +49,7 @@ THREADS_HELP = "torch threads: an integer, or auto (the cores other processes le
 
 def _threads(value: str) -> None:
     """Set torch's thread count from a --threads option (an integer or auto)."""
-    from specrl.threads import ThreadGovernor
+    from specrl.cpu import ThreadGovernor
 
     g = ThreadGovernor("auto" if value == "auto" else (int(value) if value.isdigit() else value), "--threads")
     typer.echo(f"[specrl] torch threads: {g.describe()}")

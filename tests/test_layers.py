@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "specrl"
 # package (or top-level module) -> rank; a module may import its own package and strictly lower ranks only
 LAYERS = {
     "specrl.errors": 0,
-    "specrl.threads": 1,
+    "specrl.cpu": 1,
     "specrl.model": 1,
     "specrl.rollout": 2,
     "specrl.drafters": 3,

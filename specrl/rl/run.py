@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from specrl.cpu import ThreadGovernor
 from specrl.errors import SpecRLError
 from specrl.model.presets import pid_alive
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
@@ -40,7 +41,6 @@ from specrl.rl.learner import NonFiniteError
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
 from specrl.rl.trainer import GRPOTrainer, seed_everything
-from specrl.threads import ThreadGovernor
 
 LOCK_FILE = ".specrl.lock"
 
