@@ -5,7 +5,8 @@ beside --competitors busy processes (pure-Python spin loops, one core each) with
 torch's default — and (b) `run.threads: auto` (ThreadGovernor: the cores the competitors leave free), plus (c) all
 cores' threads with OMP_WAIT_POLICY=PASSIVE as a diagnostic. Each arm reports engine tok/s (greedy, bf16, B
 sequences x N new tokens). The fair share is (cores - competitors) / cores of the machine; "proportional" means
-tok/s ÷ alone is near what one thread fewer gives alone, not 70x less.
+tok/s ÷ alone follows the CPU left to it (free cores, or an equal slice of them all when every core is taken),
+not 70x less.
 
     .venv/bin/python benchmarks/shared_machine.py --batch-size 8 --new-tokens 32 --repeats 2
 """
@@ -99,7 +100,7 @@ def main() -> None:
             got[name].append(run_arm(a, threads, comp, env))
             print(f"  {name}: {got[name][-1]}", flush=True)
     alone = statistics.median(r["tok_s"] for r in got[f"alone, {cores} threads"])
-    share = (cores - c) / cores
+    share = max(cores - c, cores / (c + 1)) / cores  # free cores, or an equal slice when all are taken
     print(f"\n{cores} cores, {c} competing spin process(es): fair share {share:.2f} of the machine; "
           f"B={a.batch_size}, {a.new_tokens} new tokens, greedy bf16")
     print(f"| arm | threads | tok/s (median of {a.repeats}) | ÷ alone |")
