@@ -123,7 +123,9 @@ class Learner:
         if self.drafter is not None:
             dlr = cfg.drafter.learning_rate or pc.learning_rate * 100
             groups.append({"params": [p for p in self.drafter.parameters() if p.requires_grad], "lr": dlr})
-        self.optimizer = torch.optim.AdamW(groups, betas=pc.adam_betas, weight_decay=pc.weight_decay)
+        # fused: one kernel over all parameters (measured 0.53 -> 0.06 s per step for 135M on one thread,
+        # benchmarks/trainer_speed.py); the same AdamW up to float rounding
+        self.optimizer = torch.optim.AdamW(groups, betas=pc.adam_betas, weight_decay=pc.weight_decay, fused=True)
         total = cfg.run.steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, pc.warmup_steps, total, pc.lr_schedule, pc.min_lr_ratio))

@@ -1,0 +1,137 @@
+"""The learner's logprob and train stages against transformers + torch AdamW on the same batch, interleaved.
+
+One GRPO batch (--prompts x --group sequences: real chat prompts, --response-tokens random response tokens each),
+fp32 as `make run` trains. Ours: `Learner.stage_logprob` and `Learner.stage_train` (micro-batches of
+--micro, LM head on response positions only, clipped surrogate, grad clip, AdamW). Theirs: the HF
+`LlamaForCausalLM` of the same checkpoint, full-sequence logits, the same loss function
+(`specrl.rl.grpo.clipped_surrogate_loss`) and micro-batches, torch AdamW (foreach, torch's default; ours is
+fused). Also times one AdamW step over the policy's parameters, foreach vs fused. tokens/s counts every token
+of the batch (prompt + response).
+
+    .venv/bin/python benchmarks/trainer_speed.py --threads 1 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--response-tokens", type=int, default=32)
+    ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed"],
+                    help="policy.precision for ours; bf16-mixed also runs transformers under the same autocast")
+    a = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from common import prompt_ids
+    from transformers import AutoModelForCausalLM
+
+    from specrl import load_model
+    from specrl.model.presets import prepare
+    from specrl.rl.config import validate_config
+    from specrl.rl.grpo import clipped_surrogate_loss
+    from specrl.rl.learner import Learner, _chunks
+    from specrl.rl.producer import Rollouts
+
+    n = a.prompts * a.group
+    policy, tok = load_model("smollm2-135m", dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(prepare("smollm2-135m")), dtype=torch.float32)
+    cfg = validate_config({"grpo": {"num_prompts_per_step": a.prompts, "num_generations": a.group},
+                           "policy": {"train_micro_batch_size": a.micro, "learning_rate": 1e-6,
+                                      "precision": a.precision},
+                           "generation": {"temperature": 1.0}}, "trainer_speed")
+    learner = Learner(cfg, policy)
+    g = torch.Generator().manual_seed(0)
+    prompts = prompt_ids(tok, n)
+    responses = [torch.randint(100, 40000, (a.response_tokens,), generator=g).tolist() for _ in range(n)]
+    roll = Rollouts(list(range(n)), prompts, responses, [[-1.0] * a.response_tokens] * n, ["length"] * n,
+                    torch.randn(n, generator=g), [False] * n, [None] * n)
+    tokens_in_batch = sum(len(p) + a.response_tokens for p in prompts)
+
+    hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-6)
+
+    import contextlib
+
+    def hf_logp(toks, m):
+        with torch.autocast("cpu", dtype=torch.bfloat16) if a.precision == "bf16-mixed" else contextlib.nullcontext():
+            logits = hf(toks).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, toks[:, 1:, None]).squeeze(-1)
+        return lp * m
+
+    def hf_stages(batch):
+        t = time.perf_counter()
+        with torch.no_grad():
+            old = torch.zeros_like(batch.gen_logp)
+            for idx in _chunks(n, a.micro):
+                toks, m = learner._micro(batch, idx)
+                old[idx, : m.shape[1]] = hf_logp(toks, m)
+        t1 = time.perf_counter()
+        hf_opt.zero_grad(set_to_none=True)
+        total = float(batch.mask.sum())
+        for idx in _chunks(n, a.micro):
+            toks, m = learner._micro(batch, idx)
+            w = m.shape[1]
+            out = clipped_surrogate_loss(hf_logp(toks, m), old[idx, :w], batch.advantages[idx], m, 0.2, 0.28, None,
+                                         0.0, normalizer=total)
+            out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(hf.parameters()), 1.0)
+        hf_opt.step()
+        return t1 - t, time.perf_counter() - t1
+
+    def ours():
+        t = time.perf_counter()
+        batch = learner.stage_logprob(roll)
+        t1 = time.perf_counter()
+        learner.stage_train(batch)
+        return t1 - t, time.perf_counter() - t1, batch
+
+    _, _, batch = ours()  # warm-up, and the batch layout both sides use
+    hf_stages(batch)
+    got = {"ours_logprob": [], "ours_train": [], "hf_logprob": [], "hf_train": []}
+    for _ in range(a.repeats):
+        lp, tr, batch = ours()
+        got["ours_logprob"].append(lp)
+        got["ours_train"].append(tr)
+        lp, tr = hf_stages(batch)
+        got["hf_logprob"].append(lp)
+        got["hf_train"].append(tr)
+    med = {k: statistics.median(v) for k, v in got.items()}
+    params = [p for p in policy.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt_s = {}
+    for name, kw in (("foreach", {"foreach": True}), ("fused", {"fused": True})):
+        opt = torch.optim.AdamW(params, lr=1e-9, **kw)
+        opt.step()
+        ts = []
+        for _ in range(3):
+            t = time.perf_counter()
+            opt.step()
+            ts.append(time.perf_counter() - t)
+        opt_s[name] = min(ts)
+    print(f"threads={a.threads}; batch {n} sequences, {tokens_in_batch} tokens ({a.response_tokens} response tokens "
+          f"each), micro-batch {a.micro}, {a.precision}; median of {a.repeats} interleaved runs")
+    print("| stage | ours s | ours tok/s | transformers s | transformers tok/s | ours ÷ transformers |")
+    print("|---|---|---|---|---|---|")
+    for stage in ("logprob", "train"):
+        o, h = med[f"ours_{stage}"], med[f"hf_{stage}"]
+        print(f"| {stage} | {o:.2f} | {tokens_in_batch / o:.0f} | {h:.2f} | {tokens_in_batch / h:.0f} | {h / o:.2f}× |")
+    print(f"AdamW step over {sum(p.numel() for p in params) / 1e6:.0f}M parameters: foreach {opt_s['foreach']:.3f} s, "
+          f"fused {opt_s['fused']:.3f} s")
+
+
+if __name__ == "__main__":
+    main()
