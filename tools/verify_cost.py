@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--drafts", choices=("random", "greedy"), default="random")
+    ap.add_argument("--unpacked", action="store_true", help="plain F.linear weights (RolloutEngine packed=False)")
     a = ap.parse_args()
     import torch
 
@@ -80,13 +81,14 @@ def main() -> None:
 
     model, _ = load_model("smollm2-135m", dtype=torch.bfloat16)
     vocab = model.args.vocab_size
-    print(f"k={a.k} ctx={a.ctx} T={a.temperature} top_p={a.top_p} drafts={a.drafts} threads={a.threads}  (ms, "
+    print(f"k={a.k} ctx={a.ctx} T={a.temperature} top_p={a.top_p} drafts={a.drafts} threads={a.threads} "
+          f"{'unpacked' if a.unpacked else 'packed'} (ms, "
           f"median of {a.repeats}; post = everything after the LM head)")
     print(f"{'B':>3} {'mode':>10} {'fwd':>7} {'head':>7} {'post':>7} {'post/fwd+head':>13} "
           f"{'ar fwd':>7} {'ar head':>7} {'ar post':>7}  pieces of post")
     for b in [int(x) for x in a.batch_sizes.split(",")]:
         for mode in ("rejection", "seed_exact"):
-            eng = RolloutEngine(model, max_batch_size=b, max_seq_len=a.ctx + 256, verify=mode)
+            eng = RolloutEngine(model, max_batch_size=b, max_seq_len=a.ctx + 256, verify=mode, packed=not a.unpacked)
             sp = SamplingParams(temperature=a.temperature, top_p=a.top_p)
             seqs = eng._validate([[1 + (i * 7 + j) % 1000 for j in range(a.ctx)] for i in range(b)], sp)
             for s in seqs:

@@ -57,13 +57,13 @@ def check_draft_vocab(draft_vocab, vocab_size: int, where: str = "draft_vocab") 
 
 def is_full_vocab(d2t: Tensor, vocab_size: int) -> bool:
     """Whether the draft vocabulary d2t is the whole target vocabulary in order (no reduction at all)."""
-    return d2t.numel() == vocab_size and bool((d2t == torch.arange(vocab_size)).all())
+    return d2t.numel() == vocab_size and bool((d2t == torch.arange(vocab_size, device=d2t.device)).all())
 
 
 def target_to_draft(d2t: Tensor, vocab_size: int) -> Tensor:
     """The inverse lookup of d2t: [vocab_size] long, each target id's draft index (OUTSIDE_DRAFT_VOCAB if none)."""
-    t2d = torch.full((vocab_size,), OUTSIDE_DRAFT_VOCAB, dtype=torch.long)
-    t2d[d2t.cpu()] = torch.arange(d2t.numel())
+    t2d = torch.full((vocab_size,), OUTSIDE_DRAFT_VOCAB, dtype=torch.long, device=d2t.device)
+    t2d[d2t] = torch.arange(d2t.numel(), device=d2t.device)
     return t2d
 
 

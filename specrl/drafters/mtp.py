@@ -176,7 +176,7 @@ class MTPDrafter(nn.Module, Drafter):
                 tok, q = batch.sample(self.head(j - 1, seq[rows, di.to(dev)]), j - 1)
                 draft_toks.append(tok)
                 draft_qs.append(q)
-                win = torch.cat([win, tok[:, None].cpu()], dim=1)
+                win = torch.cat([win, tok[:, None].to(win.device)], dim=1)
         self.front[sl] = lengths[:, None] - torch.arange(1, self.num_modules + 1)[None, :]
         self.pend_cnt[sl] = 0
         if batch is None:

@@ -141,9 +141,14 @@ def _cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     return (probs @ v).reshape(b, h, t, d)
 
 
-def cache_mask(pos: Tensor) -> tuple[Tensor, int]:
-    """(mask [b, 1, t, kv_len], kv_len) of queries at positions pos [b, t] over a cache: key p' <= query p."""
-    kv_len = int(pos.max()) + 1
+def cache_mask(pos: Tensor, kv_len: int | None = None) -> tuple[Tensor, int]:
+    """(mask [b, 1, t, kv_len], kv_len) of queries at positions pos [b, t] over a cache: key p' <= query p.
+    `kv_len` (max position + 1) when the caller knows it on the host: no device-to-host read of pos.max()."""
+    if kv_len is None or pos.device.type == "cpu":  # on CPU the read is free: check the caller's figure
+        real = int(pos.max()) + 1
+        if kv_len is not None and kv_len != real:
+            raise ValueError(f"cache_mask: kv_len={kv_len} but the largest position is {real - 1}")
+        kv_len = real
     keys = torch.arange(kv_len, device=pos.device)
     return keys[None, None, None, :] <= pos[:, None, :, None], kv_len
 
@@ -277,20 +282,24 @@ class Transformer(nn.Module):
         return KVCache(self.args, num_slots, max_seq_len, self.dtype, self.embed_tokens.weight.device)
 
     def forward_hidden(self, tokens: Tensor, input_pos: Tensor | None = None, kv_cache: KVCache | None = None,
-                       capture: tuple[int, ...] | list[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
+                       capture: tuple[int, ...] | list[int] = (), kv_len: int | None = None
+                       ) -> tuple[Tensor, dict[int, Tensor]]:
         """Run the layers; return the final-normed hidden states [B,T,H] and captured layer outputs.
 
         With `kv_cache`, sequence b lives in cache slot b and `input_pos` [B,T] gives each token's position.
-        `capture` lists layer indices whose outputs (residual stream after that layer) are returned.
+        `capture` lists layer indices whose outputs (residual stream after that layer) are returned. `kv_len`
+        (with a cache: the largest position in input_pos + 1) spares reading it back from the device.
         """
         b, t = tokens.shape
         if input_pos is None:
             input_pos = torch.arange(t, device=tokens.device).expand(b, t)
         x = self.embed_tokens(tokens)
         cos, sin = rope_cos_sin(self.inv_freq, input_pos, x.dtype)
-        mask, kv_len = None, t
+        mask = None
         if kv_cache is not None:
-            mask, kv_len = cache_mask(input_pos)
+            mask, kv_len = cache_mask(input_pos, kv_len)
+        else:
+            kv_len = t
         captured: dict[int, Tensor] = {}
         want = set(capture)
         for i, layer in enumerate(self.layers):

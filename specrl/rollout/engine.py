@@ -14,6 +14,7 @@ vocabulary-wide work only where it is needed (argmax alone for greedy batches, l
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -82,7 +83,8 @@ class RolloutEngine:
     `num_draft_tokens` is an int k (0..k_max) or "auto" (choose k per step from measured costs and
     acceptance); `verify` is "rejection" (default) or "seed_exact". With `packed` (default), a bf16 model and
     drafter on CPU run their linear layers on prepacked oneDNN weights (`specrl.model.packed`: bitwise the same
-    outputs, faster at decode); float32 models are left as they are.
+    outputs, faster at decode); float32 models are left as they are, and so is a model with packed=False (a
+model another engine packed stays packed: packing is a property of the model's modules).
     """
 
     def __init__(self, model, max_batch_size: int = 32, max_seq_len: int = 2048, drafter=None,
@@ -114,8 +116,10 @@ class RolloutEngine:
         # token a sequence can keep.
         self.cache = model.new_cache(max_batch_size, max_seq_len + k_max + 1)
         self.drafter = drafter
+        self.device = model.embed_tokens.weight.device
         if drafter is not None:
-            drafter.bind(BindContext(model, max_batch_size, self.cache.max_seq_len, k_max))
+            with self._on_device():
+                drafter.bind(BindContext(model, max_batch_size, self.cache.max_seq_len, k_max))
         keep_large_allocations()  # the step's [B, V] temporaries are reused, not page-faulted in again each step
         self.packed_layers = 0
         if packed:
@@ -134,6 +138,16 @@ class RolloutEngine:
         """Generate a continuation per request (`RolloutRequest`s, or plain token id lists whose request id is
         their index). Returns the outputs in request order and the call's metrics (`SpecMetrics.as_dict`)."""
         seqs = self._validate(requests, params)
+        with self._on_device():
+            return self._generate(seqs, progress)
+
+    def _on_device(self):
+        """Off CPU, a default-device context: every tensor the engine, verifier and drafters create on the hot
+        path lands on the model's device (on CPU that is already the default, and the context would only cost
+        a dispatch per op)."""
+        return torch.device(self.device) if self.device.type != "cpu" else contextlib.nullcontext()
+
+    def _generate(self, seqs: list[_Seq], progress) -> GenerationResult:
         metrics = SpecMetrics(self.k_max)
         t0 = time.perf_counter()
         waiting = list(seqs)
@@ -253,7 +267,7 @@ class RolloutEngine:
         pos = torch.arange(longest).expand(m, longest)
         layers = self.drafter.target_layers if self.drafter is not None else ()
         cache = self.cache.slots(slot0, slot0 + m)
-        hidden, captured = self.model.forward_hidden(tokens, pos, cache, capture=layers)
+        hidden, captured = self.model.forward_hidden(tokens, pos, cache, capture=layers, kv_len=longest)
         last = hidden[torch.arange(m), lens - 1]
         logits = self.model.logits(last)
         tok, lp = self._sample_rows(logits, seqs, lens)
@@ -273,7 +287,8 @@ class RolloutEngine:
         pos = torch.tensor([[len(s.prompt) + len(s.out) - 1] for s in active], dtype=torch.long)
         layers = self.drafter.target_layers if self.drafter is not None else ()
         batch = self._draft_batch(active) if self.drafter is not None else None
-        hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n), capture=layers)
+        hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n), capture=layers,
+                                                     kv_len=self._ctx_len(active))
         logits = self.model.logits(hidden[:, -1])
         tok, lp = self._sample_rows(logits, active, pos[:, 0] + 1)
         for b, s in enumerate(active):
@@ -305,7 +320,8 @@ class RolloutEngine:
         pos0 = batch.positions  # position of the first drafted token
         pos = (pos0 - 1)[:, None] + torch.arange(kv + 1)[None, :]
         hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n),
-                                                     capture=self.drafter.target_layers)
+                                                     capture=self.drafter.target_layers,
+                                                     kv_len=self._ctx_len(active) + kv)
         logits = self.model.logits(hidden)  # [n, kv+1, V]
         res, lps = self._verify_logits(logits, batch, proposal)
         emitted = torch.zeros(n, dtype=torch.long)
