@@ -61,6 +61,13 @@ def post_pieces(eng, logits, batch, drafts, tick) -> None:
 
 
 def main() -> None:
+    import torch
+
+    with torch.no_grad():  # as the engine's generate: no autograd graph (and the packed path applies)
+        _main()
+
+
+def _main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-sizes", default="1,2,4,8")
     ap.add_argument("--k", type=int, default=3)
