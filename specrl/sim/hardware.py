@@ -140,9 +140,12 @@ def profile_cpu(matmul_size: int = 1024, bandwidth_mb: int = 256, repeats: int =
     """Measure this machine: GEMM FLOP/s (bf16, fp32) and streaming memory bandwidth.
 
     Bandwidth is measured two ways and the GEMV one is kept as `hbm_bandwidth`, because a decode forward is
-    a matrix-vector product over the weights: y = x @ W.T with one row of x and W of `bandwidth_mb` in bf16.
+    a matrix-vector product over the weights: y = x @ W.T with one row of x and W of `bandwidth_mb` in bf16, run
+    as the engine runs it (prepacked oneDNN weights, `specrl.model.packed`, where this CPU supports them).
     """
     import torch
+
+    from specrl.model.packed import pack_for_inference
 
     n = matmul_size
     peaks: dict[str, float] = {}
@@ -154,9 +157,13 @@ def profile_cpu(matmul_size: int = 1024, bandwidth_mb: int = 256, repeats: int =
     peaks["fp8"] = peaks["bf16"]  # no fp8 GEMM on CPU: fp8 runs at bf16 speed
     cols = 4096
     rows = max(1, int(bandwidth_mb * 1e6 / 2 / cols))
-    w = torch.randn(rows, cols, dtype=torch.bfloat16)  # (out, in) like nn.Linear
+    # the GEMV the native engine runs at decode: its linear layers on prepacked oneDNN weights where supported
+    lin = torch.nn.Linear(cols, rows, bias=False, dtype=torch.bfloat16)
+    pack_for_inference(lin)
     x = torch.randn(1, cols, dtype=torch.bfloat16)
-    t_gemv = _best_time(lambda: torch.nn.functional.linear(x, w), repeats)
+    w = lin.weight
+    gemv = torch.no_grad()(lambda: lin(x))
+    t_gemv = _best_time(gemv, repeats)
     src = torch.empty(int(bandwidth_mb * 1e6 / 4), dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
     t_copy = _best_time(lambda: dst.copy_(src), repeats)
@@ -170,7 +177,7 @@ def profile_cpu(matmul_size: int = 1024, bandwidth_mb: int = 256, repeats: int =
     if threads > 1:  # one core's share: async workers and learners each own a few cores
         torch.set_num_threads(1)
         try:
-            gemv_bw_1t = w.numel() * 2 / _best_time(lambda: torch.nn.functional.linear(x, w), repeats)
+            gemv_bw_1t = w.numel() * 2 / _best_time(gemv, repeats)
         finally:
             torch.set_num_threads(threads)
     return {

@@ -106,3 +106,19 @@ def test_moe_trainer_pays_expert_parallel_all_to_all():
     bytes_per_gpu = 8e6 / 512 * 2 * 8 * 4096 * 2 * 94 * 31 / 32  # dispatch + combine, bf16, 94 MoE layers
     assert t == pytest.approx(bytes_per_gpu / hw.nvlink_bandwidth + 2 * 94 * hw.collective_latency_s)
     assert moe_train_a2a_seconds(moe, hw, 8e6, 128, 512) > t  # EP beyond the 72-GPU NVLink domain: network
+
+
+def test_the_cpu_profile_times_the_engines_decode_gemv(monkeypatch):
+    """profile_cpu's GEMV bandwidth is measured on the kernel the engine runs (prepacked, where supported)."""
+    import torch
+
+    from specrl.model import packed
+    from specrl.sim.hardware import profile_cpu
+
+    calls = []
+    real = packed.fused_linear
+    monkeypatch.setattr(packed, "fused_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prof = profile_cpu(matmul_size=64, bandwidth_mb=2, repeats=1)
+    assert prof["hbm_bandwidth"] > 0 and prof["copy_bandwidth"] > 0
+    if packed.supported(torch.bfloat16, "cpu"):
+        assert calls, "the GEMV did not run through the packed path"
