@@ -1,9 +1,9 @@
 """glibc's allocator and the engine: large temporaries page-faulted in every step, or kept in the heap.
 
-`specrl.cpu.keep_large_allocations()` (called by every RolloutEngine) sets glibc's mmap threshold so that a
-decode step's [B, V] temporaries are reused instead of mapped and unmapped each step. The setting is
-process-wide, so each arm is a fresh subprocess: "default" keeps glibc's behaviour (the call is skipped),
-"kept" is the engine as shipped. Arms alternate --repeats times; each reports tok/s and minor page faults per
+`specrl.cpu.keep_large_allocations()` (called by async rollout workers, generation-only processes) sets glibc's
+mmap threshold so that a decode step's [B, V] temporaries are reused instead of mapped and unmapped each step.
+The setting is process-wide, so each arm is a fresh subprocess: "default" keeps glibc's behaviour, "kept" calls
+it first. Arms alternate --repeats times; each reports tok/s and minor page faults per
 decode step (B sequences x --new-tokens, bf16, --threads).
 
     .venv/bin/python benchmarks/allocator.py --batch-size 32 --threads 1 --repeats 2
@@ -30,8 +30,8 @@ def worker(a) -> None:
     torch.set_num_threads(a.threads)
     import specrl.cpu
 
-    if a.arm == "default":
-        specrl.cpu._tuned = False  # the engine's call then finds it done and leaves glibc as it is
+    if a.arm == "kept":
+        assert specrl.cpu.keep_large_allocations()
     sys.path.insert(0, HERE)
     from common import prompt_ids
 

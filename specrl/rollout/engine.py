@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from specrl.cpu import keep_large_allocations
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import copy_state, load_state_into
 from specrl.model.packed import pack_for_inference
@@ -120,7 +119,6 @@ model another engine packed stays packed: packing is a property of the model's m
         if drafter is not None:
             with self._on_device():
                 drafter.bind(BindContext(model, max_batch_size, self.cache.max_seq_len, k_max))
-        keep_large_allocations()  # the step's [B, V] temporaries are reused, not page-faulted in again each step
         self.packed_layers = 0
         if packed:
             self.packed_layers = pack_for_inference(model)
