@@ -20,7 +20,8 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "architecture.png"
 # (rank, package, what it holds), bottom to top; rl and sim share rank 5 and may not import each other
 LAYERS = [
     (0, "specrl.errors", "SpecRLError: the one user-input error type"),
-    (1, "specrl.model", "transformer · checkpoint (HF safetensors, names) · loader · presets · tokenizer"),
+    (1, "specrl.model", "transformer · checkpoint (HF safetensors, names) · loader · presets · tokenizer ·\n"
+                        "packed (prepacked bf16 weights) — beside it specrl.cpu: torch threads, allocator"),
     (2, "specrl.rollout", "api (backend protocol) · drafter (protocol) · sampling · verify · adaptive ·\n"
                           "metrics · engine (native engine implementing the protocol)"),
     (3, "specrl.drafters", "base · ngram · suffix · draft_model · eagle · mtp · io · training · build"),
