@@ -69,3 +69,10 @@ def test_draft_init_passes_draft_model_options(tmp_path):
     assert r.exit_code == 2 and "draft_layers must be an integer in [1, 3]" in r.output, r.output
     r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "medusa"])
     assert r.exit_code == 2 and "trains 'eagle', 'mtp' or 'draft-model'" in r.output, r.output
+
+
+def test_bad_threads_option_exits_2_with_the_rule():
+    for bad in ("two", "0", "-1"):
+        r = runner.invoke(app, ["prepare", "--threads", bad])
+        assert r.exit_code == 2, r.output
+        assert "--threads must be an integer >= 1 or 'auto'" in r.output, r.output

@@ -83,7 +83,7 @@ class RolloutEngine:
     acceptance); `verify` is "rejection" (default) or "seed_exact". With `packed` (default), a bf16 model and
     drafter on CPU run their linear layers on prepacked oneDNN weights (`specrl.model.packed`: bitwise the same
     outputs, faster at decode); float32 models are left as they are, and so is a model with packed=False (a
-model another engine packed stays packed: packing is a property of the model's modules).
+    model another engine packed stays packed: packing is a property of the model's modules).
     """
 
     def __init__(self, model, max_batch_size: int = 32, max_seq_len: int = 2048, drafter=None,
