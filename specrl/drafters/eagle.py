@@ -1,12 +1,15 @@
-"""EAGLE-3 style drafter: one decoder layer over fused target hidden states, drafting in feature space.
+"""EAGLE-3 drafter: one decoder layer over fused target hidden states, drafting in feature space.
 
 Entry t of the drafter's sequence is (fused target feature g_t, token x_{t+1}); it lives at position t of the
-drafter's own slot-indexed KV cache and its output hidden o_t predicts x_{t+2}. g_t = fc([h_low; h_mid; h_high])
-(each layer RMS-normalised first)
-fuses three captured target layers (default (1, L//2-1, L-4)). The input of the layer is
-proj([norm(embed(x_{t+1})); norm(g_t)]) (2H -> H), the embedding is the target's (shared, frozen, not saved),
-and the LM head is the drafter's own, optionally over a reduced vocabulary with `d2t` mapping draft index ->
-target id (returned probabilities are always over the full target vocabulary, zero outside the subset).
+drafter's own slot-indexed KV cache and its output hidden o_t predicts x_{t+2}. g_t = fc([n1(h_low); n2(h_mid);
+n3(h_high)]) fuses three captured target layers (default (1, L//2-1, L-4)), each RMS-normalised first. The layer
+is EAGLE-3's "midlayer", exactly as vLLM runs it (`Eagle3Block`): attention reads [input_layernorm(embed(x_{t+1}));
+hidden_norm(g_t)] (2H -> q/k/v), the residual stream is g_t itself, then the usual MLP; logits =
+lm_head(norm(o_t)). So a head trained here exports to vLLM's EAGLE-3 checkpoint layout by renaming alone
+(`specrl.drafters.export`; the per-layer norms are vLLM's `fc_norm`). The embedding is the target's (shared,
+frozen, not saved), and the LM head is the drafter's own, optionally over a reduced vocabulary with `d2t`
+mapping draft index -> target id (returned probabilities are always over the full target vocabulary, zero
+outside the subset).
 
 Drafting k tokens at sequence length n: the first forward consumes the *pending* entries (target features that
 arrived with the last verification, plus those queued by plain (k=0) steps since, whose next tokens are known only
@@ -39,7 +42,7 @@ from specrl.drafters.base import (
     target_to_draft,
 )
 from specrl.errors import SpecRLError
-from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm
+from specrl.model.transformer import Attention, Block, KVCache, ModelArgs, RMSNorm
 
 NUM_FUSED_LAYERS = 3  # EAGLE-3 fuses a low, a middle and a high target layer
 PENDING_EXTRA = 2  # pending-queue entries per slot beyond k_max (a verification queues up to k_max + 1)
@@ -49,6 +52,34 @@ CACHE_EXTRA = 2  # drafter cache positions beyond the engine's cache_len + k_max
 def default_layers(num_layers: int) -> tuple[int, int, int]:
     """The fused target layers by default: the second, the one before the middle, and the fourth from last."""
     return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+class Eagle3Block(Block):
+    """EAGLE-3's decoder layer. Its input x is [embed(x_{t+1}); h] (2H, both raw): attention reads
+    [input_layernorm(embed); hidden_norm(h)] through 2H -> q/k/v projections, the residual stream starts at h,
+    and the output is h + attn + mlp (pre-norm, the next draft's h). `store_kv` and the cached forwards see the
+    same x, so the shared cached-layer helpers serve it unchanged."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__(args)
+        h, d, a = args.hidden_size, args.head_dim, self.self_attn
+        a.q_proj = nn.Linear(2 * h, args.num_heads * d, bias=False)
+        a.k_proj = nn.Linear(2 * h, args.num_kv_heads * d, bias=False)
+        a.v_proj = nn.Linear(2 * h, args.num_kv_heads * d, bias=False)
+        self.hidden_norm = RMSNorm(h, args.rms_norm_eps)
+
+    def _split(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        emb, h = x.chunk(2, dim=-1)
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1), h
+
+    def forward(self, x, cos, sin, mask, layer, cache, input_pos, kv_len, prefix=None):
+        attn_in, h = self._split(x)
+        r = h + self.self_attn(attn_in, cos, sin, mask, layer, cache, input_pos, kv_len, prefix)
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+    def store_kv(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, input_pos: Tensor) -> None:
+        _, k, v = self.self_attn.project(self._split(x)[0], cos, sin, queries=False)
+        Attention.store(cache, layer, k, v, input_pos)
 
 
 # ---------------------------------------------------------------------------------------------- drafter
@@ -85,10 +116,7 @@ class EagleDrafter(nn.Module, Drafter):
         # |h| up to ~2.5e4 at attention-sink positions), which make a raw fc hard to train
         self.layer_norms = nn.ModuleList(RMSNorm(h, a.rms_norm_eps) for _ in range(NUM_FUSED_LAYERS))
         self.fc = nn.Linear(NUM_FUSED_LAYERS * h, h, bias=False)
-        self.embed_norm = RMSNorm(h, a.rms_norm_eps)
-        self.feature_norm = RMSNorm(h, a.rms_norm_eps)
-        self.proj = nn.Linear(2 * h, h, bias=False)
-        self.block = Block(self.args)
+        self.block = Eagle3Block(self.args)
         self.norm = RMSNorm(h, a.rms_norm_eps)
         self.lm_head = nn.Linear(h, d2t.numel(), bias=False)
         self.rope = Rope(self.args)
@@ -133,7 +161,8 @@ class EagleDrafter(nn.Module, Drafter):
         return self.fc(torch.cat(normed, dim=-1))
 
     def layer_input(self, feature: Tensor, next_tokens: Tensor) -> Tensor:
-        return self.proj(torch.cat([self.embed_norm(self.embed(next_tokens)), self.feature_norm(feature)], -1))
+        """The layer's input for entries (feature, next token): [embed(next); feature], [..., 2H]."""
+        return torch.cat([self.embed(next_tokens), feature.to(self.dtype)], -1)
 
     def head(self, hidden: Tensor) -> Tensor:
         """Reduced-vocabulary logits (float32) from output hidden states."""

@@ -22,7 +22,8 @@ from specrl.errors import SpecRLError
 from specrl.model.checkpoint import check_finite, copy_state
 
 FORMAT = "specrl-drafter"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: EAGLE heads use EAGLE-3's midlayer (vLLM's layout); MTP directories are unchanged since 1
+EAGLE_MIN_VERSION = 2  # an EAGLE head of format 1 had another layer (a 2H -> H projection before a plain block)
 KINDS = {"eagle": EagleDrafter, "mtp": MTPDrafter}
 
 
@@ -64,6 +65,15 @@ def read_config(path: str | os.PathLike) -> dict:
                           "init`")
     if cfg.get("kind") not in KINDS:
         raise SpecRLError(f"{cfg_path}: unknown drafter kind {cfg.get('kind')!r}; known kinds are {sorted(KINDS)}")
+    version = cfg.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise SpecRLError(f"{cfg_path}: format_version {version!r} is not one this specrl reads (1..{FORMAT_VERSION});"
+                          " it was written by a newer specrl: upgrade specrl or rebuild the drafter")
+    if cfg["kind"] == "eagle" and version < EAGLE_MIN_VERSION:
+        raise SpecRLError(f"{p} is an EAGLE head of format {version}, made by an older specrl whose layer differs "
+                          f"from EAGLE-3's (format {EAGLE_MIN_VERSION}: vLLM's layout); its weights cannot be "
+                          "converted. Rebuild it with `specrl draft init` (or, for eagle:default / eagle:think, "
+                          "`specrl prepare --drafter eagle`, which rebuilds it)")
     return cfg
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specrl.drafters import DEFAULT_DRAFTER_MODEL, DEFAULT_KINDS, Drafter, default_drafter_dir, make_drafter
 from specrl.drafters import build as drafter_build
+from specrl.drafters.io import EAGLE_MIN_VERSION, FORMAT_VERSION
 from specrl.errors import SpecRLError
 
 # First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see README). `think` matches
@@ -63,8 +64,22 @@ def _recipe_of(d: Path) -> dict | None:
         return None
 
 
+def _format_of(d: Path) -> tuple[str | None, int]:
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+        return cfg.get("kind"), int(cfg.get("format_version", 0))
+    except (OSError, json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return None, 0
+
+
+def _readable_format(d: Path) -> bool:
+    kind, version = _format_of(d)
+    return (EAGLE_MIN_VERSION if kind == "eagle" else 1) <= version <= FORMAT_VERSION
+
+
 def _current(d: Path, recipe: dict) -> bool:
-    return (d / "config.json").exists() and _recipe_of(d) == recipe
+    """Built with this recipe, in a drafter format this specrl reads."""
+    return (d / "config.json").exists() and _recipe_of(d) == recipe and _readable_format(d)
 
 
 def ensure_default_drafter(kind: str, name: str = "default", progress: bool = True) -> Path:
@@ -81,7 +96,10 @@ def ensure_default_drafter(kind: str, name: str = "default", progress: bool = Tr
     b = DEFAULT_BUILDS[name]
     if _current(final, b):
         return final
-    if (final / "config.json").exists():
+    if (final / "config.json").exists() and _recipe_of(final) == b:
+        print(f"[specrl] {kind}:{name} at {final} is in drafter format {_format_of(final)[1]}; this specrl writes "
+              f"format {FORMAT_VERSION}: rebuilding it", flush=True)
+    elif (final / "config.json").exists():
         old = _recipe_of(final)
         print(f"[specrl] {kind}:{name} at {final} was built with "
               f"{'recipe ' + json.dumps(old) if old else 'an unrecorded recipe (an older specrl)'}; the current "
