@@ -287,11 +287,43 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
     typer.echo(f"[specrl] drafter saved to {path}")
 
 
+@draft_app.command("export")
+def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGLE head), eagle:default or "
+                                             "eagle:think"),
+                 out: Path = typer.Option(..., help="New directory for the exported checkpoint."),
+                 fmt: str = typer.Option("vllm-eagle3", "--format", help="vllm-eagle3: vLLM's EAGLE-3 layout "
+                                         "(LlamaForCausalLMEagle3), served with speculative_config method eagle3"),
+                 model: str = typer.Option("smollm2-135m", help="The target the head was trained for: a preset or "
+                                           "an HF checkpoint directory."),
+                 dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 (default: the head's)")):
+    """Export a trained EAGLE head (also one trained online during RL) to vLLM's EAGLE-3 checkpoint layout."""
+    from specrl.drafters.export import FORMATS, export_vllm_eagle3
+    from specrl.model.presets import PRESETS
+    from specrl.model.presets import prepare as prepare_preset
+    from specrl.rl.default_drafter import ensure_default_drafter
+
+    try:
+        if fmt not in FORMATS:
+            raise SpecRLError(f"--format must be one of {list(FORMATS)}, got {fmt!r}")
+        kind, _, arg = drafter.partition(":")
+        if kind != "eagle" or not arg:
+            raise SpecRLError(f"--drafter must be eagle:DIR, eagle:default or eagle:think, got {drafter!r} (only "
+                              "EAGLE heads have a vLLM EAGLE-3 layout)")
+        src = ensure_default_drafter("eagle", arg) if arg in ("default", "think") else Path(arg).expanduser()
+        target = prepare_preset(model, verbose=False) if model in PRESETS else Path(model).expanduser()
+        path = export_vllm_eagle3(src, target, out, dtype=dtype)
+    except SpecRLError as e:
+        _fail(e)
+    typer.echo(f"[specrl] exported {drafter} to {path} ({fmt}); serve it with vLLM: speculative_config="
+               f"{{\"method\": \"eagle3\", \"model\": \"{path}\", \"num_speculative_tokens\": 3}}")
+
+
 @app.command("check-backend")
 def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
                   model: str = typer.Option("smollm2-135m", help="Preset or HF checkpoint directory."),
-                  drafter: str = typer.Option("ngram", help="none | ngram | draft-model:DIR | eagle:DIR (for vllm: a "
-                                              "`draft export --format vllm-eagle3` directory) | suffix | mtp:DIR"),
+                  drafter: str = typer.Option("ngram", help="none | ngram | draft-model:DIR | eagle:DIR (a specrl "
+                                              "head, exported for vllm on the fly, or a vLLM EAGLE-3 directory) | "
+                                              "eagle:default | suffix | mtp:DIR"),
                   k: int = typer.Option(3, help="Draft tokens per step."),
                   temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                   samples: int = typer.Option(256, help="Continuations sampled (spread over 4 fixed prompts)."),
@@ -323,7 +355,11 @@ def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
         max_len = max(len(p) for p in prompts) + tokens + 16
         if backend == "vllm":
             from specrl.backends.vllm import VLLMBackend, VLLMOptions
+            from specrl.rl.default_drafter import DEFAULT_BUILDS, ensure_default_drafter
 
+            kind, _, name = drafter.partition(":")
+            if kind == "eagle" and name in DEFAULT_BUILDS:
+                drafter = f"eagle:{ensure_default_drafter('eagle', name)}"
             engine = VLLMBackend(ckpt, VLLMOptions(dtype=dtype, max_model_len=max(max_len, 256), drafter=drafter,
                                                    num_draft_tokens=k, sampling_fix=sampling_fix,
                                                    max_num_seqs=min(samples, 256)))

@@ -69,7 +69,7 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
         assert callable(prompts)  # the task's prompts, rendered once the builder has the tokenizer
         assert ".building-" in str(out)  # written beside the final directory, renamed when complete
         out.mkdir(parents=True)
-        (out / "config.json").write_text("{}")
+        (out / "config.json").write_text(json.dumps({"kind": kind, "format_version": 2}))
         return out
 
     monkeypatch.setattr(build, "build_drafter", fake_build)
@@ -98,7 +98,7 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
     def fake_build(model, kind, prompts, samples, epochs, out, max_new_tokens, temperature, progress, source):
         seen.append(epochs)
         out.mkdir(parents=True)
-        (out / "config.json").write_text("{}")
+        (out / "config.json").write_text(json.dumps({"kind": kind, "format_version": 2}))
         return out
 
     monkeypatch.setattr(build, "build_drafter", fake_build)
@@ -113,6 +113,10 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
     (path / dd.RECIPE_FILE).unlink()  # a cache from a specrl that recorded no recipe
     dd.ensure_default_drafter("eagle", "think", progress=False)
     assert epochs == [3, 8, 8] and "an unrecorded recipe (an older specrl)" in capsys.readouterr().out
+    # an EAGLE head of drafter format 1 (the layer before EAGLE-3's) under the current recipe: rebuilt
+    (path / "config.json").write_text(json.dumps({"kind": "eagle", "format_version": 1}))
+    dd.ensure_default_drafter("eagle", "think", progress=False)
+    assert epochs == [3, 8, 8, 8] and "is in drafter format 1; this specrl writes format 2" in capsys.readouterr().out
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary directory left behind
 
 

@@ -130,10 +130,9 @@ def speculative_config(opts: VLLMOptions, model_dir: str | os.PathLike | None = 
         sc.update(prompt_lookup_min=1, prompt_lookup_max=4)
     if kind in ("draft-model", "eagle"):
         d = Path(arg).expanduser()
-        if kind == "eagle" and arg in ("default", "think"):
-            from specrl.drafters import default_drafter_dir
-
-            d = default_drafter_dir("eagle", arg)
+        if kind == "eagle" and arg in ("default", "think") and not (d / "config.json").is_file():
+            raise SpecRLError(f"drafter {opts.drafter!r}: give the head's directory (the trainer and `specrl "
+                              "check-backend` resolve eagle:default / eagle:think, building them on first use)")
         if not (d / "config.json").is_file():
             raise SpecRLError(f"drafter {opts.drafter!r}: {d} is not a checkpoint directory (no config.json)")
         specrl_eagle = False
