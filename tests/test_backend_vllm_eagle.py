@@ -164,3 +164,41 @@ def test_drafter_refit_under_specrl_names_moves_vllm_drafts_with_specrl(backend,
     again = backend.generate(prompts, sp)
     assert [o.token_ids for o in again] == [o.token_ids for o in base]
     assert again.metrics["accepted_tokens"] == base.metrics["accepted_tokens"]
+
+
+def test_failed_refit_restarts_the_engine_with_the_newest_weights(backend, target, head, prompts):
+    """A reload that dies half-way leaves vLLM's weights partly replaced: the backend restarts the engine and
+    loads the newest policy and drafter into it, so generation continues with exactly those weights."""
+    from specrl.backends.vllm import VLLMEngineError, VLLMRefitError
+    from specrl.drafters.io import load_drafter
+    from specrl.model.checkpoint import hf_named_tensors
+
+    model, _ = target
+    new = copy_perturbed(model)
+    backend.llm.collective_rpc("specrl_fail_next_loads", args=(1,))
+    backend.load_weights("policy", hf_named_tensors(new), 7)
+    assert backend.restarts == 1 and "injected failure" in backend.restart_log[0] and backend.policy_version == 7
+    print(f"restart + reload {backend.last_refit_seconds['policy']:.1f} s")
+    drafter = load_drafter(head[0], model, expected_kind="eagle").float()
+    toks, ours, m = native_drafts(new, drafter, prompts[0])
+    res = backend.generate([prompts[0]], SamplingParams(temperature=0.0, max_new_tokens=NEW))
+    assert res[0].token_ids == toks and res.policy_versions == [7]
+    assert res.metrics["accepted_tokens"] == m["accepted_tokens"]  # the newest drafter came back too
+
+    named = hf_named_tensors(model)
+    bad = {n: t[:, :-1] for n, t in named.items() if n.startswith("model.layers.0.self_attn.") and "_proj" in n}
+    with pytest.raises(VLLMRefitError, match="restarted engine failed to load the newest weights too"):
+        backend.load_weights("policy", bad, 8)
+    with pytest.raises(VLLMEngineError, match="unusable"):
+        backend.generate([prompts[0]], SamplingParams(temperature=0.0, max_new_tokens=4))
+
+
+def copy_perturbed(model, seed: int = 5, scale: float = 0.02):
+    import copy
+
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.abs().mean())
+    return m

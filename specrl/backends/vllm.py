@@ -15,8 +15,9 @@ refit hands the learner's tensors to the model runner by reference, with no file
   `specrl.rollout.metrics.SpecMetrics` (verify_steps = drafts, draft / accepted tokens, accepted per position).
 * load_weights("policy"): HF names, whole fused groups only (q/k/v, gate/up), vLLM's layerwise in-place reload
   (inside the worker: `specrl.backends.vllm_worker`), then the prefix cache is reset and outputs carry the new
-  version. A reload that fails part-way leaves the engine unusable: the backend is then marked dead and every
-  later call raises `VLLMRefitError` (restart the run / build a new backend).
+  version. A reload that fails part-way leaves the engine unusable: the backend then restarts vLLM's engine
+  and loads the newest policy and drafter weights into it (`restarts`, `restart_log`); if even that fails, the
+  weights are the problem: the backend is dead and every call raises `VLLMRefitError`.
 * load_weights("drafter"): the draft model's own names (a draft-model checkpoint or a vLLM EAGLE-3 head); a
   specrl EAGLE head (`eagle:DIR` with a specrl drafter directory, or eagle:default) is exported to vLLM's layout
   at start-up and its refits arrive under specrl's names, renamed here (`specrl.drafters.export`).
@@ -181,8 +182,9 @@ class VLLMBackend:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
             raise SpecRLError(f"vLLM backend: {self.model_dir} is not an HF checkpoint directory (no config.json)")
-        import_vllm()
         import tempfile
+
+        import_vllm()
 
         self._export_dir = tempfile.TemporaryDirectory(prefix="specrl-vllm-eagle3-")
         spec = speculative_config(opts, self.model_dir, Path(self._export_dir.name) / "eagle3")
@@ -190,22 +192,16 @@ class VLLMBackend:
         self.renames_drafter = bool(spec and spec.pop("specrl_eagle", False))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: refit by reference
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from vllm import LLM
         from vllm.platforms import current_platform
 
         self.is_cpu = bool(current_platform.is_cpu())
-        t = time.perf_counter()
-        self.llm = LLM(model=str(self.model_dir), dtype=opts.dtype, max_model_len=opts.max_model_len,
-                       enforce_eager=opts.enforce_eager, tensor_parallel_size=1, distributed_executor_backend="uni",
-                       seed=opts.seed, max_num_seqs=opts.max_num_seqs, skip_tokenizer_init=True,
-                       kv_cache_memory_bytes=int(opts.kv_cache_space_gib * 2**30),
-                       logprobs_mode="processed_logprobs", disable_log_stats=False,
-                       worker_extension_cls=WORKER_EXTENSION, speculative_config=spec)
-        self.startup_seconds = time.perf_counter() - t
-        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self._spec = spec
         self.speculative = spec is not None
-        self.sampling_fix = False
-        self.set_sampling_fix(opts.sampling_fix == "on" or (opts.sampling_fix == "auto" and self.is_cpu))
+        self.sampling_fix = opts.sampling_fix == "on" or (opts.sampling_fix == "auto" and self.is_cpu)
+        self.llm = None
+        self._start_engine()
+        self.startup_seconds = self.last_start_seconds
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         kinds = ("none", *METHODS) if _has_suffix_decoding() else ("none", "ngram", "draft-model", "eagle")
         self.capabilities = BackendCapabilities("vllm", ("rejection",), kinds, max_k=opts.num_draft_tokens
                                                 if self.speculative else 0, exact_seeds=False)
@@ -216,6 +212,25 @@ class VLLMBackend:
         # look at the tokens a broken sampler emits
         self.strict_logprobs = True
         self.last_refit_seconds: dict[str, float] = {}
+        # the newest weights given to load_weights, by reference (what a restarted engine reloads)
+        self._newest: dict[str, tuple[Mapping[str, Tensor], int]] = {}
+        self.restarts = 0
+        self.restart_log: list[str] = []
+
+    def _start_engine(self) -> None:
+        """(Re)build the in-process `vllm.LLM` from the checkpoint directories and install the sampling fix."""
+        from vllm import LLM
+
+        opts = self.options
+        t = time.perf_counter()
+        self.llm = LLM(model=str(self.model_dir), dtype=opts.dtype, max_model_len=opts.max_model_len,
+                       enforce_eager=opts.enforce_eager, tensor_parallel_size=1, distributed_executor_backend="uni",
+                       seed=opts.seed, max_num_seqs=opts.max_num_seqs, skip_tokenizer_init=True,
+                       kv_cache_memory_bytes=int(opts.kv_cache_space_gib * 2**30),
+                       logprobs_mode="processed_logprobs", disable_log_stats=False,
+                       worker_extension_cls=WORKER_EXTENSION, speculative_config=self._spec)
+        self.last_start_seconds = time.perf_counter() - t
+        self.set_sampling_fix(self.sampling_fix)
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -309,13 +324,12 @@ class VLLMBackend:
             if shared:
                 raise SpecRLError(f"load_weights(drafter): {shared} belong to the target here (vLLM shares them "
                                   "with the drafter); leave them out of the drafter's refit")
+        self._newest[which] = (named_tensors, version)
         t = time.perf_counter()
         try:
             self.llm.collective_rpc(f"specrl_load_{which}", args=(pairs,))
         except Exception as e:  # noqa: BLE001 - any failure inside vLLM leaves half-loaded weights
-            self.dead = f"load_weights({which}, version {version}) failed inside vLLM: {type(e).__name__}: {e}"
-            raise VLLMRefitError(self.dead + "; the engine's weights are partly replaced, so this backend is dead: "
-                                 "restart the run (or build a new VLLMBackend) to load the newest weights") from e
+            self._restart(f"load_weights({which}, version {version}) failed inside vLLM: {type(e).__name__}: {e}")
         self.llm.reset_prefix_cache()
         self.last_refit_seconds[which] = time.perf_counter() - t
         if which == "policy":
@@ -323,9 +337,34 @@ class VLLMBackend:
         else:
             self.drafter_version = version
 
+    def _restart(self, reason: str) -> None:
+        """A reload failed part-way, so this engine's weights are partly replaced: it is dead. Build a new engine
+        and load the newest weights (policy and drafter) into it; if that fails too, the backend is dead and
+        every later call raises `VLLMRefitError`."""
+        print(f"[specrl] vLLM backend: {reason}; restarting the engine with the newest weights", file=sys.stderr,
+              flush=True)
+        self.restart_log.append(reason)
+        self.close(cleanup=False)
+        try:
+            self._start_engine()
+            for which in ("policy", "drafter"):
+                if which in self._newest:
+                    named, _ = self._newest[which]
+                    self.llm.collective_rpc(f"specrl_load_{which}", args=([(n, x.detach()) for n, x in
+                                                                           named.items()],))
+        except Exception as e:  # noqa: BLE001 - the newest weights do not load into a fresh engine either
+            self.close()
+            self.dead = (f"{reason}; a restarted engine failed to load the newest weights too ({type(e).__name__}: "
+                         f"{e}), so they are the problem, not the engine")
+            raise VLLMRefitError(self.dead + ": check the tensors sent (names, shapes, dtypes) and restart the "
+                                 "run") from e
+        self.restarts += 1
+        self.dead = None
+
     # ------------------------------------------------------------------ helpers
-    def close(self) -> None:
-        """Release the engine (the process keeps its memory pools until exit)."""
+    def close(self, cleanup: bool = True) -> None:
+        """Release the engine (the process keeps its memory pools until exit); cleanup=False keeps the exported
+        drafter directory and the backend usable by `_start_engine` (a restart)."""
         import gc
 
         if getattr(self, "llm", None) is not None:
@@ -334,6 +373,9 @@ class VLLMBackend:
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
             self.llm = None
+        if not cleanup:
+            gc.collect()
+            return
         if getattr(self, "_export_dir", None) is not None:
             self._export_dir.cleanup()
             self._export_dir = None

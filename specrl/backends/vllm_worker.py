@@ -62,13 +62,31 @@ def repack_embeddings(model: torch.nn.Module) -> None:
 class SpecRLWorkerExtension:
     """Mixed into vLLM's worker: `self.model_runner` and `self.vllm_config` are the worker's."""
 
+    _fail_loads = 0  # fault injection for tests: this many next reloads stop half-way with an error
+
+    def specrl_fail_next_loads(self, n: int) -> None:
+        """Make the next `n` reloads (policy or drafter) load half their tensors and then raise, as a reload
+        that dies part-way does (how the tests reach the backend's restart path)."""
+        type(self)._fail_loads = int(n)
+
+    def _maybe_fail(self, pairs: list) -> list:
+        if type(self)._fail_loads <= 0:
+            return pairs
+        type(self)._fail_loads -= 1
+
+        def half_then_fail():
+            yield from pairs[: len(pairs) // 2]
+            raise RuntimeError("injected failure half-way through a reload (specrl_fail_next_loads)")
+
+        return half_then_fail()
+
     def specrl_set_sampling_fix(self, on: bool) -> bool:
         return set_sampling_fix(bool(on))
 
     def specrl_load_policy(self, pairs: list[tuple[str, torch.Tensor]]) -> float:
         """Reload the target model in place from HF-named tensors; returns the seconds it took."""
         t = time.perf_counter()
-        self.model_runner.reload_weights(weights_iterator=iter(pairs), is_checkpoint_format=True)
+        self.model_runner.reload_weights(weights_iterator=iter(self._maybe_fail(pairs)), is_checkpoint_format=True)
         repack_embeddings(self.model_runner.get_model())
         return time.perf_counter() - t
 
@@ -84,7 +102,7 @@ class SpecRLWorkerExtension:
             raise RuntimeError("this engine has no draft model with weights (ngram / suffix drafters have none)")
         t = time.perf_counter()
         initialize_layerwise_reload(model)
-        model.load_weights(iter(pairs))
+        model.load_weights(iter(self._maybe_fail(pairs)))
         finalize_layerwise_reload(model, self.vllm_config.speculative_config.draft_model_config)
         repack_embeddings(model)
         return time.perf_counter() - t
