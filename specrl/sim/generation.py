@@ -33,6 +33,7 @@ class EngineStats:
     k_steps: float = 0.0  # sum of k over steps (for the mean draft length)
     preemptions: int = 0
     batch_steps: float = 0.0  # sum of batch size over steps
+    eager_seconds: float = 0.0  # decode-step time whose target forward ran outside a CUDA graph
 
 
 @dataclass
@@ -47,6 +48,7 @@ class GenerationResult:
     mean_batch: float
     prefill_seconds: float
     engine_seconds: list[float] = field(default_factory=list)
+    eager_share: float = 0.0  # share of decode-step time (all engines) whose target forward ran outside a graph
 
     def to_dict(self) -> dict:
         return {
@@ -54,6 +56,7 @@ class GenerationResult:
             "decode_steps_slowest_engine": self.steps, "mean_k": self.mean_k,
             "acceptance_length": self.acceptance_length, "preemptions": self.preemptions,
             "mean_batch": self.mean_batch, "prefill_seconds": self.prefill_seconds,
+            "eager_step_share": self.eager_share,
         }
 
 
@@ -134,6 +137,8 @@ def simulate_engine(prompts: np.ndarray, responses: np.ndarray, step: StepModel,
         kv_mid = kv_used + growth * (nsteps - 1) / 2
         dt = step.spec_seconds(batch, kv_mid, k) if k else step.ar_seconds(batch, kv_mid)
         st.seconds += nsteps * dt
+        if not step.target.graphed(batch * (k + 1)):
+            st.eager_seconds += nsteps * dt
         st.steps += nsteps
         st.k_steps += nsteps * k
         st.batch_steps += nsteps * batch
@@ -180,4 +185,6 @@ def simulate_generation(prompts: np.ndarray, responses: np.ndarray, engines: int
         preemptions=sum(s.preemptions for s in stats) // streams,
         mean_batch=sum(s.batch_steps for s in stats) / max(steps, 1),
         prefill_seconds=slow.prefill_seconds / streams, engine_seconds=[s.seconds / streams for s in stats],
+        eager_share=sum(s.eager_seconds for s in stats) / max(sum(s.seconds - s.prefill_seconds for s in stats),
+                                                               1e-30),
     )
