@@ -233,7 +233,7 @@ def cudagraph_max_tokens(cfg: SimConfig, hw: Hardware, k_max: int) -> float:
     return float(min(cfg.max_num_seqs * (1 + k_max) * 2, hw.cudagraph_default_max))
 
 
-def run_generation(ctx: Context, speculative: bool) -> tuple[GenerationResult, StepModel]:
+def run_generation(ctx: Context, speculative: bool, trace: list | None = None) -> tuple[GenerationResult, StepModel]:
     cfg, eff, g = ctx.cfg, ctx.cfg.efficiency, ctx.layout.gpus_per_engine
     k_max = 0
     if speculative and ctx.acceptance is not None:
@@ -249,7 +249,8 @@ def run_generation(ctx: Context, speculative: bool) -> tuple[GenerationResult, S
     step = StepModel(target, drafter, draft, ctx.acceptance if speculative else None, cfg.k,
                      eff.ngram_overhead_s, eff.spec_seq_overhead_s, eff.decode_seq_overhead_s)
     res = simulate_generation(ctx.prompts, ctx.responses, ctx.layout.engines, step, prefill,
-                              ctx.layout.kv_capacity_tokens, cfg.max_num_seqs, cfg.workload.generations_per_prompt)
+                              ctx.layout.kv_capacity_tokens, cfg.max_num_seqs, cfg.workload.generations_per_prompt,
+                              trace=trace)
     return res, step
 
 

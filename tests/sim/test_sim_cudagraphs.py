@@ -111,3 +111,16 @@ def test_json_carries_the_capture_size():
     out = json.loads(res.output)
     assert out["ar"]["cudagraph_max_tokens"] == 512 and out["spec"]["cudagraph_max_tokens"] == 512
     assert out["config"]["cudagraph_max_tokens"] == 512
+
+
+def test_the_trace_accounts_for_the_slowest_engines_decode_time():
+    from specrl.sim.pipeline import prepare, run_generation
+
+    ctx = prepare(SimConfig(model="qwen3-0.6b", hardware="h100", gpus=2, k=3, acceptance_length=2.5,
+                            workload=Workload(prompts_per_step=8, generations_per_prompt=4, max_response_tokens=256,
+                                              response_mean=150.0)))
+    trace: list = []
+    res, _ = run_generation(ctx, True, trace)
+    decode = sum(n * dt for _, _, n, dt, _ in trace)
+    assert trace and all(k == 3 for _, k, _, _, _ in trace)
+    assert decode == pytest.approx(res.seconds - res.prefill_seconds)
