@@ -43,6 +43,9 @@ Hist = Annotated[str | None, typer.Option("--length-histogram", help="CSV of len
 PerEngine = Annotated[int | None, typer.Option("--gpus-per-engine")]
 DraftModel = Annotated[str | None, typer.Option("--drafter-model", help="for --drafter draft-model")]
 CpuProfile = Annotated[str | None, typer.Option("--cpu-profile", help="profile JSON for --hardware cpu")]
+CudaGraphs = Annotated[int | None, typer.Option(
+    "--cudagraph-max-tokens", help="largest forward (tokens) replaying a CUDA graph; 0: none (enforce_eager); "
+    "default: vLLM's min(max_num_seqs*(1+k)*2, 512 | 1024 on Blackwell)")]
 Json = Annotated[bool, typer.Option("--json", help="print the JSON contract")]
 
 
@@ -85,10 +88,14 @@ def build_config(preset=None, model=None, hardware=None, gpus=None, drafter=None
                  acceptance_length=None, acceptance_rates=None, mode=None, policy_lag=None,
                  gen_gpu_fraction=None, precision=None, prompts_per_step=None, generations_per_prompt=None,
                  max_response_tokens=None, response_mean=None, response_sigma=None, length_histogram=None,
-                 gpus_per_engine=None, drafter_model=None, cpu_profile=None) -> SimConfig:
+                 gpus_per_engine=None, drafter_model=None, cpu_profile=None,
+                 cudagraph_max_tokens=None) -> SimConfig:
     from specrl.sim.fromrun import cpu_efficiency
     from specrl.sim.presets import get_preset
 
+    if cudagraph_max_tokens is not None and cudagraph_max_tokens < 0:
+        raise SpecRLError(f"--cudagraph-max-tokens must be >= 0 (the largest forward, in tokens, that replays a CUDA "
+                          f"graph; 0: no graphs, like vLLM's enforce_eager), got {cudagraph_max_tokens}")
     if gen_gpu_fraction is not None and not 0.0 < gen_gpu_fraction < 1.0:
         raise SpecRLError(f"--gen-gpu-fraction must be in (0, 1) (the share of GPUs that generate in async mode), "
                           f"got {gen_gpu_fraction}")
@@ -98,7 +105,7 @@ def build_config(preset=None, model=None, hardware=None, gpus=None, drafter=None
               prompts_per_step=prompts_per_step, generations_per_prompt=generations_per_prompt,
               max_response_tokens=max_response_tokens, response_mean=response_mean, response_sigma=response_sigma,
               length_histogram=length_histogram, gpus_per_engine=gpus_per_engine, drafter_model=drafter_model,
-              cpu_profile=cpu_profile)
+              cpu_profile=cpu_profile, cudagraph_max_tokens=cudagraph_max_tokens)
     kv = {a: b for a, b in kv.items() if b is not None}
     rates = parse_rates(acceptance_rates)
     if rates is not None:
@@ -132,6 +139,7 @@ def main(ctx: typer.Context, preset: Preset = None, model: Model = None, hardwar
          prompts_per_step: Prompts = None, generations_per_prompt: Gens = None, max_response_tokens: MaxTok = None,
          response_mean: RespMean = None, response_sigma: RespSigma = None, length_histogram: Hist = None,
          gpus_per_engine: PerEngine = None, drafter_model: DraftModel = None, cpu_profile: CpuProfile = None,
+         cudagraph_max_tokens: CudaGraphs = None,
          from_run: Annotated[str | None, typer.Option("--from-run", help="runs/NAME/metrics.jsonl")] = None,
          prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="--from-run prompt length")] = 120,
          threads: Annotated[int | None, typer.Option(
@@ -154,7 +162,7 @@ def main(ctx: typer.Context, preset: Preset = None, model: Model = None, hardwar
         cfg = build_config(preset, model, hardware, gpus, drafter, k, acceptance_length, acceptance_rates, mode,
                            policy_lag, gen_gpu_fraction, precision, prompts_per_step, generations_per_prompt,
                            max_response_tokens, response_mean, response_sigma, length_histogram,
-                           gpus_per_engine, drafter_model, cpu_profile)
+                           gpus_per_engine, drafter_model, cpu_profile, cudagraph_max_tokens)
         if gen_gpu_fraction is not None and cfg.mode == "sync":
             raise SpecRLError("--gen-gpu-fraction splits GPUs between generation and training in async mode; "
                               "in sync mode both use all GPUs, so it would be ignored: add --mode async or drop it")
@@ -171,6 +179,7 @@ def sweep(preset: Preset = None, model: Model = None, hardware: Hw = None, gpus:
           prompts_per_step: Prompts = None, generations_per_prompt: Gens = None, max_response_tokens: MaxTok = None,
           response_mean: RespMean = None, response_sigma: RespSigma = None, length_histogram: Hist = None,
           gpus_per_engine: PerEngine = None, drafter_model: DraftModel = None, cpu_profile: CpuProfile = None,
+          cudagraph_max_tokens: CudaGraphs = None,
           out: Annotated[str, typer.Option("--out", help="directory for PNG + CSV")] = "sim_sweep",
           ks: Annotated[str, typer.Option("--ks", help="draft lengths")] = "1,2,3,4,5,6,7,8",
           als: Annotated[str, typer.Option("--als", help="acceptance lengths")] = "1,1.5,2,2.5,3,3.5,4,5,6,7,9",
@@ -184,7 +193,7 @@ def sweep(preset: Preset = None, model: Model = None, hardware: Hw = None, gpus:
         cfg = build_config(preset, model, hardware, gpus, drafter, k, acceptance_length, acceptance_rates, mode,
                            policy_lag, gen_gpu_fraction, precision, prompts_per_step, generations_per_prompt,
                            max_response_tokens, response_mean, response_sigma, length_histogram,
-                           gpus_per_engine, drafter_model, cpu_profile)
+                           gpus_per_engine, drafter_model, cpu_profile, cudagraph_max_tokens)
         if cfg.drafter == "none":
             raise SpecRLError("sweep varies k and acceptance length; pick a --drafter other than none")
         t0 = time.perf_counter()
@@ -205,7 +214,7 @@ def advise(preset: Preset = None, model: Model = None, hardware: Hw = None, gpus
            prompts_per_step: Prompts = None, generations_per_prompt: Gens = None,
            max_response_tokens: MaxTok = None, response_mean: RespMean = None, response_sigma: RespSigma = None,
            length_histogram: Hist = None, gpus_per_engine: PerEngine = None, drafter_model: DraftModel = None,
-           cpu_profile: CpuProfile = None,
+           cpu_profile: CpuProfile = None, cudagraph_max_tokens: CudaGraphs = None,
            candidates: Annotated[str | None, typer.Option(
                "--candidates", help="DRAFTER:AL list, AL at k=3 (or the config's k), e.g. eagle3:2.77,ngram:1.9")]
            = None,
@@ -219,7 +228,7 @@ def advise(preset: Preset = None, model: Model = None, hardware: Hw = None, gpus
         cfg = build_config(preset, model, hardware, gpus, drafter, k, acceptance_length, acceptance_rates, mode,
                            policy_lag, gen_gpu_fraction, precision, prompts_per_step, generations_per_prompt,
                            max_response_tokens, response_mean, response_sigma, length_histogram,
-                           gpus_per_engine, drafter_model, cpu_profile)
+                           gpus_per_engine, drafter_model, cpu_profile, cudagraph_max_tokens)
         res = run_advise(cfg, candidates, lags=() if sync_only else (0, 1, 2))
     except ValueError as exc:
         _fail(exc)

@@ -33,6 +33,7 @@ class EngineStats:
     k_steps: float = 0.0  # sum of k over steps (for the mean draft length)
     preemptions: int = 0
     batch_steps: float = 0.0  # sum of batch size over steps
+    eager_seconds: float = 0.0  # decode-step time whose target forward ran outside a CUDA graph
 
 
 @dataclass
@@ -47,6 +48,7 @@ class GenerationResult:
     mean_batch: float
     prefill_seconds: float
     engine_seconds: list[float] = field(default_factory=list)
+    eager_share: float = 0.0  # share of decode-step time (all engines) whose target forward ran outside a graph
 
     def to_dict(self) -> dict:
         return {
@@ -54,12 +56,15 @@ class GenerationResult:
             "decode_steps_slowest_engine": self.steps, "mean_k": self.mean_k,
             "acceptance_length": self.acceptance_length, "preemptions": self.preemptions,
             "mean_batch": self.mean_batch, "prefill_seconds": self.prefill_seconds,
+            "eager_step_share": self.eager_share,
         }
 
 
 def simulate_engine(prompts: np.ndarray, responses: np.ndarray, step: StepModel, prefill: ForwardCost,
-                    kv_capacity: float, max_seqs: int, prefix_share: int = 1) -> EngineStats:
-    """Simulate one engine draining its rollouts; returns its timings."""
+                    kv_capacity: float, max_seqs: int, prefix_share: int = 1,
+                    trace: list | None = None) -> EngineStats:
+    """Simulate one engine draining its rollouts; returns its timings. `trace` (a list) receives one
+    (batch, k, steps, seconds per step, mean cached tokens) tuple per interval of fixed batch."""
     prompt = prompts.astype(float).copy()
     remaining = responses.astype(float).copy()
     n = len(prompt)
@@ -134,6 +139,10 @@ def simulate_engine(prompts: np.ndarray, responses: np.ndarray, step: StepModel,
         kv_mid = kv_used + growth * (nsteps - 1) / 2
         dt = step.spec_seconds(batch, kv_mid, k) if k else step.ar_seconds(batch, kv_mid)
         st.seconds += nsteps * dt
+        if trace is not None:
+            trace.append((batch, k, nsteps, dt, kv_mid))
+        if not step.target.graphed(batch * (k + 1)):
+            st.eager_seconds += nsteps * dt
         st.steps += nsteps
         st.k_steps += nsteps * k
         st.batch_steps += nsteps * batch
@@ -151,26 +160,30 @@ def simulate_engine(prompts: np.ndarray, responses: np.ndarray, step: StepModel,
 
 def simulate_generation(prompts: np.ndarray, responses: np.ndarray, engines: int, step: StepModel,
                         prefill: ForwardCost, kv_capacity: float, max_seqs: int,
-                        generations_per_prompt: int = 1) -> GenerationResult:
+                        generations_per_prompt: int = 1, trace: list | None = None) -> GenerationResult:
     """Split rollouts over `engines` in contiguous prompt groups and simulate each; the stage ends with the
     slowest engine.
 
     2-D inputs (streams x rollouts) model generation that runs ahead under a policy lag: each engine queues
     its share of every stream back to back, so the drain at the end is paid once for all streams, and the
-    result's seconds are per stream.
+    result's seconds are per stream. `trace`: the decode intervals of the slowest engine (see simulate_engine).
     """
     prompts, responses = np.atleast_2d(prompts), np.atleast_2d(responses)
     streams, n = responses.shape
     groups = max(1, n // max(1, generations_per_prompt))
     bounds = [round(i * groups / engines) * generations_per_prompt for i in range(engines + 1)]
     bounds[-1] = n
-    stats = []
+    stats, traces = [], []
     for e in range(engines):
         lo, hi = bounds[e], bounds[e + 1]
         if hi > lo:
+            traces.append([] if trace is not None else None)
             stats.append(simulate_engine(prompts[:, lo:hi].ravel(), responses[:, lo:hi].ravel(), step, prefill,
-                                         kv_capacity, max_seqs, prefix_share=generations_per_prompt))
+                                         kv_capacity, max_seqs, prefix_share=generations_per_prompt,
+                                         trace=traces[-1]))
     slow = max(stats, key=lambda s: s.seconds)
+    if trace is not None:
+        trace.extend(traces[stats.index(slow)])
     steps = sum(s.steps for s in stats)
     gen_tokens = float(responses.sum()) / streams
     return GenerationResult(
@@ -180,4 +193,6 @@ def simulate_generation(prompts: np.ndarray, responses: np.ndarray, engines: int
         preemptions=sum(s.preemptions for s in stats) // streams,
         mean_batch=sum(s.batch_steps for s in stats) / max(steps, 1),
         prefill_seconds=slow.prefill_seconds / streams, engine_seconds=[s.seconds / streams for s in stats],
+        eager_share=sum(s.eager_seconds for s in stats) / max(sum(s.seconds - s.prefill_seconds for s in stats),
+                                                               1e-30),
     )

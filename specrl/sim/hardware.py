@@ -2,7 +2,9 @@
 
 A `Hardware` is a handful of vendor datasheet numbers: peak dense bf16/fp8 FLOP/s, HBM bandwidth and
 capacity, per-GPU NVLink and scale-out network bandwidth, the NVLink domain size and a collective latency.
-Nothing here is fitted; how much of these peaks an engine achieves lives in `roofline.Efficiency`. The `cpu`
+Nothing here is fitted; how much of these peaks an engine achieves lives in `roofline.Efficiency`. GPUs also carry
+what decides CUDA-graph coverage in vLLM (`cuda_graphs`, the default largest captured forward, the host cost of
+one eager kernel launch: see `roofline.eager_launch_seconds`); a CPU has no CUDA graphs. The `cpu`
 entry is not a datasheet: `specrl simulate profile-hardware` measures matmul FLOP/s and memory bandwidth on the
 machine it runs on and saves them to a JSON file that `get_hardware("cpu")` reads back.
 """
@@ -38,6 +40,19 @@ class Hardware:
     bandwidth_1thread: float = 0.0  # measured profiles: GEMV bandwidth of one thread (0: unknown, scale linearly)
     bandwidth_scale: float = 1.0  # with_threads: this device's share of the profile's bandwidth
     flops_scale: float = 1.0  # with_threads: this device's share of the profile's FLOP/s
+    # CUDA graphs (vLLM): forwards up to a captured size replay a graph (one launch); larger ones launch every
+    # kernel from the host. False (cpu): no graphs, and no separate launch cost — the fitted per-forward host
+    # overheads already hold it, so the mechanism is off by construction.
+    cuda_graphs: bool = False
+    # vLLM's cap on the largest captured forward (tokens) before max_num_seqs scaling: 512, or 1024 on data-center
+    # Blackwell (vllm/config/vllm.py `_set_cudagraph_sizes`: default_max_graph_size = 1024 if
+    # is_device_capability_family(100) else 512)
+    cudagraph_default_max: int = 0
+    # host seconds per kernel outside a graph (Python, dispatcher, launch): a Llama-3.1-8B decode step on an H100
+    # SXM measured 8.4 ms eager vs 5.1 ms as a CUDA graph (cloudai.pt, "CUDA Graphs + torch.compile: 1.65x LLM
+    # decode speedup"); eager is host-bound there, so 8.4 ms / (32 layers x 15 kernels) = 17.5 us per kernel. The
+    # driver launch alone is 4-6 us (pegainfer part 3, measured with cudaLaunchKernel): 17.5 us is the upper end
+    kernel_launch_s: float = 0.0
 
     def flops(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -52,11 +67,16 @@ class Hardware:
 
 
 # Dense (non-sparse) peaks from the vendor datasheets; NVLink is per GPU, one direction.
+# CUDA graphs: vLLM caps captured forwards at 512 tokens on Hopper, 1024 on data-center Blackwell; 17.5 us/kernel.
+_HOPPER = dict(cuda_graphs=True, cudagraph_default_max=512, kernel_launch_s=17.5e-6)
+_BLACKWELL = dict(cuda_graphs=True, cudagraph_default_max=1024, kernel_launch_s=17.5e-6)
 CATALOG: dict[str, Hardware] = {
-    "h100": Hardware("h100", {"bf16": 989e12, "fp8": 1979e12}, 3.35 * TB, 80 * GB, 450 * GB, 50 * GB, 8),
-    "h200": Hardware("h200", {"bf16": 989e12, "fp8": 1979e12}, 4.8 * TB, 141 * GB, 450 * GB, 50 * GB, 8),
-    "b200": Hardware("b200", {"bf16": 2250e12, "fp8": 4500e12}, 8.0 * TB, 180 * GB, 900 * GB, 50 * GB, 8),
-    "gb200": Hardware("gb200", {"bf16": 2500e12, "fp8": 5000e12}, 8.0 * TB, 186 * GB, 900 * GB, 50 * GB, 72),
+    "h100": Hardware("h100", {"bf16": 989e12, "fp8": 1979e12}, 3.35 * TB, 80 * GB, 450 * GB, 50 * GB, 8, **_HOPPER),
+    "h200": Hardware("h200", {"bf16": 989e12, "fp8": 1979e12}, 4.8 * TB, 141 * GB, 450 * GB, 50 * GB, 8, **_HOPPER),
+    "b200": Hardware("b200", {"bf16": 2250e12, "fp8": 4500e12}, 8.0 * TB, 180 * GB, 900 * GB, 50 * GB, 8,
+                     **_BLACKWELL),
+    "gb200": Hardware("gb200", {"bf16": 2500e12, "fp8": 5000e12}, 8.0 * TB, 186 * GB, 900 * GB, 50 * GB, 72,
+                      **_BLACKWELL),
 }
 
 

@@ -58,6 +58,9 @@ class SimConfig:
     gpus_per_engine: int | None = None  # None: the smallest power of two that leaves half of memory for KV
     train_model_parallel: int | None = None  # None: smallest power of two whose shard fits
     max_num_seqs: int = 256
+    # largest forward (tokens) that replays a CUDA graph on a GPU; None: vLLM's default for the engine's k,
+    # min(max_num_seqs * (1 + k) * 2, 512 | 1024 on data-center Blackwell); 0: no graphs (vLLM enforce_eager)
+    cudagraph_max_tokens: int | None = None
     memory_utilization: float = 0.9
     workload: Workload = field(default_factory=Workload)
     efficiency: Efficiency = field(default_factory=Efficiency)
@@ -189,6 +192,7 @@ class Context:
 def prepare(cfg: SimConfig) -> Context:
     model = get_model(cfg.model)
     hw = get_hardware(cfg.hardware, cfg.cpu_profile)
+    check_cudagraph_config(cfg, hw)
     if cfg.cpu_threads is not None:
         hw = with_threads(hw, cfg.cpu_threads)
     if cfg.train_micro_batch < 0:
@@ -204,18 +208,49 @@ def prepare(cfg: SimConfig) -> Context:
     return Context(cfg, model, hw, drafter, acceptance, layout, prompts, responses)
 
 
-def run_generation(ctx: Context, speculative: bool) -> tuple[GenerationResult, StepModel]:
+def check_cudagraph_config(cfg: SimConfig, hw: Hardware) -> None:
+    v = cfg.cudagraph_max_tokens
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise SpecRLError(f"--cudagraph-max-tokens must be an integer >= 0 (the largest forward, in tokens, that "
+                          f"replays a CUDA graph; 0: no graphs, like vLLM's enforce_eager), got {v!r}")
+    if not hw.cuda_graphs:
+        raise SpecRLError(f"--cudagraph-max-tokens {v}: hardware {hw.name!r} has no CUDA graphs (its fitted "
+                          "per-forward overheads already hold its launch costs); drop the flag or use a GPU")
+
+
+def cudagraph_max_tokens(cfg: SimConfig, hw: Hardware, k_max: int) -> float:
+    """Largest forward (tokens) of an engine drafting up to `k_max` tokens (0: plain decoding) that replays a
+    CUDA graph. vLLM's default (vllm/config/vllm.py `_set_cudagraph_sizes`): min(max_num_seqs x decode query
+    length x 2, 512, or 1024 on data-center Blackwell), the decode query length being 1 + num_speculative_tokens.
+    inf on a device without CUDA graphs (nothing to fall out of)."""
+    check_cudagraph_config(cfg, hw)
+    if not hw.cuda_graphs:
+        return math.inf
+    if cfg.cudagraph_max_tokens is not None:
+        return float(cfg.cudagraph_max_tokens)
+    return float(min(cfg.max_num_seqs * (1 + k_max) * 2, hw.cudagraph_default_max))
+
+
+def run_generation(ctx: Context, speculative: bool, trace: list | None = None) -> tuple[GenerationResult, StepModel]:
     cfg, eff, g = ctx.cfg, ctx.cfg.efficiency, ctx.layout.gpus_per_engine
-    target = ForwardCost(ctx.model, ctx.hw, eff, cfg.precision, g, eff.step_overhead_s)
-    prefill = ForwardCost(ctx.model, ctx.hw, eff, cfg.precision, g, eff.step_overhead_s)
+    k_max = 0
+    if speculative and ctx.acceptance is not None:
+        k_max = ctx.acceptance.max_k if cfg.k == "auto" else int(cfg.k)
+    graphs = cudagraph_max_tokens(cfg, ctx.hw, k_max)
+    target = ForwardCost(ctx.model, ctx.hw, eff, cfg.precision, g, eff.step_overhead_s, graph_max_tokens=graphs)
+    prefill = ForwardCost(ctx.model, ctx.hw, eff, cfg.precision, g, eff.step_overhead_s, graph_max_tokens=graphs)
     draft = None
     if speculative and ctx.drafter is not None:
-        draft = ForwardCost(ctx.drafter, ctx.hw, eff, cfg.precision, g, eff.draft_overhead_s)
+        draft = ForwardCost(ctx.drafter, ctx.hw, eff, cfg.precision, g, eff.draft_overhead_s,
+                            graph_max_tokens=graphs)
     drafter = cfg.drafter if speculative else "none"
     step = StepModel(target, drafter, draft, ctx.acceptance if speculative else None, cfg.k,
                      eff.ngram_overhead_s, eff.spec_seq_overhead_s, eff.decode_seq_overhead_s)
     res = simulate_generation(ctx.prompts, ctx.responses, ctx.layout.engines, step, prefill,
-                              ctx.layout.kv_capacity_tokens, cfg.max_num_seqs, cfg.workload.generations_per_prompt)
+                              ctx.layout.kv_capacity_tokens, cfg.max_num_seqs, cfg.workload.generations_per_prompt,
+                              trace=trace)
     return res, step
 
 
@@ -306,7 +341,8 @@ def _arm(ctx: Context, speculative: bool) -> dict:
     stages = {s: stages[s] for s in STAGES}
     step_s, exposed = combine(stages, ctx.cfg.mode, ctx.cfg.policy_lag)
     out = {"stages": stages, "step_seconds": step_s, "exposed_gen_seconds": exposed,
-           "generation": gen.to_dict(), "gen_tokens_per_second": gen.generated_tokens / gen.seconds}
+           "generation": gen.to_dict(), "gen_tokens_per_second": gen.generated_tokens / gen.seconds,
+           "cudagraph_max_tokens": step.target.graph_max_tokens if ctx.hw.cuda_graphs else None}
     if speculative:
         out["acceptance_length"] = gen.acceptance_length
         out["num_draft_tokens"] = gen.mean_k

@@ -60,6 +60,11 @@ def format_result(r: dict) -> str:
         *(["step* = effective step time of the async pipeline"] if r["mode"] == "async" else []),
         f"exposed generation: AR {r['exposed_gen_seconds']['ar']:.2f} s, spec {r['exposed_gen_seconds']['spec']:.2f} s",
     ]
+    if ar.get("cudagraph_max_tokens") is not None:
+        share = {a: 100 * x["generation"].get("eager_step_share", 0.0) for a, x in (("ar", ar), ("spec", spec))}
+        lines.append(f"CUDA graphs up to {ar['cudagraph_max_tokens']:.0f} (AR) / {spec['cudagraph_max_tokens']:.0f} "
+                     f"(spec) tokens per forward; decode time outside a graph: AR {share['ar']:.0f}%, "
+                     f"spec {share['spec']:.0f}%")
     if "combined_speedup_vs_sync_ar" in r:
         lines.append(f"vs sync autoregressive on the same GPUs ({r['sync_ar_step_seconds']:.2f} s/step): "
                      f"{r['combined_speedup_vs_sync_ar']:.2f}x")

@@ -8,6 +8,13 @@ that reads K cached tokens take": the weight GEMMs (max(GEMM FLOPs / achieved FL
 logits / achieved bandwidth)) plus the attention over the KV cache (max(attention FLOPs / FLOP/s, KV bytes /
 bandwidth)) — two kernel families that run one after the other, so each has its own roofline and they add —
 + TP/EP communication + a fixed per-forward overhead. Streamed weights are MoE-aware (only touched experts).
+
+CUDA-graph coverage (GPU devices, `Hardware.cuda_graphs`): a forward over at most `graph_max_tokens` tokens replays
+a captured graph — one launch, whose host cost is inside the fitted `overhead_s`. A larger forward runs outside
+any graph (vLLM: CUDAGraphMode.NONE above the largest capture size), so the host launches every kernel:
+`eager_launch_seconds` = layers x `KERNELS_PER_LAYER` x the device's per-launch cost. The host launches
+asynchronously, so the device time of such a forward is max(roofline time, launch time): launches cost only when
+the kernels are shorter than their launches. On a CPU the mechanism is off by construction (no graphs, launch 0).
 """
 
 from __future__ import annotations
@@ -64,13 +71,30 @@ class Efficiency:
         return cls(**{k: float(v) for k, v in d.items()})
 
 
+# Kernels one decoder layer launches outside a CUDA graph: ~8 for the attention block and ~7 for the MLP
+# (Venkat2811/gpu-kernel-batcher, counted for Llama-70B). With `Hardware.kernel_launch_s` (17.5 us) a Qwen3-8B
+# forward takes 36 x 15 x 17.5 us = 9.5 ms to launch; a 1-layer EAGLE-3 head 0.26 ms.
+KERNELS_PER_LAYER = 15
+
+
+def eager_launch_seconds(model: ModelSpec, hw: Hardware) -> float:
+    """Host seconds to launch one forward of `model` kernel by kernel (0 on a device without CUDA graphs)."""
+    if not hw.cuda_graphs:
+        return 0.0
+    return model.layers * KERNELS_PER_LAYER * hw.kernel_launch_s
+
+
 class ForwardCost:
     """Time of one forward of `model` on one engine of `shard` devices (all numbers per device)."""
 
     def __init__(self, model: ModelSpec, hw: Hardware, eff: Efficiency, precision: str, shard: int,
-                 overhead_s: float, kv_dtype_bytes: float = 2.0) -> None:
+                 overhead_s: float, kv_dtype_bytes: float = 2.0, graph_max_tokens: float = math.inf) -> None:
         self.model, self.hw, self.eff, self.shard = model, hw, eff, shard
         self.overhead_s = overhead_s
+        if graph_max_tokens < 0:
+            raise SpecRLError(f"graph_max_tokens={graph_max_tokens} must be >= 0 (0: no CUDA graphs)")
+        self.graph_max_tokens = graph_max_tokens  # forwards over more tokens run outside a CUDA graph
+        self.eager_launch_s = eager_launch_seconds(model, hw)
         self.wbytes = DTYPE_BYTES[precision]
         self.flops_rate = hw.flops(precision) * eff.flops_eff
         self.bw_rate = hw.hbm_bandwidth * eff.bw_eff
@@ -123,6 +147,10 @@ class ForwardCost:
     def attn_byte_seconds(self, kv_read_tokens: float) -> float:
         return kv_read_tokens * self.kv_per_token / self.bw_rate
 
+    def graphed(self, tokens: float) -> bool:
+        """Whether a forward over `tokens` replays a CUDA graph (always True on a device without graphs)."""
+        return self.eager_launch_s == 0.0 or tokens <= self.graph_max_tokens
+
     def __call__(self, tokens: float, kv_read_tokens: float, attn_pairs: float | None = None) -> float:
         """Seconds for a forward over `tokens` new tokens that read `kv_read_tokens` cached tokens.
 
@@ -138,6 +166,8 @@ class ForwardCost:
         t += max(self.attn_flop_seconds(pairs), self.attn_byte_seconds(kv_read_tokens))
         if self.shard > 1:
             t += tokens * self.comm_per_token + self.comm_fixed
+        if not self.graphed(tokens):  # kernel-by-kernel launches, overlapped with the kernels they launch
+            t = max(t, self.eager_launch_s)
         return t + self.overhead_s
 
     def ridge_tokens(self, kv_read_tokens: float = 0.0) -> float:
