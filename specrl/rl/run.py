@@ -9,7 +9,8 @@ TensorBoard, writes atomic checkpoints, exports the final policy as a loadable c
 `report.md`. A run directory is locked while a run uses it (`RunLock`: a second run refuses, naming the first's
 PID; a dead run's stale lock is taken over), weights are checked before every checkpoint (`check_weights`), a
 full or read-only disk stops the run with the previous checkpoint intact, and SIGINT/SIGTERM finish the step in
-flight, checkpoint it and stop (`RunInterrupted`), so `--resume` continues with no step missing or twice.
+flight, checkpoint it and stop (`RunInterrupted`; a second signal aborts at once, `RunAborted`), so `--resume`
+continues with no step missing or twice. Both exit the CLI with status 2 and the resume command.
 `run_compare` runs the same config autoregressively and speculatively with the same seeds,
 interleaving their steps so machine noise hits both, checks seed-exact identity after every step, and writes
 `compare.json` / `compare.md`.
@@ -293,6 +294,11 @@ class RunInterrupted(SpecRLError):
     """SIGINT/SIGTERM: the step in flight was finished and checkpointed, then the run stopped."""
 
 
+class RunAborted(SpecRLError):
+    """A second SIGINT/SIGTERM: the step in flight was discarded at once; resume continues from the last
+    checkpoint."""
+
+
 class _StopSignals:
     """While installed, the first SIGINT/SIGTERM only asks the run to stop after the step in flight (which is
     then checkpointed); a second one aborts at once (KeyboardInterrupt: that step is discarded, and resume
@@ -487,6 +493,14 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
         except NonFiniteError as e:
             run.writer.close()
             raise run.failed(e) from None
+        except KeyboardInterrupt:
+            if stop.received is None:  # not ours (no handler in a non-main thread): a plain interrupt
+                raise
+            run.writer.close()
+            where = f"checkpoint {run.last_ckpt}" if run.last_ckpt else "no checkpoint (a resume starts at step 0)"
+            raise RunAborted(f"second {stop.name}: aborted at once after {run.trainer.step_count} of "
+                             f"{cfg.run.steps} steps, without finishing the step in flight or checkpointing; "
+                             f"the last is {where}; continue with `specrl train --resume {run_dir}`") from None
         finally:
             stop.uninstall()
             display.close()
