@@ -331,3 +331,22 @@ def test_async_second_signal_aborts_at_once(tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     _no_ray_left(tag)
     _assert_each_id_once(run, d, 3)
+
+
+# ----------------------------------------------------------------------------- the pre-checkpoint weight check
+def test_async_learner_probes_the_weights_before_a_checkpoint(tiny, tmp_path, local_ray):
+    """A huge learning rate leaves finite but blown-up weights: the NaN/inf scan passes them, the 16-token forward +
+    backward the sync learner runs does not. The async learner actor runs the same probe, so no checkpoint of those
+    weights is written and the error names the cause (before, step_000001 was written and called good)."""
+    from specrl.distributed import make_trainer
+
+    reward = tmp_path / "varied.py"  # the random tiny model never solves a task: a reward that varies per sample
+    reward.write_text("def varied(prompt, completion, row):\n    return float(sum(map(ord, completion)) % 7)\n")
+    d = async_cfg(tiny, lag=0, policy__learning_rate=1e20, reward__functions=[f"{reward}:varied"],
+                  grpo__val_every=0, run__steps=2)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    run = tmp_path / "run"
+    with pytest.raises(SpecRLError, match=r"step 1: after the update the policy gives non-finite (gradients|logits)"
+                                          r".*blew the weights up.*last good checkpoint is none"):
+        train_main(str(tmp_path / "c.yaml"), [], None, str(run), False, make_trainer=make_trainer)
+    assert not list((run / "checkpoints").glob("step_*"))

@@ -194,6 +194,10 @@ class LearnerActor:
         lines, self.lines[:] = list(self.lines), []
         return rec, events, lines
 
+    def check_weights(self, step: int) -> None:
+        """The sync learner's pre-checkpoint check, here on the actor's weights (`Learner.check_weights`)."""
+        self.learner.check_weights(step)
+
     def state_parts(self) -> dict:
         return self.learner.state_parts()
 

@@ -95,6 +95,17 @@ def _check_reachable(address: str) -> None:
                           "locally") from None
 
 
+def _get(ref):
+    """`ray.get`, re-raising an actor's SpecRLError itself (its message, not Ray's traceback dump), so the run loop
+    reports a learner's NonFiniteError exactly as a sync run does."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, SpecRLError):
+            raise e.cause from None
+        raise
+
+
 def _signal_hook(step: int) -> None:
     """The `SIGNAL_ENV` test hook (a no-op unless it names this step)."""
     at, _, rest = os.environ.get(SIGNAL_ENV, "").partition(":")
@@ -208,7 +219,7 @@ class AsyncGRPOTrainer:
             os.kill(os.getpid(), 9)  # the resume test: the whole run dies mid-step
         _signal_hook(index + 1)
         seconds = {"data": t1 - t0, "prepare": self._published[1], "gen": t2 - t1}
-        rec, learn_events, lines = ray.get(self.learner.learn.remote(rollouts, seconds))
+        rec, learn_events, lines = _get(self.learner.learn.remote(rollouts, seconds))
         for line in lines:
             self.log(line)
         self._published = self._publish()
@@ -249,6 +260,11 @@ class AsyncGRPOTrainer:
         return ray.get(self.workers[0].validate.remote(self.step_count))
 
     # ------------------------------------------------------------------ checkpoints and the end
+    def check_weights(self, step: int) -> None:
+        """Before checkpoint `step`: the learner actor scans its weights and runs the 16-token probe forward +
+        backward (the sync learner's `check_weights`); raises its NonFiniteError."""
+        _get(self.learner.check_weights.remote(step))
+
     def state_parts(self) -> dict[str, Any]:
         parts = ray.get(self.learner.state_parts.remote())
         learner_state = parts.pop("learner")
