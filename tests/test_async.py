@@ -350,3 +350,28 @@ def test_async_learner_probes_the_weights_before_a_checkpoint(tiny, tmp_path, lo
                                           r".*blew the weights up.*last good checkpoint is none"):
         train_main(str(tmp_path / "c.yaml"), [], None, str(run), False, make_trainer=make_trainer)
     assert not list((run / "checkpoints").glob("step_*"))
+
+
+# ----------------------------------------------------------------------------- in-flight weight updates on Ray
+def test_async_in_flight_updates_span_versions_within_the_lag_bound(tiny, tmp_path):
+    """pipeline.in_flight_updates on Ray (engine steps slowed by a test hook so a share outlasts the learner's step):
+    the worker loads the newly published version between engine steps, some samples span two versions, every
+    token's version is within the lag bound with the sample's version its oldest, and each id is trained once.
+    (tests/test_inflight.py checks the per-token versions, log-probs and IS ratios exactly, without Ray.)"""
+    d = async_cfg(tiny, lag=1, run__steps=4, run__checkpoint_every=0, grpo__val_every=0,
+                  pipeline__in_flight_updates=True, speculative__verify="rejection", generation__max_new_tokens=16)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    run, tag = tmp_path / "run", f"inflight-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag, "SPECRL_TEST_IN_FLIGHT_DELAY_S": "0.1"}
+    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _no_ray_left(tag)
+    _assert_each_id_once(run, d, 4)
+    recs = read_metrics(run / "metrics.jsonl")
+    assert sum(r["mixed_version_samples"] for r in recs) >= 1, [r["mixed_version_samples"] for r in recs]
+    for r in recs:
+        assert r["trajectory_age_max"] <= 1 and r["policy_lag"] <= 1 and r["is_ratio_mean"] is not None
+    events = [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
+    live = [e for e in events if e["kind"] == "refit" and e.get("in_flight")]
+    # a share of step s starts at version >= s - 2; the only newer one published before it is done is s - 1
+    assert live and all(e["version"] == e["step"] - 1 for e in live), live

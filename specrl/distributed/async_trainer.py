@@ -251,6 +251,8 @@ class AsyncGRPOTrainer:
             "trained_samples": len(rollouts.request_ids),
             "trained_request_id_range": [min(rollouts.request_ids), max(rollouts.request_ids)],
             "trained_prompt_indices": rollouts.problem_indices[::n],  # one per group, in group order
+            # in-flight updates: samples whose tokens span more than one policy version
+            "mixed_version_samples": sum(len(set(v)) > 1 for v in rollouts.token_versions),
         })
         self.last_rollouts = rollouts
         return rec
