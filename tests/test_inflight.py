@@ -19,7 +19,7 @@ from specrl.rl.trainer import build_backend
 from tests.test_async import async_cfg
 from tests.tiny import make_tiny_checkpoint
 
-SWITCH = 4  # the hook loads version 1 at its 4th call: tokens 0..4 come from version 0, tokens 5.. from version 1
+SWITCH = 4  # the hook loads version 1 at its 4th call (AR: tokens 0..4 come from version 0, tokens 5.. from 1)
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +53,15 @@ def test_config_rules_name_both_keys(tiny):
         no.require(in_flight_updates=True, where="rollout worker")
 
 
-@pytest.fixture(scope="module")
-def two_versions(tiny):
-    """Version 0 = A, version 1 = B (A plus noise); rollouts of one step with B loaded mid-sequence."""
-    cfg = validate_config(inflight_cfg(tiny))
+@pytest.fixture(scope="module", params=["none", "ngram", "draft-model"])
+def two_versions(tiny, request):
+    """Version 0 = A, version 1 = B (A plus noise); rollouts of one step with B loaded mid-sequence, by plain
+    decoding (one token per engine step) and by speculative decoding with rejection sampling: n-gram drafts (on
+    the random tiny model nearly all rejected) and A itself as the draft model (all accepted until B arrives,
+    then some: engine steps of up to 3 tokens on both sides of the switch)."""
+    drafter = f"draft-model:{tiny}" if request.param == "draft-model" else request.param
+    cfg = validate_config(inflight_cfg(tiny, speculative__drafter=drafter, speculative__num_draft_tokens=2,
+                                       generation__max_new_tokens=24 if request.param == "draft-model" else 12))
     a, tok = load_model(cfg.model.name, dtype=torch.float32)
     b, _ = load_model(cfg.model.name, dtype=torch.float32)
     torch.manual_seed(3)
@@ -78,19 +83,32 @@ def two_versions(tiny):
     return cfg, a, b, r
 
 
+def _switch(versions: list[int]) -> int:
+    """Index of the first token of version 1 (len if none)."""
+    return versions.index(1) if 1 in versions else len(versions)
+
+
 def test_tokens_after_the_update_carry_the_new_version(two_versions):
-    _, _, _, r = two_versions
+    cfg, _, _, r = two_versions
     for resp, versions in zip(r.responses, r.token_versions, strict=True):
-        assert versions == [0] * min(len(resp), SWITCH + 1) + [1] * (len(resp) - SWITCH - 1)
+        j = _switch(versions)
+        assert versions == [0] * j + [1] * (len(resp) - j)  # one switch, never back
+        if cfg.speculative.drafter == "none":  # one token per engine step: the switch lands after token SWITCH
+            assert j == min(len(resp), SWITCH + 1)
+        elif cfg.speculative.drafter.startswith("draft-model"):  # A drafts for A: 3 tokens a step until B comes
+            assert j == min(len(resp), 1 + 3 * SWITCH) and r.engine_metrics["acceptance_length"] > 1.5
+        else:  # up to k + 1 = 3 tokens per step: after the SWITCH + 1 first steps
+            assert SWITCH + 1 <= j <= min(len(resp), 3 * (SWITCH + 1))
     assert sum(len(set(v)) > 1 for v in r.token_versions) >= 4  # most samples span both versions
     assert r.policy_versions == [0] * len(r.responses) and r.policy_version == 0  # a sample's oldest version
 
 
-def _behaviour_reference(a, b, prompt: list[int], resp: list[int]) -> torch.Tensor:
-    """Log-probs of resp as the engine sampled them: A's forwards up to token SWITCH, then B's forwards on top of the
-    KV cache A wrote (positions < len(prompt) + SWITCH)."""
+def _behaviour_reference(a, b, prompt: list[int], resp: list[int], j: int) -> torch.Tensor:
+    """Log-probs of resp as the engine sampled them, token j being the first of version 1: token i comes from the
+    forward at position len(prompt) + i - 1, which also wrote that position's KV, so A's forwards cover positions
+    < len(prompt) + j - 1 and B's run on top of the KV cache A wrote."""
     toks = torch.tensor([prompt + resp])
-    n_in, q = toks.shape[1] - 1, len(prompt) + SWITCH  # input positions; A runs positions 0..q-1
+    n_in, q = toks.shape[1] - 1, len(prompt) + j - 1  # input positions; A runs positions 0..q-1
     cache = a.new_cache(1, toks.shape[1] + 1)
     pos = torch.arange(n_in)[None]
     ha, _ = a.forward_hidden(toks[:, :q], pos[:, :q], cache.slots(0, 1), kv_len=q)
@@ -104,9 +122,9 @@ def test_behaviour_logprobs_are_each_tokens_generating_version(two_versions):
     _, a, b, r = two_versions
     checked = 0
     for prompt, resp, lp, versions in zip(r.prompts, r.responses, r.gen_logprobs, r.token_versions, strict=True):
-        if len(resp) <= SWITCH + 1:
+        if _switch(versions) == len(resp):
             continue
-        ref = _behaviour_reference(a, b, prompt, resp)
+        ref = _behaviour_reference(a, b, prompt, resp, _switch(versions))
         assert torch.allclose(torch.tensor(lp), ref, atol=1e-4)
         new = torch.tensor(versions) == 1
         toks = torch.tensor([prompt + resp])
@@ -128,9 +146,10 @@ def test_is_ratios_use_the_per_token_behaviour_logprobs(two_versions):
     m = batch.mask
     behaviour = torch.zeros_like(batch.gen_logp)
     with torch.no_grad():
-        for i, (prompt, resp) in enumerate(zip(r.prompts, r.responses, strict=True)):
-            if len(resp) > SWITCH + 1:
-                behaviour[i, len(prompt) - 1: len(prompt) - 1 + len(resp)] = _behaviour_reference(a, b, prompt, resp)
+        for i, (prompt, resp, versions) in enumerate(zip(r.prompts, r.responses, r.token_versions, strict=True)):
+            if _switch(versions) < len(resp):
+                behaviour[i, len(prompt) - 1: len(prompt) - 1 + len(resp)] = _behaviour_reference(
+                    a, b, prompt, resp, _switch(versions))
             else:  # all its tokens came from A
                 toks = torch.tensor([prompt + resp])
                 behaviour[i, len(prompt) - 1: len(prompt) - 1 + len(resp)] = token_logprobs(
