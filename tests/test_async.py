@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,152 @@ def test_worker_that_cannot_build_its_backend_is_a_clear_error(tiny, tmp_path, l
     cfg = validate_config(async_cfg(tiny, lag=0, speculative__drafter="eagle:/nonexistent"))
     with pytest.raises(SpecRLError, match="rollout worker 0: drafter directory /nonexistent does not exist"):
         AsyncGRPOTrainer(cfg, tmp_path / "run")
+
+
+# ----------------------------------------------------------------------------- SIGINT / SIGTERM in an async run
+def _tagged_processes(tag: str) -> list[str]:
+    """Live processes whose environment carries SPECRL_TEST_TAG=tag: the run's driver and every Ray process it
+    started (GCS, raylet, workers inherit the driver's environment), and nothing another run started."""
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"SPECRL_TEST_TAG={tag}".encode() in env.read_bytes().split(b"\0"):
+                found.append((env.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
+def _cli(args: list[str], env: dict, seen: list | None = None) -> subprocess.CompletedProcess:
+    """`specrl train ARGS` in a subprocess; with `seen`, the tagged processes are sampled while it runs (so a test
+    can show that the leftover check does see the run's Ray processes while they exist)."""
+    code = "from specrl.cli import main; main()"
+    with subprocess.Popen([sys.executable, "-c", code, "train", *args], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as p:
+        if seen is not None:
+            while p.poll() is None:
+                seen.extend(_tagged_processes(env["SPECRL_TEST_TAG"]))
+                time.sleep(0.5)
+        out, err = p.communicate(timeout=600)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _expected_prompts(cfg: dict, steps: int) -> list[list[int]]:
+    from specrl.rl.tasks import PromptSampler
+
+    s = PromptSampler(cfg["task"]["train_size"], seed=validate_config(cfg).run.seed)
+    return [s.next(cfg["grpo"]["num_prompts_per_step"]) for _ in range(steps)]
+
+
+def _assert_each_id_once(run: Path, cfg: dict, steps: int) -> None:
+    recs = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in recs] == list(range(1, steps + 1))
+    assert [r["trained_request_id_range"] for r in recs] == [[8 * i, 8 * i + 7] for i in range(steps)]
+    assert all(r["trained_samples"] == 8 for r in recs)
+    # the data cursor: every step trained the prompts the seeded sampler gives it, none skipped or repeated
+    assert [r["trained_prompt_indices"] for r in recs] == _expected_prompts(cfg, steps)
+
+
+def _no_ray_left(tag: str) -> None:
+    deadline = time.monotonic() + 10  # a process the shutdown signalled may take a moment to exit
+    while _tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _tagged_processes(tag) == []
+
+
+def test_async_signal_finishes_the_step_checkpoints_and_resumes(tiny, tmp_path):
+    """SIGTERM in step 2 of an async run (lag 1: step 3's groups are being generated): step 2 finishes and is
+    checkpointed with the data cursor before step 3, the in-flight step-3 work is discarded, Ray is shut down with
+    no process left, `specrl train` exits 2 with the resume command; --resume completes the run with every
+    (step, prompt, sample) id trained exactly once."""
+    d = async_cfg(tiny, lag=1, run__steps=4, run__checkpoint_every=0, grpo__val_every=0)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    run, tag = tmp_path / "run", f"sig-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag, "SPECRL_TEST_SIGNAL_AT_STEP": "2:TERM"}
+    seen: list[str] = []
+    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env, seen)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert any("raylet" in c for c in seen) and any("RolloutWorker" in c for c in seen)  # the check sees them
+    assert "SIGTERM: finishing the current step" in proc.stderr
+    assert f"SIGTERM received: stopped after step 2 of 4, checkpoint {run / 'checkpoints' / 'step_000002'}" \
+        in proc.stderr.replace("\n", "")
+    assert f"specrl train --resume {run}" in proc.stderr.replace("\n", "")
+    _no_ray_left(tag)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000002"]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    ck = torch.load(run / "checkpoints" / "step_000002" / "trainer.pt", weights_only=False)
+    assert ck["step"] == 2 and ck["sampler"]["cursor"] == 2 * 2  # before step 3's prompts, though they were drawn
+    env.pop("SPECRL_TEST_SIGNAL_AT_STEP")
+    proc = _cli(["--resume", str(run)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _no_ray_left(tag)
+    _assert_each_id_once(run, d, 4)
+    assert (run / "report.md").exists()
+
+
+def test_async_second_signal_aborts_at_once(tiny, tmp_path):
+    """Two SIGINTs in step 2: the run aborts without finishing step 2 (no step-2 checkpoint or metrics), shuts Ray
+    down with nothing left, exits 2 with the resume command; --resume redoes step 2 from checkpoint 1 and
+    completes with each id trained once."""
+    d = async_cfg(tiny, lag=1, run__steps=3, run__checkpoint_every=1, run__keep_checkpoints=3, grpo__val_every=0)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    run, tag = tmp_path / "run", f"sig2-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag, "SPECRL_TEST_SIGNAL_AT_STEP": "2:INT:2"}
+    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr.replace("\n", "")
+    assert "second SIGINT: aborted at once after 1 of 3 steps" in err
+    assert f"the last is checkpoint {run / 'checkpoints' / 'step_000001'}" in err
+    assert f"specrl train --resume {run}" in err
+    _no_ray_left(tag)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1]
+    env.pop("SPECRL_TEST_SIGNAL_AT_STEP")
+    proc = _cli(["--resume", str(run)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _no_ray_left(tag)
+    _assert_each_id_once(run, d, 3)
+
+
+# ----------------------------------------------------------------------------- the pre-checkpoint weight check
+def test_async_learner_probes_the_weights_before_a_checkpoint(tiny, tmp_path, local_ray):
+    """A huge learning rate leaves finite but blown-up weights: the NaN/inf scan passes them, the 16-token forward +
+    backward the sync learner runs does not. The async learner actor runs the same probe, so no checkpoint of those
+    weights is written and the error names the cause (before, step_000001 was written and called good)."""
+    from specrl.distributed import make_trainer
+
+    reward = tmp_path / "varied.py"  # the random tiny model never solves a task: a reward that varies per sample
+    reward.write_text("def varied(prompt, completion, row):\n    return float(sum(map(ord, completion)) % 7)\n")
+    d = async_cfg(tiny, lag=0, policy__learning_rate=1e20, reward__functions=[f"{reward}:varied"],
+                  grpo__val_every=0, run__steps=2)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    run = tmp_path / "run"
+    with pytest.raises(SpecRLError, match=r"step 1: after the update the policy gives non-finite (gradients|logits)"
+                                          r".*blew the weights up.*last good checkpoint is none"):
+        train_main(str(tmp_path / "c.yaml"), [], None, str(run), False, make_trainer=make_trainer)
+    assert not list((run / "checkpoints").glob("step_*"))
+
+
+# ----------------------------------------------------------------------------- in-flight weight updates on Ray
+def test_async_in_flight_updates_span_versions_within_the_lag_bound(tiny, tmp_path):
+    """pipeline.in_flight_updates on Ray (engine steps slowed by a test hook so a share outlasts the learner's step):
+    the worker loads the newly published version between engine steps, some samples span two versions, every
+    token's version is within the lag bound with the sample's version its oldest, and each id is trained once.
+    (tests/test_inflight.py checks the per-token versions, log-probs and IS ratios exactly, without Ray.)"""
+    d = async_cfg(tiny, lag=1, run__steps=4, run__checkpoint_every=0, grpo__val_every=0,
+                  pipeline__in_flight_updates=True, speculative__verify="rejection", generation__max_new_tokens=16)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    run, tag = tmp_path / "run", f"inflight-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag, "SPECRL_TEST_IN_FLIGHT_DELAY_S": "0.1"}
+    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _no_ray_left(tag)
+    _assert_each_id_once(run, d, 4)
+    recs = read_metrics(run / "metrics.jsonl")
+    assert sum(r["mixed_version_samples"] for r in recs) >= 1, [r["mixed_version_samples"] for r in recs]
+    for r in recs:
+        assert r["trajectory_age_max"] <= 1 and r["policy_lag"] <= 1 and r["is_ratio_mean"] is not None
+    events = [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
+    live = [e for e in events if e["kind"] == "refit" and e.get("in_flight")]
+    # a share of step s starts at version >= s - 2; the only newer one published before it is done is s - 1
+    assert live and all(e["version"] == e["step"] - 1 for e in live), live

@@ -2,7 +2,9 @@
 
 `RolloutWorker` owns a rollout backend (with its drafter) and a `RolloutProducer`; `generate` first picks up the
 newest published weights (refit, timed), waiting until at least the version the step needs is live, then runs the
-producer's `gen` stage on its share of a step's groups. `LearnerActor` owns the `Learner` and the data cursor (the
+producer's `gen` stage on its share of a step's groups; with `pipeline.in_flight_updates` it also picks up a
+newer version between engine steps inside the share (the backend's `between_steps`), so a sequence may span
+two versions, each token tagged with its own. `LearnerActor` owns the `Learner` and the data cursor (the
 producer's `data` stage, without a backend) and publishes its weights once per optimizer step: one `ray.put` of
 the policy (cast to the rollout dtype) and trainable drafter, registered with a version in the `WeightStore`.
 `RayWeightSync` is that publication behind the `WeightSync` protocol. Everything a worker and the learner do is
@@ -35,6 +37,9 @@ from specrl.rl.trainer import build_backend, build_drafter, seed_everything
 # once per run (a marker file next to the run records that it happened), so Ray's restart + retry is exercised.
 KILL_WORKER_ENV = "SPECRL_TEST_KILL_WORKER_AT_STEP"
 WAIT_POLL_SECONDS = 0.02
+IN_FLIGHT_POLL_SECONDS = 0.01  # in-flight updates: the weight store is asked at most this often during a share
+# Test hook: with in-flight updates, sleep this many seconds between engine steps, so a share spans a publish.
+IN_FLIGHT_DELAY_ENV = "SPECRL_TEST_IN_FLIGHT_DELAY_S"
 WAIT_TIMEOUT_SECONDS = 600.0
 
 
@@ -99,24 +104,49 @@ class RolloutWorker:
             policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
             self.backend = build_backend(cfg, policy)
             self.producer = RolloutProducer(cfg, tokenizer, self.backend, stop_token_ids(tokenizer, policy.args))
+            if cfg.pipeline.in_flight_updates:
+                self.backend.capabilities.require(in_flight_updates=True, where="rollout worker")
+                self.backend.between_steps = self._in_flight
         except SpecRLError as e:
             self.init_error = str(e)
+        self._last_poll = 0.0
+        self._events: list[dict] = []  # in-flight refits of the share being generated
 
     def ready(self) -> tuple[int, str | None]:
         """(pid, the construction error or None)."""
         return os.getpid(), self.init_error
 
+    def _load_newest(self) -> int | None:
+        """Load the newest published weights if they are newer than the loaded ones; the store's newest version."""
+        live, refs = ray.get(self.store.latest.remote())
+        if live is not None and live > self.version:
+            policy, drafter = ray.get(refs[0])
+            self.backend.load_weights("policy", policy, live)
+            if drafter is not None:
+                self.backend.load_weights("drafter", drafter, live)
+            self.version = live
+        return live
+
+    def _in_flight(self) -> None:
+        """`between_steps` of the backend (pipeline.in_flight_updates): between engine steps, at most every
+        IN_FLIGHT_POLL_SECONDS, pick up a newer published version; the time spent loading is a refit event."""
+        if IN_FLIGHT_DELAY_ENV in os.environ:
+            time.sleep(float(os.environ[IN_FLIGHT_DELAY_ENV]))
+        now = time.monotonic()
+        if now - self._last_poll < IN_FLIGHT_POLL_SECONDS:
+            return
+        self._last_poll = now
+        t0, before = time.time(), self.version
+        self._load_newest()
+        if self.version != before:
+            self._events.append({"lane": f"worker {self.index}", "kind": "refit", "start": t0, "end": time.time(),
+                                 "in_flight": True, "version": self.version})
+
     def _refit(self, min_version: int) -> float:
         """Load the newest published weights (waiting until >= min_version is out); return the seconds spent."""
         t0 = time.monotonic()
         while True:
-            live, refs = ray.get(self.store.latest.remote())
-            if live is not None and live > self.version:
-                policy, drafter = ray.get(refs[0])
-                self.backend.load_weights("policy", policy, live)
-                if drafter is not None:
-                    self.backend.load_weights("drafter", drafter, live)
-                self.version = live
+            live = self._load_newest()
             if self.version >= min_version:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > WAIT_TIMEOUT_SECONDS:
@@ -132,16 +162,25 @@ class RolloutWorker:
         if os.environ.get(KILL_WORKER_ENV) == str(step_index + 1) and not self.marker.exists():
             self.marker.touch()
             os.kill(os.getpid(), 9)
+        self._events = []
+        version0 = self.version
         r = self.producer.stage_gen(step_index, prompt_indices, first_group)
         t2 = time.time()
         lane = f"worker {self.index}"
+        in_flight = [{**e, "step": step_index + 1} for e in self._events]
         return r, [{"lane": lane, "kind": "refit", "start": t0, "end": t1, "step": step_index + 1},
                    {"lane": lane, "kind": "gen", "start": t1, "end": t2, "step": step_index + 1,
-                    "version": self.version}]
+                    "version": version0}, *in_flight]
 
     def validate(self, min_version: int) -> dict[str, Any]:
+        """Held-out accuracy with exactly the weights of `min_version` or newer (no in-flight switch inside)."""
         self._refit(min_version)
-        return self.producer.validate()
+        hook, self.backend.between_steps = getattr(self.backend, "between_steps", None), None
+        try:
+            return self.producer.validate()
+        finally:
+            if hook is not None:
+                self.backend.between_steps = hook
 
 
 @ray.remote
@@ -193,6 +232,10 @@ class LearnerActor:
                   {"lane": "learner", "kind": "train", "start": t0 + lp, "end": t1, "step": rec["step"]}]
         lines, self.lines[:] = list(self.lines), []
         return rec, events, lines
+
+    def check_weights(self, step: int) -> None:
+        """The sync learner's pre-checkpoint check, here on the actor's weights (`Learner.check_weights`)."""
+        self.learner.check_weights(step)
 
     def state_parts(self) -> dict:
         return self.learner.state_parts()

@@ -14,13 +14,16 @@ trajectory buffer (Ray's object store holds the finished groups; its size is bou
 Fault tolerance: workers restart (`max_restarts`) and their calls are retried (`max_task_retries`); a retried
 share re-syncs to the newest weights and is regenerated with the same ids, so nothing is lost or trained twice.
 A checkpoint stores the data cursor as it was before the first not-yet-trained step, so a resumed run
-regenerates whatever was in flight.
+regenerates whatever was in flight. SIGINT/SIGTERM go through the run loop like a sync run's: the step being
+trained finishes and is checkpointed, the groups generated ahead are discarded with the actors (`close`), Ray
+is shut down and `specrl train` exits 2 with the resume command; a second signal aborts at once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 import uuid
@@ -36,6 +39,9 @@ from specrl.rl.producer import Rollouts, merge_rollouts
 WORKER_RESTARTS = 3
 CONNECT_TIMEOUT_SECONDS = 3.0
 LEARNER_KILL_ENV = "SPECRL_TEST_SIGKILL_AT_STEP"  # the learner's hook (specrl.rl.learner.KILL_ENV) kills the driver
+# Test hook "STEP:SIGNAL[:COUNT]": in step STEP (1-based), with the next steps' groups in flight and this step's
+# collected, the driver sends itself SIGNAL (TERM or INT) COUNT times (default 1), as a user or a scheduler would.
+SIGNAL_ENV = "SPECRL_TEST_SIGNAL_AT_STEP"
 
 
 def start_ray(cfg: TrainConfig) -> bool:
@@ -87,6 +93,28 @@ def _check_reachable(address: str) -> None:
         raise SpecRLError(f"pipeline.ray_address={address!r}: cannot connect to a Ray cluster there ({e}); give "
                           "the address of a running cluster (`ray start --head` prints it) or null to run "
                           "locally") from None
+
+
+def _get(ref):
+    """`ray.get`, re-raising an actor's SpecRLError itself (its message, not Ray's traceback dump), so the run loop
+    reports a learner's NonFiniteError exactly as a sync run does."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, SpecRLError):
+            raise e.cause from None
+        raise
+
+
+def _signal_hook(step: int) -> None:
+    """The `SIGNAL_ENV` test hook (a no-op unless it names this step)."""
+    at, _, rest = os.environ.get(SIGNAL_ENV, "").partition(":")
+    if at != str(step):
+        return
+    name, _, count = rest.partition(":")
+    for _ in range(int(count or 1)):
+        os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+        time.sleep(0.05)  # the handler runs here, as it would while the driver waits on Ray
 
 
 class AsyncGRPOTrainer:
@@ -189,8 +217,9 @@ class AsyncGRPOTrainer:
         rollouts = merge_rollouts(sorted(parts, key=lambda p: p.request_ids[0]), wall_seconds=wall_gen)
         if os.environ.get(LEARNER_KILL_ENV) == str(index + 1):
             os.kill(os.getpid(), 9)  # the resume test: the whole run dies mid-step
+        _signal_hook(index + 1)
         seconds = {"data": t1 - t0, "prepare": self._published[1], "gen": t2 - t1}
-        rec, learn_events, lines = ray.get(self.learner.learn.remote(rollouts, seconds))
+        rec, learn_events, lines = _get(self.learner.learn.remote(rollouts, seconds))
         for line in lines:
             self.log(line)
         self._published = self._publish()
@@ -221,6 +250,9 @@ class AsyncGRPOTrainer:
             "publish_seconds": self._published[1],
             "trained_samples": len(rollouts.request_ids),
             "trained_request_id_range": [min(rollouts.request_ids), max(rollouts.request_ids)],
+            "trained_prompt_indices": rollouts.problem_indices[::n],  # one per group, in group order
+            # in-flight updates: samples whose tokens span more than one policy version
+            "mixed_version_samples": sum(len(set(v)) > 1 for v in rollouts.token_versions),
         })
         self.last_rollouts = rollouts
         return rec
@@ -230,6 +262,11 @@ class AsyncGRPOTrainer:
         return ray.get(self.workers[0].validate.remote(self.step_count))
 
     # ------------------------------------------------------------------ checkpoints and the end
+    def check_weights(self, step: int) -> None:
+        """Before checkpoint `step`: the learner actor scans its weights and runs the 16-token probe forward +
+        backward (the sync learner's `check_weights`); raises its NonFiniteError."""
+        _get(self.learner.check_weights.remote(step))
+
     def state_parts(self) -> dict[str, Any]:
         parts = ray.get(self.learner.state_parts.remote())
         learner_state = parts.pop("learner")

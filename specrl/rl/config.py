@@ -343,6 +343,10 @@ class PipelineConfig(_Section):
     ray_address: str | None = None
     """A Ray cluster to join (e.g. "ray://head:10001" or "auto"); None starts Ray locally with
     num_rollout_workers * worker_threads + learner_threads CPUs."""
+    in_flight_updates: bool = False
+    """async: a rollout worker also picks up a newer published policy between engine (decode) steps, inside a
+    share, so one sequence may span two versions; each token records its version, and the IS correction uses
+    each token's behaviour log-prob (false: new weights are loaded between shares only)."""
 
     @field_validator("max_trajectory_age_steps")
     @classmethod
@@ -419,6 +423,17 @@ class TrainConfig(_Section):
                 "versions, which needs grpo.importance_sampling_correction=true (truncated importance sampling); "
                 "set it, or pipeline.max_trajectory_age_steps=0"
             )
+        if pl.in_flight_updates and pl.mode != "async":
+            raise ValueError("pipeline.in_flight_updates=true loads weights published while a rollout worker "
+                             "generates, which only the async pipeline does; set pipeline.mode=async or "
+                             "pipeline.in_flight_updates=false")
+        if pl.in_flight_updates and self.speculative.verify == "seed_exact":
+            raise ValueError(
+                "pipeline.in_flight_updates=true with speculative.verify=seed_exact: seed_exact promises the tokens "
+                "of plain decoding, but an in-flight update lands between engine steps, which cover one token in "
+                "plain decoding and up to k+1 in speculative decoding (and whose timing depends on the learner), so "
+                "the switch point and the tokens cannot be reproduced; set speculative.verify=rejection (lossless "
+                "in distribution) or pipeline.in_flight_updates=false")
         return self
 
     def to_yaml(self) -> str:

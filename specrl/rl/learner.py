@@ -6,8 +6,9 @@ stages on one step's `Rollouts` and returns the `metrics.jsonl` record; `named_w
 publishes (policy tensors under HF checkpoint names, the drafter under its own checkpoint names, and the
 version = the number of optimizer steps applied). Log-probabilities for the loss are recomputed here; the
 rollouts' behaviour log-probs feed the optional truncated importance-sampling correction and the
-`token_mult_prob_error` diagnostic. The sync trainer composes it with the producer in one process; the async
-pipeline runs the same learner in its learner actor.
+`token_mult_prob_error` diagnostic. `check_weights` (a NaN/inf scan, then a 16-token probe forward + backward
+that must stay finite) runs before every checkpoint. The sync trainer composes it with the producer in one
+process; the async pipeline runs the same learner, and the same check, in its learner actor.
 """
 
 from __future__ import annotations
@@ -64,6 +65,54 @@ class Batch:
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
     captured: list[dict] = field(default_factory=list)  # per micro-batch, detached hidden states
+
+
+def _nonfinite(state: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(name, non-finite count, numel) of the first floating tensor holding NaN/inf, else None."""
+    for name, t in state.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            if bool(torch.isfinite(t.amax()) & torch.isfinite(t.amin())):  # NaN propagates, +-inf shows
+                continue
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                return name, bad, t.numel()
+    return None
+
+
+def check_weights(parts: dict[str, Any], policy: torch.nn.Module | None, step: int) -> None:
+    """Refuse to checkpoint weights that are not usable: NaN/inf in the policy or drafter, or a policy whose
+    forward pass gives non-finite logits (weights blown up to ~1e10 by a huge learning rate are finite, yet
+    the next step's forward overflows). Raises NonFiniteError naming the part, so no checkpoint holds them."""
+    for part, err in (("policy", NonFiniteError), ("drafter", DrafterNonFiniteError)):
+        state = parts.get(part)
+        hit = _nonfinite(state) if isinstance(state, dict) else None
+        if hit:
+            name, bad, n = hit
+            raise err(f"step {step}: after the update, the {part}'s tensor {name!r} holds {bad} NaN/inf values "
+                      f"(of {n}); the step-{step} checkpoint was not written")
+    if policy is not None and hasattr(policy, "forward_hidden") and hasattr(policy, "logits"):
+        # A probe forward + backward on 16 tokens: the next step must be able to train from these weights.
+        vocab = policy.args.vocab_size
+        toks = (torch.arange(16) * 7919 % vocab).unsqueeze(0)
+        params = [p for p in policy.parameters() if p.requires_grad]
+        with torch.enable_grad():
+            logits = policy.logits(policy.forward_hidden(toks)[0][:, :-1])
+            what = "logits in a forward pass"
+            ok = bool(torch.isfinite(logits).all())
+            if ok and params:
+                lp = torch.log_softmax(logits.float(), -1).gather(-1, toks[:, 1:, None]).sum()
+                grads = [g for g in torch.autograd.grad(lp, params, allow_unused=True) if g is not None]
+                what = "gradients"
+                ok = bool(torch.isfinite(torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))) if grads else True
+        if not ok:
+            raise NonFiniteError(f"step {step}: after the update the policy gives non-finite {what} (largest "
+                                 f"weight magnitude {_max_abs(policy):.3g}: the update blew the weights up, e.g. "
+                                 f"a learning rate far too high); the step-{step} checkpoint was not written")
+
+
+def _max_abs(m: torch.nn.Module) -> float:
+    return max(float(p.detach().abs().max()) for p in m.parameters())
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -139,6 +188,14 @@ class Learner:
     @property
     def version(self) -> int:
         return self.step_count
+
+    def check_weights(self, step: int) -> None:
+        """Before checkpoint `step`: `check_weights` on this learner's policy and drafter (NaN/inf scan, then the
+        16-token probe forward + backward). Raises NonFiniteError / DrafterNonFiniteError naming the cause."""
+        parts = {"policy": self.policy.state_dict()}
+        if self.drafter is not None:
+            parts["drafter"] = self.drafter.state_dict()
+        check_weights(parts, self.policy, step)
 
     def named_weights(self) -> tuple[int, dict[str, Tensor], dict[str, Tensor] | None]:
         """(version, policy tensors by HF name, drafter tensors by checkpoint name or None): what a sync sends."""

@@ -6,6 +6,7 @@ samples and `policy_version` for the tag. `stage_data` and `stage_gen` are two o
 step (`produce` runs both for a pipeline that does not interleave weight sync between them). The sync trainer
 composes it with the learner in one process; the async pipeline runs the same producer in each rollout worker.
 Request ids are derived from the step index, so a step's samples replay exactly whatever ran before them.
+Each sample carries its policy version (the oldest among its tokens) and each token its own (`token_versions`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class Rollouts:
     step_index: int = 0  # 0-based index of the step these rollouts were generated for
     request_ids: list[int] = field(default_factory=list)  # per sample: unique across the run (step, group, sample)
     reward_components: dict[str, list[float]] = field(default_factory=dict)  # per reward function, per sample
+    # per sample, per response token: the policy version that produced it (with in-flight updates a sample may
+    # span two versions; policy_versions holds each sample's oldest)
+    token_versions: list[list[int]] = field(default_factory=list)
 
     @property
     def policy_version(self) -> int:
@@ -75,7 +79,8 @@ def merge_rollouts(parts: list[Rollouts], wall_seconds: float | None = None) -> 
                     cat("finish_reasons"), torch.cat([p.rewards for p in parts]), cat("correct"), cat("formatted"),
                     merge_metrics([p.engine_metrics for p in parts], wall_seconds), cat("policy_versions"),
                     parts[0].step_index, cat("request_ids"),
-                    {k: [x for p in parts for x in p.reward_components[k]] for k in parts[0].reward_components})
+                    {k: [x for p in parts for x in p.reward_components[k]] for k in parts[0].reward_components},
+                    cat("token_versions"))
 
 
 class RolloutProducer:
@@ -163,7 +168,9 @@ class RolloutProducer:
         return Rollouts(problems, [r.prompt_token_ids for r in requests], [list(o.token_ids) for o in result],
                         [list(o.logprobs) for o in result], [o.finish_reason for o in result],
                         torch.tensor(rewards, dtype=torch.float32), correct, formatted, dict(result.metrics),
-                        result.policy_versions, step_index, [r.request_id for r in requests], components)
+                        result.policy_versions, step_index, [r.request_id for r in requests], components,
+                        [list(o.token_versions) if o.token_versions is not None else
+                         [o.policy_version] * len(o.token_ids) for o in result])
 
     def _score(self, split: str, problems: list[int], outputs) -> tuple[list, list, list, dict]:
         """Rewards (weighted totals), correct, formatted and per-function values of each output."""

@@ -7,9 +7,10 @@ directory, and writes the resolved `config.yaml`. `run_training` drives the step
 (at step 0, every `grpo.val_every` steps and at the end), appends `metrics.jsonl` / `validation.jsonl` /
 TensorBoard, writes atomic checkpoints, exports the final policy as a loadable checkpoint directory and writes
 `report.md`. A run directory is locked while a run uses it (`RunLock`: a second run refuses, naming the first's
-PID; a dead run's stale lock is taken over), weights are checked before every checkpoint (`check_weights`), a
+PID; a dead run's stale lock is taken over), weights are checked before every checkpoint (`Learner.check_weights`), a
 full or read-only disk stops the run with the previous checkpoint intact, and SIGINT/SIGTERM finish the step in
-flight, checkpoint it and stop (`RunInterrupted`), so `--resume` continues with no step missing or twice.
+flight, checkpoint it and stop (`RunInterrupted`; a second signal aborts at once, `RunAborted`), so `--resume`
+continues with no step missing or twice. Both exit the CLI with status 2 and the resume command.
 `run_compare` runs the same config autoregressively and speculatively with the same seeds,
 interleaving their steps so machine noise hits both, checks seed-exact identity after every step, and writes
 `compare.json` / `compare.md`.
@@ -37,7 +38,7 @@ from specrl.errors import SpecRLError
 from specrl.model.presets import pid_alive
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
 from specrl.rl.config import TrainConfig, load_config, validate_config
-from specrl.rl.learner import NonFiniteError
+from specrl.rl.learner import NonFiniteError, check_weights
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
 from specrl.rl.trainer import GRPOTrainer, seed_everything
@@ -239,58 +240,13 @@ def sync_trainer(cfg: TrainConfig, run_dir: Path) -> GRPOTrainer:
     return GRPOTrainer.from_config(cfg)
 
 
-def _nonfinite(state: dict[str, Any]) -> tuple[str, int, int] | None:
-    """(name, non-finite count, numel) of the first floating tensor holding NaN/inf, else None."""
-    for name, t in state.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-            if bool(torch.isfinite(t.amax()) & torch.isfinite(t.amin())):  # NaN propagates, +-inf shows
-                continue
-            bad = int((~torch.isfinite(t)).sum())
-            if bad:
-                return name, bad, t.numel()
-    return None
-
-
-def check_weights(parts: dict[str, Any], policy: torch.nn.Module | None, step: int) -> None:
-    """Refuse to checkpoint weights that are not usable: NaN/inf in the policy or drafter, or a policy whose
-    forward pass gives non-finite logits (weights blown up to ~1e10 by a huge learning rate are finite, yet
-    the next step's forward overflows). Raises NonFiniteError naming the part, so no checkpoint holds them."""
-    from specrl.rl.learner import DrafterNonFiniteError
-
-    for part, err in (("policy", NonFiniteError), ("drafter", DrafterNonFiniteError)):
-        state = parts.get(part)
-        hit = _nonfinite(state) if isinstance(state, dict) else None
-        if hit:
-            name, bad, n = hit
-            raise err(f"step {step}: after the update, the {part}'s tensor {name!r} holds {bad} NaN/inf values "
-                      f"(of {n}); the step-{step} checkpoint was not written")
-    if policy is not None and hasattr(policy, "forward_hidden") and hasattr(policy, "logits"):
-        # A probe forward + backward on 16 tokens: the next step must be able to train from these weights.
-        vocab = policy.args.vocab_size
-        toks = (torch.arange(16) * 7919 % vocab).unsqueeze(0)
-        params = [p for p in policy.parameters() if p.requires_grad]
-        with torch.enable_grad():
-            logits = policy.logits(policy.forward_hidden(toks)[0][:, :-1])
-            what = "logits in a forward pass"
-            ok = bool(torch.isfinite(logits).all())
-            if ok and params:
-                lp = torch.log_softmax(logits.float(), -1).gather(-1, toks[:, 1:, None]).sum()
-                grads = [g for g in torch.autograd.grad(lp, params, allow_unused=True) if g is not None]
-                what = "gradients"
-                ok = bool(torch.isfinite(torch.linalg.vector_norm(
-                    torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))) if grads else True
-        if not ok:
-            raise NonFiniteError(f"step {step}: after the update the policy gives non-finite {what} (largest "
-                                 f"weight magnitude {_max_abs(policy):.3g}: the update blew the weights up, e.g. "
-                                 f"a learning rate far too high); the step-{step} checkpoint was not written")
-
-
-def _max_abs(m: torch.nn.Module) -> float:
-    return max(float(p.detach().abs().max()) for p in m.parameters())
-
-
 class RunInterrupted(SpecRLError):
     """SIGINT/SIGTERM: the step in flight was finished and checkpointed, then the run stopped."""
+
+
+class RunAborted(SpecRLError):
+    """A second SIGINT/SIGTERM: the step in flight was discarded at once; resume continues from the last
+    checkpoint."""
 
 
 class _StopSignals:
@@ -407,7 +363,11 @@ class _Run:
         """Check the weights, then write checkpoint `step` (a clear error on a full or read-only disk)."""
         c = self.cfg
         parts = self.trainer.state_parts()
-        check_weights(parts, getattr(self.trainer, "policy", None), step)
+        probe = getattr(self.trainer, "check_weights", None)
+        if probe is not None:  # the trainer's learner scans its weights and runs the probe forward + backward
+            probe(step)
+        else:  # a custom trainer without one: the NaN/inf scan of what is about to be written
+            check_weights(parts, None, step)
         try:
             self.last_ckpt = save_checkpoint(self.ckpt_root, step, parts,
                                              meta={"run": c.run.name, "model": c.model.name},
@@ -487,6 +447,14 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
         except NonFiniteError as e:
             run.writer.close()
             raise run.failed(e) from None
+        except KeyboardInterrupt:
+            if stop.received is None:  # not ours (no handler in a non-main thread): a plain interrupt
+                raise
+            run.writer.close()
+            where = f"checkpoint {run.last_ckpt}" if run.last_ckpt else "no checkpoint (a resume starts at step 0)"
+            raise RunAborted(f"second {stop.name}: aborted at once after {run.trainer.step_count} of "
+                             f"{cfg.run.steps} steps, without finishing the step in flight or checkpointing; "
+                             f"the last is {where}; continue with `specrl train --resume {run_dir}`") from None
         finally:
             stop.uninstall()
             display.close()

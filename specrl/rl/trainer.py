@@ -203,6 +203,10 @@ class GRPOTrainer:
         """Nothing to release in-process (the async trainer stops its Ray actors here)."""
 
     # ------------------------------------------------------------------ checkpoint state
+    def check_weights(self, step: int) -> None:
+        """The learner's pre-checkpoint check (NaN/inf scan + probe forward/backward); raises NonFiniteError."""
+        self.learner.check_weights(step)
+
     def state_parts(self) -> dict[str, Any]:
         parts = self.learner.state_parts()
         parts["trainer"] = {**parts.pop("learner"), **self.producer.state_dict()}

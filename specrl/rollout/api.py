@@ -13,6 +13,11 @@ without importing the native engine. A trainer reaches a backend only through th
   largest k, whether per-request seeds reproduce exactly. `BackendCapabilities.require` turns a request for
   something undeclared into a config error naming both what was asked and what the backend offers.
 
+* `between_steps` (optional, a backend whose capabilities declare `in_flight_updates`) — a callable the caller
+  may set; the backend calls it between engine steps of a `generate` call, and it may call `load_weights`
+  there. Tokens emitted afterwards carry the new version (`RolloutOutput.token_versions`); an output's
+  `policy_version` is the oldest version among its tokens.
+
 Behaviour log-probs are defined once, here: the log-probability of the emitted token under the distribution
 it was actually sampled from, i.e. after temperature, top-k and top-p (for a greedy request, where nothing was
 sampled, the unprocessed log-prob; see `specrl.rollout.sampling.behaviour_logprobs`). The GRPO loss uses the
@@ -55,7 +60,8 @@ class RolloutOutput:
     logprobs: list[float]  # behaviour log-probs of token_ids (see the module docstring)
     finish_reason: str  # "stop" | "length"
     prompt_index: int = 0
-    policy_version: int = 0
+    policy_version: int = 0  # the oldest version among the tokens (what a lag bound checks)
+    token_versions: list[int] | None = None  # per token: the policy version whose forward produced it
 
 
 @dataclass
@@ -86,9 +92,10 @@ class BackendCapabilities:
     drafter_kinds: tuple[str, ...]  # "none" included when plain decoding is offered
     max_k: int
     exact_seeds: bool  # the same (seed, request id) reproduces the same tokens, whatever the batch
+    in_flight_updates: bool = False  # `between_steps` is honoured: weights may change inside a generate call
 
     def require(self, verify: str | None = None, drafter: str | None = None, k: int | str | None = None,
-                exact_seeds: bool = False, where: str = "config") -> None:
+                exact_seeds: bool = False, in_flight_updates: bool = False, where: str = "config") -> None:
         """Raise a SpecRLError naming the unmet request and this backend's offer."""
         if verify is not None and verify not in self.verify_modes:
             raise SpecRLError(f"{where}: verify={verify!r} is not offered by the {self.name} backend (it offers "
@@ -102,6 +109,10 @@ class BackendCapabilities:
                               f"({self.max_k})")
         if exact_seeds and not self.exact_seeds:
             raise SpecRLError(f"{where}: per-request seeds are not exact on the {self.name} backend")
+        if in_flight_updates and not self.in_flight_updates:
+            raise SpecRLError(f"{where}: pipeline.in_flight_updates=true needs weight updates between engine steps, "
+                              f"which the {self.name} backend does not offer; set pipeline.in_flight_updates=false "
+                              "or rollout.backend=native")
 
 
 @runtime_checkable

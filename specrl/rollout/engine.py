@@ -10,12 +10,15 @@ not depend on batch composition. Speculative steps ask the drafter for k tokens,
 forward and hand the decision to `specrl.rollout.verify` — the single verification point. A ragged proposal
 (n-gram, suffix) is cut to its longest real draft before the forward; after it, `_verify_logits` does the
 vocabulary-wide work only where it is needed (argmax alone for greedy batches, log-probs at emitted positions).
+An optional `between_steps` callable runs between engine steps and may load newer weights (in-flight updates);
+every emitted token records the policy version that produced it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,16 +62,18 @@ class _Seq:
     group_id: int
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per emitted token: the policy version that produced it
     finish_reason: str | None = None
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.out
 
-    def emit(self, tok: int, lp: float) -> bool:
-        """Append one token; return True if the sequence is now finished."""
+    def emit(self, tok: int, lp: float, version: int) -> bool:
+        """Append one token (produced by policy `version`); return True if the sequence is now finished."""
         self.out.append(tok)
         self.logprobs.append(lp)
+        self.versions.append(version)
         if tok in self.params.stop_token_ids:
             self.finish_reason = "stop"
         elif len(self.out) >= self.params.max_new_tokens:
@@ -125,9 +130,12 @@ class RolloutEngine:
             if isinstance(drafter, torch.nn.Module):
                 self.packed_layers += pack_for_inference(drafter)
         self.controller = DraftLengthController(k_max, num_draft_tokens) if drafter is not None else None
-        self.capabilities = BackendCapabilities("native", VERIFY_MODES, DRAFTER_KINDS, k_max, exact_seeds=True)
+        self.capabilities = BackendCapabilities("native", VERIFY_MODES, DRAFTER_KINDS, k_max, exact_seeds=True,
+                                                in_flight_updates=True)
         self.policy_version = 0
         self.drafter_version = 0
+        # in-flight weight updates (specrl.rollout.api): called between engine steps; it may call load_weights
+        self.between_steps: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -150,7 +158,11 @@ class RolloutEngine:
         t0 = time.perf_counter()
         waiting = list(seqs)
         active: list[_Seq] = []
+        first = True
         while waiting or active:
+            if self.between_steps is not None and not first:
+                self.between_steps()  # a newer policy loaded here produces the next step's tokens
+            first = False
             if waiting and len(active) < self.max_batch_size:
                 take = waiting[: self.max_batch_size - len(active)]
                 waiting = waiting[len(take):]
@@ -167,7 +179,8 @@ class RolloutEngine:
             active = self._retire(active, metrics, progress)
         metrics.total_seconds = time.perf_counter() - t0
         v = self.policy_version
-        outs = [RolloutOutput(s.out, s.logprobs, s.finish_reason or "length", s.index, v) for s in seqs]
+        outs = [RolloutOutput(s.out, s.logprobs, s.finish_reason or "length", s.index, min(s.versions, default=v),
+                              s.versions) for s in seqs]
         return GenerationResult(outs, metrics.as_dict())
 
     def load_weights(self, which: str, named_tensors: dict[str, Tensor], version: int) -> None:
@@ -270,7 +283,7 @@ class RolloutEngine:
         logits = self.model.logits(last)
         tok, lp = self._sample_rows(logits, seqs, lens)
         for b, s in enumerate(seqs):
-            s.emit(int(tok[b]), float(lp[b]))
+            s.emit(int(tok[b]), float(lp[b]), self.policy_version)
         metrics.prompt_tokens += int(lens.sum())
         metrics.generated_tokens += m
         if self.drafter is not None:
@@ -290,7 +303,7 @@ class RolloutEngine:
         logits = self.model.logits(hidden[:, -1])
         tok, lp = self._sample_rows(logits, active, pos[:, 0] + 1)
         for b, s in enumerate(active):
-            s.emit(int(tok[b]), float(lp[b]))
+            s.emit(int(tok[b]), float(lp[b]), self.policy_version)
         if batch is not None:  # the drafter keeps its state in step even when it did not draft
             captured["final"] = hidden
             self.drafter.on_verified(batch, None, torch.ones(n, dtype=torch.long), captured)
@@ -328,7 +341,7 @@ class RolloutEngine:
         for b, s in enumerate(active):
             for i in range(ne[b]):
                 emitted[b] += 1
-                if s.emit(toks[b][i], lpl[at + i]):
+                if s.emit(toks[b][i], lpl[at + i], self.policy_version):
                     break
             at += ne[b]
         t2 = time.perf_counter()
