@@ -202,3 +202,42 @@ def copy_perturbed(model, seed: int = 5, scale: float = 0.02):
         for p in m.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale * p.abs().mean())
     return m
+
+
+def test_online_drafter_training_reaches_vllm(ckpt, head, prompts, tmp_path):
+    """GRPO on the vLLM backend with the specrl head trained online: every step the learner's drafter is pushed
+    (under specrl's names, renamed by the backend), and afterwards vLLM drafts exactly what the learner's
+    drafter drafts in specrl's engine on the learner's policy."""
+    from specrl.rl.config import load_config
+    from specrl.rl.trainer import GRPOTrainer
+
+    cfg = load_config("examples/default.yaml", [
+        "rollout.backend=vllm", "rollout.dtype=float32", "rollout.probe=false", "rollout.kv_cache_space_gib=0.5",
+        f"speculative.drafter=eagle:{head[0]}", "speculative.num_draft_tokens=3", "speculative.verify=rejection",
+        "drafter.online=true", "drafter.learning_rate=1e-2", "grpo.num_prompts_per_step=2",
+        "grpo.num_generations=2", "policy.train_micro_batch_size=4", "generation.max_new_tokens=12",
+        "generation.max_batch_size=4", "run.steps=2",
+        f"run.out_dir={tmp_path}", "run.threads=1"])
+    trainer = GRPOTrainer.from_config(cfg)
+    try:
+        start = {k: v.clone() for k, v in trainer.drafter.state_dict().items()}
+        for _ in range(2):
+            rec = trainer.step()
+            assert rec["acceptance_length"] >= 1.0
+        backend = trainer.backend
+        assert backend.drafter_version == backend.policy_version == 1  # each step pushes before it generates
+        trainer.stage_prepare()  # push the learner's newest weights (version 2), policy and drafter
+        assert backend.drafter_version == backend.policy_version == 2
+        moved = max(float((v.float() - start[k].float()).abs().max()) for k, v in trainer.drafter.state_dict().items()
+                    if v.is_floating_point())
+        assert moved > 0  # the learner did train the drafter
+        policy = trainer.policy.float().eval()
+        toks, ours, _ = native_drafts(policy, trainer.drafter.float().eval(), prompts[1])
+        backend.llm.collective_rpc("specrl_record_drafts", args=(True,))
+        res = backend.generate([prompts[1]], SamplingParams(temperature=0.0, max_new_tokens=NEW))
+        theirs = [step[0] for step in backend.llm.collective_rpc("specrl_record_drafts", args=(False,))[0]]
+        assert res[0].token_ids == toks
+        n = min(len(ours), len(theirs))
+        assert n >= 4 and [o[:K] for o in ours[:n - 1]] == [t[:K] for t in theirs[:n - 1]]
+    finally:
+        trainer.close()
