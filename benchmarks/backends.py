@@ -1,5 +1,9 @@
-"""Native engine vs the vLLM backend, through the same rollout protocol: AR and speculative (n-gram, the drafter
-both can run), B = 1 / 8 / 32, tok/s and acceptance length.
+"""Native engine vs the vLLM backend, through the same rollout protocol: AR and speculative (n-gram, and the same
+EAGLE head in both: specrl's eagle:default, exported to vLLM's EAGLE-3 layout at start-up), B = 1 / 8 / 32,
+tok/s and acceptance length. With EAGLE, vLLM runs twice: drafting by argmax and verifying with q = one-hot
+(its default, `draft_sample_method=greedy`: acceptance p(x)) and with the drafter's full q
+(`probabilistic`: acceptance min(1, p/q), as specrl's verifier does), so the AL that argmax drafting loses at
+T = 1 shows side by side with the same head.
 
 Run with the vLLM venv's python (it has specrl too):
 
@@ -39,17 +43,23 @@ def worker(a) -> None:
     sizes = [int(x) for x in a.batch_sizes.split(",")]
     if a.backend == "vllm":
         from specrl.backends.vllm import VLLMBackend, VLLMOptions
+        from specrl.rl.default_drafter import DEFAULT_BUILDS, ensure_default_drafter
 
         del model
+        drafter = a.drafter
+        kind, _, name = drafter.partition(":")
+        if kind == "eagle" and name in DEFAULT_BUILDS:
+            drafter = f"eagle:{ensure_default_drafter('eagle', name)}"
         engine = VLLMBackend(ckpt, VLLMOptions(dtype="bfloat16", max_model_len=512, max_num_seqs=max(sizes),
-                                               drafter=a.drafter, num_draft_tokens=a.k))
+                                               drafter=drafter, num_draft_tokens=a.k,
+                                               draft_sample_method=a.draft_sample))
     else:
-        from specrl.drafters import make_drafter
+        from specrl.rl.default_drafter import resolve_drafter
         from specrl.rollout.engine import RolloutEngine
 
         torch.set_num_threads(a.threads)
         engine = RolloutEngine(model, max_batch_size=max(sizes), max_seq_len=512,
-                               drafter=None if a.drafter == "none" else make_drafter(a.drafter, target=model),
+                               drafter=None if a.drafter == "none" else resolve_drafter(a.drafter, model),
                                num_draft_tokens=a.k if a.drafter != "none" else 0)
     sp = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens)
     engine.generate(prompts[:2], SamplingParams(max_new_tokens=4))  # warm-up
@@ -78,7 +88,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--drafters", default="none,ngram")
+    ap.add_argument("--drafters", default="none,ngram,eagle:default")
+    ap.add_argument("--draft-sample", default="greedy", help="(worker) vLLM's draft_sample_method")
     a = ap.parse_args()
     if a.worker:
         return worker(a)
@@ -86,24 +97,32 @@ def main() -> None:
            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
                                                        "0" if a.threads == 1 else f"0-{a.threads - 1}")}
     table = {}
+    arms = {}
     for drafter in a.drafters.split(","):
-        for backend in ("native", "vllm"):
+        arms[drafter] = [("native", "greedy"), ("vllm", "greedy")]
+        if drafter.startswith("eagle"):
+            arms[drafter].append(("vllm", "probabilistic"))
+        for backend, sample in arms[drafter]:
             cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--drafter", drafter, "--k", str(a.k),
                    "--batch-sizes", a.batch_sizes, "--new-tokens", str(a.new_tokens), "--repeats", str(a.repeats),
-                   "--threads", str(a.threads)]
+                   "--threads", str(a.threads), "--draft-sample", sample]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
             if not line:
                 sys.exit(f"{backend} {drafter} failed:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
-            table[(drafter, backend)] = json.loads(line[0][7:])
-            print(f"done {backend} {drafter}", file=sys.stderr, flush=True)
-    print(f"{'drafter':>8} {'B':>3} {'native tok/s':>13} {'AL':>5} {'vllm tok/s':>11} {'AL':>5} {'vllm/native':>12}")
+            table[(drafter, backend, sample)] = json.loads(line[0][7:])
+            print(f"done {backend} {drafter} {sample}", file=sys.stderr, flush=True)
+    print(f"{'drafter':>14} {'B':>3} {'native tok/s':>13} {'AL':>5} {'vllm tok/s':>11} {'AL':>5} {'vllm/native':>12} "
+          f"{'vllm full-q tok/s':>18} {'AL':>5}")
     for drafter in a.drafters.split(","):
         for b in a.batch_sizes.split(","):
-            n, v = table[(drafter, "native")][b], table[(drafter, "vllm")][b]
-            print(f"{drafter:>8} {b:>3} {n['tok_s']:>13.1f} {n['al']:>5.2f} {v['tok_s']:>11.1f} {v['al']:>5.2f} "
-                  f"{v['tok_s'] / n['tok_s']:>11.2f}x")
-
+            n, v = table[(drafter, "native", "greedy")][b], table[(drafter, "vllm", "greedy")][b]
+            row = (f"{drafter:>14} {b:>3} {n['tok_s']:>13.1f} {n['al']:>5.2f} {v['tok_s']:>11.1f} {v['al']:>5.2f} "
+                   f"{v['tok_s'] / n['tok_s']:>11.2f}x")
+            if (drafter, "vllm", "probabilistic") in table:
+                q = table[(drafter, "vllm", "probabilistic")][b]
+                row += f" {q['tok_s']:>18.1f} {q['al']:>5.2f}"
+            print(row)
 
 if __name__ == "__main__":
     main()
