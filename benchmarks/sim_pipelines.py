@@ -10,6 +10,10 @@ for rollouts per step), the producer's generation time, the async-over-sync step
 the same drafter), and, to separate the pipeline rule from the stage costs, the rule
 step = max(P, C, (P + C) / (L + 1)) applied to the *measured* producer time P (refit + generation) and learner
 time C (data + publish + logprob + train).
+
+Runs that recorded every step's response lengths are predicted step by step (median of per-step predictions).
+`--cpu-profile benchmarks/data/cpu_2core_1thread.json` is this 2-core machine's profile with its one-thread GEMV
+bandwidth (measured with the other core busy, as an async actor's neighbour is), which the cached profile lacks.
 """
 
 from __future__ import annotations

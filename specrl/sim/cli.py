@@ -156,8 +156,14 @@ def main(ctx: typer.Context, preset: Preset = None, model: Model = None, hardwar
             if json_out:
                 typer.echo(report.to_json({k2: v for k2, v in out.items() if k2 != "simulation"}))
             else:
-                typer.echo(f"{from_run}: medians over {out['steps_used']} steps, cpu profile")
+                th = out["threads"]
+                cores = (f"threads {th['generation']}" if out["config"]["mode"] == "sync" else
+                         f"threads: workers {th['generation']}, learner {th['learner']}")
+                typer.echo(f"{from_run}: medians over {out['steps_used']} steps ({out['lengths']} lengths), cpu "
+                           f"profile, {cores}")
                 typer.echo(report.format_from_run(out["rows"]))
+                for note in out["notes"]:
+                    typer.echo(f"note: {note}")
             return
         cfg = build_config(preset, model, hardware, gpus, drafter, k, acceptance_length, acceptance_rates, mode,
                            policy_lag, gen_gpu_fraction, precision, prompts_per_step, generations_per_prompt,

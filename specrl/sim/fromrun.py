@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from specrl.errors import SpecRLError
 from specrl.sim.calibrated import CALIBRATION
@@ -95,6 +98,27 @@ def _get(cfg: dict, dotted: str, default=None):
     return cur
 
 
+def _int(cfg: dict, dotted: str, default: int | None = None, minimum: int = 1) -> int:
+    v = _get(cfg, dotted, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise SpecRLError(f"run config {dotted}={v!r} must be an integer >= {minimum}")
+    return v
+
+
+def recorded_threads(records: list[dict], where: str = "metrics.jsonl") -> list[int] | None:
+    """Each step's `torch_threads` (the cores a sync run's torch used, re-read by its governor before every step),
+    or None when the run did not record it (runs before the field existed)."""
+    vals = [r.get("torch_threads") for r in records]
+    if all(v is None for v in vals):
+        return None
+    bad = [(i, v) for i, v in enumerate(vals) if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        i, v = bad[0]
+        raise SpecRLError(f"{where}: step {records[i].get('step', i + 1)} has torch_threads={v!r}; expected an "
+                          "integer >= 1 in every step (a specrl run records it in all steps or in none)")
+    return vals
+
+
 def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None = None,
                    efficiency: Efficiency | None = None, length_sigma: float = 0.5,
                    prompt_tokens: int = 120, threads: int | None = None) -> SimConfig:
@@ -124,18 +148,23 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
     # the run's own response lengths when it recorded them (pooled over the steady steps), else a log-normal
     sample = [float(x) for r in steady for x in (r.get("response_lengths") or [])]
     have_all = sample and all(r.get("response_lengths") for r in steady)
-    wl = Workload(prompts_per_step=int(_get(run_cfg, "grpo.num_prompts_per_step")),
-                  generations_per_prompt=int(_get(run_cfg, "grpo.num_generations")),
-                  max_response_tokens=int(_get(run_cfg, "generation.max_new_tokens")),
+    wl = Workload(prompts_per_step=_int(run_cfg, "grpo.num_prompts_per_step"),
+                  generations_per_prompt=_int(run_cfg, "grpo.num_generations"),
+                  max_response_tokens=_int(run_cfg, "generation.max_new_tokens"),
                   prompt_tokens=prompt_tokens,
                   response_mean=max(mean_len, 1.0), response_sigma=length_sigma,
                   length_sample=tuple(max(1.0, x) for x in sample) if have_all else None)
     mode, pipe = pipeline_layout(run_cfg)
-    if threads is not None:  # runs do not record how many cores their sync process had
+    rec_threads = recorded_threads(steady) if mode == "sync" else None
+    if threads is not None:  # a sync run that did not record torch_threads: the caller states its cores
         if mode != "sync":
             raise SpecRLError("--threads applies to a sync run; an async run's cores are its pipeline.worker_threads "
-                              "and learner_threads")
-        pipe["cpu_threads"] = threads
+                              "and learner_threads (read from its config.yaml)")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise SpecRLError(f"--threads {threads!r} must be an integer >= 1 (the cores the sync run had)")
+        pipe["cpu_threads"] = threads  # overrides a recorded torch_threads (predict_run notes it)
+    elif rec_threads is not None:
+        pipe["cpu_threads"] = int(round(statistics.median(rec_threads)))
     online = bool(_get(run_cfg, "drafter.online", False)) and drafter != "none"
     updates = statistics.median(float(r.get("draft_updates") or 0) for r in steady) if online else 0.0
     # a run with adaptive k is simulated with the simulator's own adaptive policy, acceptance measured at ~k_mean
@@ -169,41 +198,93 @@ def eagle_draft_vocab(arg: str) -> int | None:
 def pipeline_layout(run_cfg: dict) -> tuple[str, dict]:
     """(mode, SimConfig fields) of a run's pipeline on this CPU.
 
-    sync: one device, all the cores the profile was measured with (torch uses every core for every phase).
-    async: each rollout worker and the learner own `worker_threads` / `learner_threads` cores, so the simulator
-    sees num_rollout_workers + 1 devices of that many cores (peaks and bandwidth scaled from the profile),
-    generation on the workers and training on the learner, overlapped within max_trajectory_age_steps.
+    sync: one device with the cores the run's torch had (`torch_threads` in its metrics.jsonl when recorded,
+    else --threads, else the cores the profile was measured with).
+    async: each rollout worker owns `worker_threads` cores and the learner `learner_threads` (config.yaml), so
+    the simulator sees num_rollout_workers generation devices and one training device of those sizes (peaks and
+    bandwidth scaled from the profile), overlapped within max_trajectory_age_steps.
     """
     mode = str(_get(run_cfg, "pipeline.mode", "sync"))
     if mode == "sync":
         return mode, {"mode": "sync", "gpus": 1}
     if mode != "async":
         raise SpecRLError(f"run pipeline.mode {mode!r} is neither sync nor async")
-    workers = int(_get(run_cfg, "pipeline.num_rollout_workers", 1))
-    wt = int(_get(run_cfg, "pipeline.worker_threads", 1))
-    lt = int(_get(run_cfg, "pipeline.learner_threads", 1))
-    if wt != lt:
-        raise SpecRLError(f"async run with worker_threads={wt} and learner_threads={lt}: the simulator's devices "
-                          "are all alike, so --from-run needs worker_threads == learner_threads")
-    lag = int(_get(run_cfg, "pipeline.max_trajectory_age_steps", 1))
+    workers = _int(run_cfg, "pipeline.num_rollout_workers", 1)
+    wt = _int(run_cfg, "pipeline.worker_threads", 1)
+    lt = _int(run_cfg, "pipeline.learner_threads", 1)
+    lag = _int(run_cfg, "pipeline.max_trajectory_age_steps", 1, minimum=0)
     # specrl's worker generates one step's batch at a time (no run-ahead across steps)
     return mode, {"mode": "async", "gpus": workers + 1, "gen_gpu_fraction": workers / (workers + 1),
-                  "policy_lag": lag, "cpu_threads": wt, "async_run_ahead": False}
+                  "policy_lag": lag, "cpu_threads": wt, "learner_cpu_threads": lt if lt != wt else None,
+                  "async_run_ahead": False}
+
+
+def prepare_hw(cfg: SimConfig):
+    from specrl.sim.hardware import get_hardware
+
+    return get_hardware(cfg.hardware, cfg.cpu_profile)
+
+
+def step_configs(cfg: SimConfig, records: list[dict], threads_given: bool = False) -> list[SimConfig] | None:
+    """One config per recorded step — its own response lengths in rollout order and, for a sync run that
+    recorded them, its own torch_threads — when every step recorded all of its rollouts' lengths; else None.
+
+    A step's logprob/train cost is not linear in its lengths (micro-batches pad to their longest sequence,
+    attention grows as L²) and its generation is set by its longest response, so the median of measured steps
+    is compared with the median of per-step predictions, not with one step made of the pooled lengths' quantiles.
+    """
+    n = cfg.workload.rollouts
+    if not records or not all(len(r.get("response_lengths") or []) == n for r in records):
+        return None
+    threads = recorded_threads(records) if cfg.mode == "sync" and not threads_given else None
+    out = []
+    for i, r in enumerate(records):
+        lens = [float(x) for x in r["response_lengths"]]
+        wl = replace(cfg.workload, length_sample=tuple(max(1.0, x) for x in lens), length_in_order=True,
+                     response_mean=max(float(np.mean(lens)), 1.0))
+        c = replace(cfg, workload=wl)
+        if threads is not None:  # the governor's count for this step
+            c = replace(c, cpu_threads=threads[i])
+        out.append(c)
+    return out
 
 
 def predict_run(metrics_path: str | Path, cpu_profile: str | None = None,
                 efficiency: Efficiency | None = None, prompt_tokens: int = 120, threads: int | None = None) -> dict:
+    """Predicted vs measured stage medians of a run (steps after the first). With every step's response lengths
+    recorded, each step is simulated on its own rollouts and the prediction is the median over steps
+    (`lengths: "per step"`); otherwise one step of the pooled lengths (or a log-normal) is (`"pooled"`)."""
     metrics_path = metrics_file(metrics_path)
     records = read_metrics(metrics_path)
     run_cfg = read_run_config(metrics_path.parent)
     cfg = config_for_run(run_cfg, records, cpu_profile, efficiency, prompt_tokens=prompt_tokens, threads=threads)
-    result = simulate(cfg)
-    arm = result["spec"] if cfg.drafter != "none" else result["ar"]
     steady = records[1:] or records
+    arm_name = "spec" if cfg.drafter != "none" else "ar"
+    per_step = step_configs(cfg, steady, threads_given=threads is not None)
+    result = simulate(cfg)
+    notes = []
+    rec_threads = recorded_threads(steady) if cfg.mode == "sync" else None
+    if threads is not None and rec_threads is not None and set(rec_threads) != {threads}:
+        notes.append(f"--threads {threads} overrides the run's recorded torch_threads {sorted(set(rec_threads))} "
+                     "(on a shared machine torch can get fewer cores than it has threads)")
+    if cfg.mode == "sync" and threads is None and rec_threads is None:
+        notes.append("the run did not record torch_threads: simulated on the profile's thread count "
+                     "(pass --threads N if it had fewer cores)")
+    hw = prepare_hw(cfg)
+    sizes = [t for t in (cfg.cpu_threads, cfg.learner_cpu_threads) if t]
+    if cfg.efficiency.mfu_attention and hw.bandwidth_1thread <= 0 and sizes and min(sizes) < hw.threads:
+        notes.append(f"cpu profile has no one-thread bandwidth (hbm_bandwidth_1thread): a device of fewer cores "
+                     f"than its {hw.threads} streams its linear share, so the trainer's bandwidth-bound attention "
+                     "is priced as slowing by the core ratio; re-measure with `specrl simulate profile-hardware`")
+    sims = [simulate(c) for c in per_step] if per_step else [result]
+    arms = [x[arm_name] for x in sims]
     asynchronous = cfg.mode == "async"
 
     def med(get) -> float:
         return statistics.median(float(get(r) or 0.0) for r in steady)
+
+    def pmed(get) -> float:
+        return statistics.median(float(get(a)) for a in arms)
 
     rows = []
 
@@ -218,14 +299,25 @@ def predict_run(metrics_path: str | Path, cpu_profile: str | None = None,
             measured = med(lambda r: r.get("refit_seconds"))
         else:
             measured = med(lambda r, s=s: r["stage_seconds"].get(s, 0.0))
-        row(s, measured, arm["stages"][s])
+        row(s, measured, pmed(lambda a, s=s: a["stages"][s]))
     row("exposed gen", med(lambda r: r.get("exposed_gen_seconds", r["stage_seconds"].get("gen"))),
-        arm["exposed_gen_seconds"])
-    row("step", med(lambda r: r.get("step_seconds") or sum(r["stage_seconds"].values())), arm["step_seconds"])
-    return {"rows": rows, "config": config_dict(cfg), "steps_used": len(steady), "simulation": result}
+        pmed(lambda a: a["exposed_gen_seconds"]))
+    row("step", med(lambda r: r.get("step_seconds") or sum(r["stage_seconds"].values())),
+        pmed(lambda a: a["step_seconds"]))
+    threads_used = sorted({c.cpu_threads or hw.threads for c in (per_step or [cfg])})
+    return {"rows": rows, "config": config_dict(cfg), "steps_used": len(steady), "simulation": result,
+            "notes": notes,
+            "lengths": "per step" if per_step else "pooled",
+            "threads": {"generation": threads_used if len(threads_used) > 1 else threads_used[0],
+                        "learner": cfg.learner_cpu_threads or cfg.cpu_threads or hw.threads},
+            "per_step": [{"step": r.get("step"), "stages": a["stages"], "step_seconds": a["step_seconds"]}
+                         for r, a in zip(steady, arms, strict=False)] if per_step else None}
 
 
 def _fit_inputs(path: str | Path, cpu_profile: str | None, unit: Efficiency, prompt_tokens: int):
+    """(path, configs, measured medians, arm, steps): one config per step when the run recorded every step's
+    lengths (the fit then matches the median of per-step predictions to the median of measured steps: linear in
+    each factor while the steps keep their order, which the in-sample rows check), else one pooled config."""
     metrics_path = metrics_file(path)
     records = read_metrics(metrics_path)
     run_cfg = read_run_config(metrics_path.parent)
@@ -235,8 +327,9 @@ def _fit_inputs(path: str | Path, cpu_profile: str | None, unit: Efficiency, pro
                           "time. Fit on the sync arm and predict the async one with --from-run")
     cfg = config_for_run(run_cfg, records, cpu_profile, unit, prompt_tokens=prompt_tokens)
     steady = records[1:] or records
+    per_step = step_configs(cfg, steady)
     meas = {s: statistics.median(float(r["stage_seconds"].get(s, 0.0)) for r in steady) for s in STAGES}
-    return metrics_path, cfg, meas, "spec" if cfg.drafter != "none" else "ar", len(steady)
+    return metrics_path, per_step or [cfg], meas, "spec" if cfg.drafter != "none" else "ar", len(steady)
 
 
 def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None = None, prompt_tokens: int = 120,
@@ -252,8 +345,6 @@ def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None 
     `mfu_attention` against the GEMM MFU (two train times; attention grows as L²).
     Returns {"efficiency": Efficiency, "rows": predicted vs measured after the fit (per run with two)}.
     """
-    from dataclasses import replace
-
     paths = list(metrics_path) if isinstance(metrics_path, list | tuple) else [metrics_path]
     if not 1 <= len(paths) <= 2:
         raise SpecRLError(f"fit --from-run takes one sync run, or two (a short- and a long-sequence one); got "
@@ -269,14 +360,15 @@ def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None 
     runs = [_fit_inputs(p, cpu_profile, unit, pt) for p, pt in zip(paths, prompts, strict=False)]
     path_a, cfg_a, meas, arm, steps = runs[0]
 
-    def stages(cfg: SimConfig, eff: Efficiency, a: str) -> dict:
-        return simulate(replace(cfg, efficiency=eff))[a]["stages"]
+    def stages(cfgs: list[SimConfig], eff: Efficiency, a: str) -> dict:
+        per = [simulate(replace(c, efficiency=eff))[a]["stages"] for c in cfgs]
+        return {s: statistics.median(p[s] for p in per) for s in per[0]}
 
     # Eager PyTorch on a CPU pays its host cost (Python, op dispatch) per layer, so a drafter forward costs the
     # target's per-forward overhead times its share of decoder layers (an EAGLE head: 1 of the target's L). The
     # engine's measured c ~ 0.06-0.1 on SmolLM2 (docs/speculative_benchmarks.md) is this; the same overhead for
     # both (c ~ 0.7) is not. (On a GPU under CUDA graphs the 8B fit finds a per-forward cost instead.)
-    layer_share = 1.0 / get_model(cfg_a.model).layers
+    layer_share = 1.0 / get_model(cfg_a[0].model).layers
 
     def solve_overhead(e: Efficiency) -> Efficiency:
         r0 = stages(cfg_a, e, arm)

@@ -66,6 +66,9 @@ class SimConfig:
     efficiency: Efficiency = field(default_factory=Efficiency)
     cpu_profile: str | None = None
     cpu_threads: int | None = None  # measured cpu profile: threads per device (None: the threads it was measured with)
+    # measured cpu profile, async: threads of the training device(s) when they differ from the generators'
+    # (specrl's pipeline.learner_threads vs worker_threads); None: cpu_threads
+    learner_cpu_threads: int | None = None
     # 0: the trainer packs sequences (Megatron / NeMo-RL). N: specrl's trainer — micro-batches of N rollouts in
     # rollout order, right-padded to their longest sequence; the LM head runs on response tokens only.
     train_micro_batch: int = 0
@@ -187,14 +190,22 @@ class Context:
     layout: Layout
     prompts: np.ndarray  # (streams, rollouts): streams = policy_lag + 1 in async mode, else 1
     responses: np.ndarray
+    train_hw: Hardware | None = None  # the device logprob/train run on (None: hw)
 
 
 def prepare(cfg: SimConfig) -> Context:
     model = get_model(cfg.model)
     hw = get_hardware(cfg.hardware, cfg.cpu_profile)
     check_cudagraph_config(cfg, hw)
+    base_hw = hw
     if cfg.cpu_threads is not None:
-        hw = with_threads(hw, cfg.cpu_threads)
+        hw = with_threads(base_hw, cfg.cpu_threads)
+    train_hw = hw
+    if cfg.learner_cpu_threads is not None:
+        if cfg.mode != "async":
+            raise SpecRLError(f"learner_cpu_threads={cfg.learner_cpu_threads} sizes the learner of an async pipeline; "
+                              "a sync pipeline trains on the generation devices (use cpu_threads)")
+        train_hw = with_threads(base_hw, cfg.learner_cpu_threads)
     if cfg.train_micro_batch < 0:
         raise SpecRLError(f"train_micro_batch={cfg.train_micro_batch} must be 0 (packed sequences) or the trainer's "
                           "micro-batch size >= 1")
@@ -205,7 +216,7 @@ def prepare(cfg: SimConfig) -> Context:
     streams = cfg.policy_lag + 1 if cfg.mode == "async" and cfg.async_run_ahead else 1
     responses = np.stack([replace(wl, seed=wl.seed + s).response_lengths() for s in range(streams)])
     prompts = np.stack([wl.prompt_lengths()] * streams)
-    return Context(cfg, model, hw, drafter, acceptance, layout, prompts, responses)
+    return Context(cfg, model, hw, drafter, acceptance, layout, prompts, responses, train_hw)
 
 
 def check_cudagraph_config(cfg: SimConfig, hw: Hardware) -> None:
@@ -289,7 +300,7 @@ def moe_train_a2a_seconds(m: ModelSpec, hw: Hardware, tokens: float, ep: int, tr
 
 
 def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
-    cfg, eff, hw, m, lay = ctx.cfg, ctx.cfg.efficiency, ctx.hw, ctx.model, ctx.layout
+    cfg, eff, hw, m, lay = ctx.cfg, ctx.cfg.efficiency, ctx.train_hw or ctx.hw, ctx.model, ctx.layout
     peak = hw.flops(cfg.train_precision) * lay.train_gpus
     gemm, attn = trainer_forward_flops(m, ctx.prompts[0], ctx.responses[0], cfg.train_micro_batch)
     mp, dp = lay.train_model_parallel, lay.train_gpus // lay.train_model_parallel
@@ -320,7 +331,8 @@ def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
         sync_bytes += ctx.drafter.total_params() * DTYPE_BYTES[cfg.precision]
     # colocated: each GPU reloads its shard over NVLink; async: shards cross to the generation pool
     span = lay.gpus_per_engine if cfg.mode == "sync" else cfg.gpus
-    prepare_s = sync_bytes / lay.gpus_per_engine / hw.link_bandwidth(span) + eff.prepare_fixed_s
+    # the weights land on the generation devices (async: the rollout workers' refit)
+    prepare_s = sync_bytes / lay.gpus_per_engine / ctx.hw.link_bandwidth(span) + eff.prepare_fixed_s
     return {"data": eff.data_s, "prepare": prepare_s, "logprob": logprob, "train": train}
 
 
@@ -383,7 +395,8 @@ def simulate(cfg: SimConfig, ar_cache: dict | None = None) -> dict:
         "hardware": ctx.hw.name,
     }
     if cfg.mode == "async":
-        sync_ar = simulate(replace(cfg, mode="sync", drafter="none"), ar_cache=ar_cache)["ar"]["step_seconds"]
+        sync_ar = simulate(replace(cfg, mode="sync", drafter="none", learner_cpu_threads=None),
+                           ar_cache=ar_cache)["ar"]["step_seconds"]
         result["sync_ar_step_seconds"] = sync_ar
         result["combined_speedup_vs_sync_ar"] = sync_ar / spec["step_seconds"]
     return result

@@ -28,6 +28,8 @@ class Workload:
     length_histogram: str | None = None
     seed: int = 0
     length_sample: tuple[float, ...] | None = None  # measured response lengths (a run's), used like a histogram
+    # the sample *is* the step's rollouts, in rollout order (one recorded step of a run): no quantiles, no shuffle
+    length_in_order: bool = False
 
     def __post_init__(self) -> None:
         for f in ("prompts_per_step", "generations_per_prompt", "max_response_tokens", "prompt_tokens"):
@@ -35,6 +37,10 @@ class Workload:
                 raise SpecRLError(f"workload {f}={getattr(self, f)} must be >= 1")
         if self.length_sample is not None and (not self.length_sample or min(self.length_sample) < 1):
             raise SpecRLError("workload length_sample must be a non-empty list of response lengths >= 1")
+        if self.length_in_order and (self.length_sample is None or len(self.length_sample) != self.rollouts):
+            got = "none" if self.length_sample is None else len(self.length_sample)
+            raise SpecRLError(f"workload length_in_order needs a length_sample of exactly the step's "
+                              f"{self.rollouts} rollouts (prompts_per_step x generations_per_prompt), got {got}")
         if self.response_mean <= 0 or self.response_sigma < 0:
             raise SpecRLError(f"response length needs mean > 0 and sigma >= 0; got mean={self.response_mean} "
                               f"sigma={self.response_sigma}")
@@ -46,6 +52,8 @@ class Workload:
     def response_lengths(self) -> np.ndarray:
         """Response lengths in rollout order (generations of a prompt are consecutive)."""
         n = self.rollouts
+        if self.length_in_order:
+            return np.clip(np.round(np.asarray(self.length_sample, dtype=float)), 1, self.max_response_tokens)
         u = (np.arange(n) + 0.5) / n
         if self.length_histogram or self.length_sample is not None:
             if self.length_sample is not None:

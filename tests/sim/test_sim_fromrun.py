@@ -15,6 +15,7 @@ from specrl.sim.hardware import get_hardware, with_threads
 from specrl.sim.models import get_model
 from specrl.sim.pipeline import combine, other_stages, prepare, simulate, trainer_forward_flops
 from specrl.sim.roofline import Efficiency
+from specrl.sim.workload import Workload
 
 runner = CliRunner()
 PROFILE = {"name": "cpu", "peak_flops": {"bf16": 4e11, "fp32": 2e11, "fp8": 4e11}, "hbm_bandwidth": 2e10,
@@ -68,10 +69,25 @@ def test_async_run_is_simulated_with_the_async_pipeline_on_per_side_cores(tmp_pa
     assert by["gen"]["predicted"] > sby["gen"]["predicted"]
 
 
-def test_async_run_with_unequal_sides_and_fit_on_async_run_are_refused(tmp_path):
-    run, prof = _run(tmp_path, "uneq", mode="async", wt=1, lt=2)
-    with pytest.raises(SpecRLError, match="worker_threads == learner_threads"):
-        predict_run(run, cpu_profile=prof)
+def test_async_run_with_unequal_sides_gives_each_actor_its_cores(tmp_path):
+    """worker_threads and learner_threads from config.yaml: the learner trains on its own cores, the worker
+    generates on its own (before: unequal sides were refused)."""
+    extra = {"gen_seconds_workers": 2.5, "exposed_gen_seconds": 0.0, "refit_seconds": 0.2}
+    st = {"data": 0.001, "prepare": 0.1, "gen": 0.0, "logprob": 2.0, "train": 8.0}
+    one, prof = _run(tmp_path, "one", mode="async", wt=1, lt=1, stages=st, extra=extra)
+    uneq, _ = _run(tmp_path, "uneq", mode="async", wt=1, lt=2, stages=st, extra=extra)
+    a, b = predict_run(one, cpu_profile=prof), predict_run(uneq, cpu_profile=prof)
+    assert b["config"]["cpu_threads"] == 1 and b["config"]["learner_cpu_threads"] == 2
+    assert b["threads"] == {"generation": 1, "learner": 2} and a["threads"] == {"generation": 1, "learner": 1}
+    pa, pb = ({r["stage"]: r["predicted"] for r in x["rows"]} for x in (a, b))
+    assert pb["train"] == pytest.approx(pa["train"] / 2, rel=1e-6)  # two learner cores: GEMMs at twice the rate
+    assert pb["gen"] == pytest.approx(pa["gen"])  # the worker is the same one-core device
+    with pytest.raises(SpecRLError, match="learner_cpu_threads=2 sizes the learner of an async pipeline"):
+        simulate(replace(config_for_run(read_run_config(one), read_metrics(one), prof), mode="sync",
+                         learner_cpu_threads=2))
+
+
+def test_fit_on_async_run_is_refused(tmp_path):
     run, prof = _run(tmp_path, "as", mode="async")
     res = runner.invoke(app, ["fit", "--from-run", str(run), "--cpu-profile", prof])
     assert res.exit_code == 2 and "needs a sync run" in res.output
@@ -176,3 +192,94 @@ def test_one_core_gets_its_measured_bandwidth_and_bandwidth_bound_attention_foll
         b = other_stages(replace(ctx, cfg=replace(c, efficiency=no_attn_cost)), False)["logprob"]
         lp[name] = (a - b) / (1 / 0.05 - 1)  # attention seconds at mfu_attention 1
     assert lp["1"] / lp["2"] == pytest.approx(2e10 / 1.5e10, rel=1e-6)  # bandwidth ratio, not the 2x core ratio
+
+
+def _steps_run(tmp_path, name, per_step_lengths, mode="sync", threads=None, st=None, extra=None):
+    """A run whose steps have their own response lengths (and torch_threads when given)."""
+    run, prof = _run(tmp_path, name, mode=mode, new_tokens=512, stages=st, extra=extra)
+    st = st or {"data": 0.001, "prepare": 0.03, "gen": 10.0, "logprob": 3.0, "train": 10.0}
+    rows = []
+    for i, lens in enumerate(per_step_lengths):
+        r = {"step": i + 1, "stage_seconds": dict(st), "step_seconds": sum(st.values()),
+             "response_length_mean": float(np.mean(lens)), "response_lengths": list(lens)}
+        if threads is not None:
+            r["torch_threads"] = threads[i]
+        r.update(extra or {})
+        rows.append(json.dumps(r))
+    (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    return run, prof
+
+
+STEP_LENGTHS = [[100] * 8,  # warm-up step, not used
+                [60, 80, 100, 120, 140, 160, 180, 400], [60, 80, 100, 120, 140, 160, 180, 512],
+                [60, 80, 100, 120, 140, 160, 180, 300], [60, 80, 100, 120, 140, 160, 180, 296]]
+
+
+def test_each_recorded_step_is_simulated_on_its_own_rollouts_and_the_median_compared(tmp_path):
+    """Padding to a micro-batch's longest response and L² attention make a step's cost nonlinear in its lengths:
+    the prediction is the median of per-step predictions, not one step of the pooled lengths' quantiles (whose
+    longest is the pooled 15/16 quantile, here one of the 512s)."""
+    run, prof = _steps_run(tmp_path, "steps", STEP_LENGTHS)
+    out = predict_run(run, cpu_profile=prof, prompt_tokens=72)
+    assert out["lengths"] == "per step" and len(out["per_step"]) == 4
+    cfg = config_for_run(read_run_config(run), read_metrics(run), prof, prompt_tokens=72)
+    each = []
+    for lens in STEP_LENGTHS[1:]:
+        wl = replace(cfg.workload, length_sample=tuple(float(x) for x in lens), length_in_order=True)
+        each.append(simulate(replace(cfg, workload=wl))["ar"]["stages"]["train"])
+    by = {r["stage"]: r for r in out["rows"]}
+    assert by["train"]["predicted"] == pytest.approx(float(np.median(each)))
+    pooled = simulate(cfg)["ar"]["stages"]["train"]  # the old way: one step of the pooled quantiles (max 300)
+    assert abs(pooled / by["train"]["predicted"] - 1) > 0.1
+    # a step without its lengths: back to the pooled workload
+    rows = read_metrics(run)
+    rows[2].pop("response_lengths")
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert predict_run(run, cpu_profile=prof, prompt_tokens=72)["lengths"] == "pooled"
+
+
+def test_in_order_lengths_need_exactly_the_steps_rollouts():
+    wl = Workload(prompts_per_step=1, generations_per_prompt=4, max_response_tokens=100,
+                  length_sample=(5.0, 300.0, 7.0, 9.0), length_in_order=True)
+    assert list(wl.response_lengths()) == [5.0, 100.0, 7.0, 9.0]  # rollout order kept, cut at the cap
+    with pytest.raises(SpecRLError, match="exactly the step's 4 rollouts"):
+        Workload(prompts_per_step=1, generations_per_prompt=4, length_sample=(5.0, 6.0), length_in_order=True)
+    with pytest.raises(SpecRLError, match="got none"):
+        Workload(prompts_per_step=1, generations_per_prompt=4, length_in_order=True)
+
+
+def test_sync_run_is_simulated_on_its_recorded_torch_threads_per_step(tmp_path):
+    two, prof = _steps_run(tmp_path, "two", [[50] * 8] * 4, threads=[2, 2, 2, 2])
+    one, _ = _steps_run(tmp_path, "one", [[50] * 8] * 4, threads=[1, 1, 1, 1])
+    mixed, _ = _steps_run(tmp_path, "mixed", [[50] * 8] * 4, threads=[2, 1, 1, 1])
+    p = {n: predict_run(r, cpu_profile=prof, prompt_tokens=60) for n, r in (("2", two), ("1", one), ("m", mixed))}
+    train = {n: {r["stage"]: r["predicted"] for r in x["rows"]}["train"] for n, x in p.items()}
+    assert train["1"] == pytest.approx(2 * train["2"], rel=1e-6)  # the profile has no one-thread bandwidth
+    assert train["m"] == pytest.approx(train["1"])  # steps 2-4 ran on one core (step 1 is warm-up)
+    assert p["1"]["threads"]["generation"] == 1 and p["2"]["threads"]["generation"] == 2
+    assert any("hbm_bandwidth_1thread" in n for n in p["1"]["notes"])
+    # --threads overrides the record, and says so; a run without the record is noted too
+    over = predict_run(two, cpu_profile=prof, prompt_tokens=60, threads=1)
+    assert {r["stage"]: r["predicted"] for r in over["rows"]}["train"] == pytest.approx(train["1"])
+    assert any("overrides the run's recorded torch_threads [2]" in n for n in over["notes"])
+    bare, _ = _run(tmp_path, "bare")
+    assert any("did not record torch_threads" in n for n in predict_run(bare, cpu_profile=prof)["notes"])
+    res = runner.invoke(app, ["--from-run", str(two), "--cpu-profile", prof, "--threads", "1"])
+    assert res.exit_code == 0 and "note: --threads 1 overrides" in res.output
+
+
+def test_bad_recorded_threads_and_actor_sizes_are_clear_errors(tmp_path):
+    run, prof = _steps_run(tmp_path, "bad", [[50] * 8] * 3, threads=[2, 0, 2])
+    with pytest.raises(SpecRLError, match="step 2 has torch_threads=0"):
+        predict_run(run, cpu_profile=prof)
+    run, _ = _steps_run(tmp_path, "some", [[50] * 8] * 3, threads=[2, None, 2])
+    with pytest.raises(SpecRLError, match="in every step"):
+        predict_run(run, cpu_profile=prof)
+    for key, val in (("learner_threads", "0"), ("worker_threads", "two")):
+        arun, _ = _run(tmp_path / key, "a", mode="async")
+        text = (arun / "config.yaml").read_text()
+        (arun / "config.yaml").write_text(text.replace(f"{key}: 1", f"{key}: {val}"))
+        with pytest.raises(SpecRLError, match=f"pipeline.{key}=.* must be an integer >= 1"):
+            predict_run(arun, cpu_profile=prof)
+    with pytest.raises(SpecRLError, match="--threads 0 must be an integer >= 1"):
+        predict_run(_run(tmp_path / "t", "s")[0], cpu_profile=prof, threads=0)
