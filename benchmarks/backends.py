@@ -43,13 +43,10 @@ def worker(a) -> None:
     sizes = [int(x) for x in a.batch_sizes.split(",")]
     if a.backend == "vllm":
         from specrl.backends.vllm import VLLMBackend, VLLMOptions
-        from specrl.rl.default_drafter import DEFAULT_BUILDS, ensure_default_drafter
+        from specrl.rl.default_drafter import default_head_spec
 
         del model
-        drafter = a.drafter
-        kind, _, name = drafter.partition(":")
-        if kind == "eagle" and name in DEFAULT_BUILDS:
-            drafter = f"eagle:{ensure_default_drafter('eagle', name)}"
+        drafter = default_head_spec(a.drafter)
         engine = VLLMBackend(ckpt, VLLMOptions(dtype="bfloat16", max_model_len=512, max_num_seqs=max(sizes),
                                                drafter=drafter, num_draft_tokens=a.k,
                                                draft_sample_method=a.draft_sample))

@@ -300,7 +300,7 @@ def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGL
     from specrl.drafters.export import FORMATS, export_vllm_eagle3
     from specrl.model.presets import PRESETS
     from specrl.model.presets import prepare as prepare_preset
-    from specrl.rl.default_drafter import ensure_default_drafter
+    from specrl.rl.default_drafter import default_head_spec
 
     try:
         if fmt not in FORMATS:
@@ -309,7 +309,7 @@ def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGL
         if kind != "eagle" or not arg:
             raise SpecRLError(f"--drafter must be eagle:DIR, eagle:default or eagle:think, got {drafter!r} (only "
                               "EAGLE heads have a vLLM EAGLE-3 layout)")
-        src = ensure_default_drafter("eagle", arg) if arg in ("default", "think") else Path(arg).expanduser()
+        src = Path(default_head_spec(drafter).partition(":")[2]).expanduser()
         target = prepare_preset(model, verbose=False) if model in PRESETS else Path(model).expanduser()
         path = export_vllm_eagle3(src, target, out, dtype=dtype)
     except SpecRLError as e:
@@ -355,12 +355,10 @@ def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
         max_len = max(len(p) for p in prompts) + tokens + 16
         if backend == "vllm":
             from specrl.backends.vllm import VLLMBackend, VLLMOptions
-            from specrl.rl.default_drafter import DEFAULT_BUILDS, ensure_default_drafter
+            from specrl.rl.default_drafter import default_head_spec
 
-            kind, _, name = drafter.partition(":")
-            if kind == "eagle" and name in DEFAULT_BUILDS:
-                drafter = f"eagle:{ensure_default_drafter('eagle', name)}"
-            engine = VLLMBackend(ckpt, VLLMOptions(dtype=dtype, max_model_len=max(max_len, 256), drafter=drafter,
+            engine = VLLMBackend(ckpt, VLLMOptions(dtype=dtype, max_model_len=max(max_len, 256),
+                                                   drafter=default_head_spec(drafter),
                                                    num_draft_tokens=k, sampling_fix=sampling_fix,
                                                    max_num_seqs=min(samples, 256)))
         else:

@@ -18,6 +18,7 @@ same process in the in-process mode the backend uses; the worker process otherwi
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import torch
 
@@ -69,7 +70,7 @@ class SpecRLWorkerExtension:
         that dies part-way does (how the tests reach the backend's restart path)."""
         type(self)._fail_loads = int(n)
 
-    def _maybe_fail(self, pairs: list) -> list:
+    def _maybe_fail(self, pairs: list) -> Iterable:
         if type(self)._fail_loads <= 0:
             return pairs
         type(self)._fail_loads -= 1

@@ -42,6 +42,11 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
     return out
 
 
+def min_format_version(kind: str | None) -> int:
+    """The oldest drafter format this specrl reads for `kind` (format 1 EAGLE heads had another layer)."""
+    return EAGLE_MIN_VERSION if kind == "eagle" else 1
+
+
 def read_config(path: str | os.PathLike) -> dict:
     """The config of a drafter directory, or a SpecRLError saying what the path is instead."""
     p = Path(path)
@@ -69,7 +74,7 @@ def read_config(path: str | os.PathLike) -> dict:
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise SpecRLError(f"{cfg_path}: format_version {version!r} is not one this specrl reads (1..{FORMAT_VERSION});"
                           " it was written by a newer specrl: upgrade specrl or rebuild the drafter")
-    if cfg["kind"] == "eagle" and version < EAGLE_MIN_VERSION:
+    if version < min_format_version(cfg["kind"]):
         raise SpecRLError(f"{p} is an EAGLE head of format {version}, made by an older specrl whose layer differs "
                           f"from EAGLE-3's (format {EAGLE_MIN_VERSION}: vLLM's layout); its weights cannot be "
                           "converted. Rebuild it with `specrl draft init` (or, for eagle:default / eagle:think, "

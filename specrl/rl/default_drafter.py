@@ -22,7 +22,7 @@ from pathlib import Path
 
 from specrl.drafters import DEFAULT_DRAFTER_MODEL, DEFAULT_KINDS, Drafter, default_drafter_dir, make_drafter
 from specrl.drafters import build as drafter_build
-from specrl.drafters.io import EAGLE_MIN_VERSION, FORMAT_VERSION
+from specrl.drafters.io import FORMAT_VERSION, min_format_version
 from specrl.errors import SpecRLError
 
 # First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see README). `think` matches
@@ -74,7 +74,7 @@ def _format_of(d: Path) -> tuple[str | None, int]:
 
 def _readable_format(d: Path) -> bool:
     kind, version = _format_of(d)
-    return (EAGLE_MIN_VERSION if kind == "eagle" else 1) <= version <= FORMAT_VERSION
+    return min_format_version(kind) <= version <= FORMAT_VERSION
 
 
 def _current(d: Path, recipe: dict) -> bool:
@@ -144,6 +144,15 @@ def remove_stale_builds(final: Path) -> list[Path]:
         print(f"[specrl] removed {d}, left by an interrupted build of the default drafter", file=sys.stderr,
               flush=True)
     return removed
+
+
+def default_head_spec(spec: str) -> str:
+    """`eagle:default` / `eagle:think` -> `eagle:DIR` of the cached head (built on first use); any other spec as
+    it is. For consumers that take a directory, not a drafter object (the vLLM backend, the export)."""
+    kind, _, name = spec.partition(":")
+    if kind == "eagle" and name in DEFAULT_BUILDS:
+        return f"eagle:{ensure_default_drafter('eagle', name)}"
+    return spec
 
 
 def resolve_drafter(spec: str | None, target, dtype=None) -> Drafter | None:

@@ -23,7 +23,7 @@ from specrl.model.checkpoint import parse_dtype
 from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
 from specrl.rl.config import TrainConfig
-from specrl.rl.default_drafter import DEFAULT_BUILDS, ensure_default_drafter, resolve_drafter
+from specrl.rl.default_drafter import default_head_spec, resolve_drafter
 from specrl.rl.learner import Batch, Learner, NonFiniteError, response_logprobs
 from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.weight_sync import LocalWeightSync, WeightSync
@@ -71,10 +71,7 @@ def build_vllm_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBack
 
     ro, sc = cfg.rollout, cfg.speculative
     model_dir = prepare(cfg.model.name) if cfg.model.name in PRESETS else Path(cfg.model.name)
-    drafter = sc.drafter if sc.enabled else "none"
-    kind, _, name = drafter.partition(":")
-    if kind == "eagle" and name in DEFAULT_BUILDS:  # the embedded head: built on first use, exported by the backend
-        drafter = f"eagle:{ensure_default_drafter('eagle', name)}"
+    drafter = default_head_spec(sc.drafter) if sc.enabled else "none"  # the backend exports the head it names
     opts = VLLMOptions(dtype=ro.dtype, max_model_len=ro.max_model_len or cfg.model.max_seq_len,
                        kv_cache_space_gib=ro.kv_cache_space_gib, enforce_eager=ro.enforce_eager,
                        tensor_parallel_size=ro.tensor_parallel_size, max_num_seqs=cfg.generation.max_batch_size,
