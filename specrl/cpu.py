@@ -7,7 +7,10 @@ the 2x its share of the CPU would explain). `ThreadGovernor` picks the thread co
 (used as given, at most the cores this process may run on) or "auto", the cores the rest of the machine leaves
 free, read from /proc/stat (and at most OMP_NUM_THREADS when that is set). `update()` between training steps
 re-reads what other processes used since the last reading (all busy CPU time minus this process's own) and
-changes the count when that moved, so a job started mid-run costs its share of the CPU, not a collapse.
+changes the count when that moved, so a job started mid-run costs its share of the CPU, not a collapse. A long
+job outside the training loop (a drafter build, `prepare`, `draft init`, `generate`) activates its governor, and
+the loops that do its work (the rollout engine's decode loop, drafter training's batches) call `tick()`, which
+re-reads at most every `REREAD_SECONDS`: one noisy reading at start no longer fixes the count for an hour.
 
 `keep_large_allocations()`, for generation-only processes (async rollout workers, benchmarks): glibc serves
 allocations above its mmap threshold with fresh pages from the kernel and unmaps them on free, so every decode
@@ -33,6 +36,7 @@ from specrl.errors import SpecRLError
 
 log = logging.getLogger(__name__)
 
+REREAD_SECONDS = 5.0  # an active governor re-reads /proc/stat at most this often from tick()
 FREE_IF_IDLE = 0.75  # a core counts as free when others leave at least this much of it idle
 
 
@@ -161,7 +165,35 @@ class ThreadGovernor:
             torch.set_num_threads(n)
         return self.threads
 
+    def maybe_update(self, interval: float = REREAD_SECONDS) -> int:
+        """`update()` when at least `interval` seconds passed since the last reading; else the current count."""
+        if self.setting == "auto" and self._last is not None and time.monotonic() - self._last.wall >= interval:
+            return self.update()
+        return self.threads
+
+    def activate(self) -> ThreadGovernor:
+        """Make this the governor `tick()` re-reads (one per process; a later activation replaces it)."""
+        global _active
+        _active = self
+        return self
+
     def describe(self) -> str:
         if self.setting == "auto":
             return f"{self.threads} (auto: other processes use {self.others:.1f} of {self.cores} cores)"
         return f"{self.threads} (set)"
+
+
+_active: ThreadGovernor | None = None
+
+
+def tick() -> None:
+    """From inside long loops: let the active governor (if any) follow the machine's load. Costs a clock read."""
+    g = _active
+    if g is not None:
+        g.maybe_update()
+
+
+def deactivate() -> None:
+    """No governor re-reads from `tick()` any more (the thread count stays where it is)."""
+    global _active
+    _active = None

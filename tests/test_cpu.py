@@ -134,3 +134,46 @@ def test_large_allocations_stay_in_the_heap():
     per_step = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
     pages = n * v * 8 // 4096
     assert per_step < pages / 4, f"{per_step:.0f} minor page faults per sampling step ({pages} pages per temporary)"
+
+
+def test_an_active_governor_rereads_during_long_work(monkeypatch):
+    """A long job's governor is not fixed by its first reading: tick() re-reads at most every REREAD_SECONDS."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    clock = _Clock(monkeypatch, cores=2)
+    clock.others = 1.0  # a CI job holds one core while the long job starts
+    g = th.ThreadGovernor("auto", sample_seconds=0.2).activate()
+    try:
+        assert g.threads == 1
+        clock.others = 0.0  # the other job ends
+        clock.advance(1.0, ours=1.0)
+        th.tick()
+        assert g.threads == 1, "re-read sooner than REREAD_SECONDS"
+        clock.advance(th.REREAD_SECONDS + 0.1, ours=1.0)
+        th.tick()
+        assert g.threads == 2 and torch.get_num_threads() == 2
+        clock.others = 1.0  # and a new one starts
+        clock.advance(th.REREAD_SECONDS + 0.1, ours=1.0)
+        th.tick()
+        assert g.threads == 1
+    finally:
+        th.deactivate()
+    clock.others = 0.0
+    clock.advance(th.REREAD_SECONDS * 2, ours=1.0)
+    th.tick()  # no active governor: nothing changes
+    assert g.threads == 1
+
+
+def test_the_engine_and_drafter_training_tick(monkeypatch):
+    """The long loops call tick(): a generation's decode loop and drafter training's batches."""
+    from specrl import RolloutEngine
+    from specrl.model.transformer import tiny_model
+    from specrl.rollout import engine as eng
+    from specrl.rollout.sampling import SamplingParams
+
+    calls = []
+    monkeypatch.setattr(eng, "tick", lambda: calls.append(1))
+    e = RolloutEngine(tiny_model(), max_batch_size=2, max_seq_len=32)
+    e.generate([[1, 2, 3]], SamplingParams(max_new_tokens=5, temperature=1.0, seed=0))
+    assert len(calls) >= 4  # prefill emits the first token; each later token is one decode step
+    import specrl.drafters.training as tr
+    assert tr.tick is th.tick

@@ -20,14 +20,15 @@ ROOT = Path(__file__).resolve().parents[1] / "specrl"
 LAYERS = {
     "specrl.errors": 0,
     "specrl.cpu": 1,
-    "specrl.model": 1,
-    "specrl.rollout": 2,
-    "specrl.drafters": 3,
-    "specrl.backends": 4,
-    "specrl.rl": 5,
-    "specrl.sim": 5,
-    "specrl.distributed": 6,
-    "specrl.cli": 7,
+    "specrl.device": 1,
+    "specrl.model": 2,
+    "specrl.rollout": 3,
+    "specrl.drafters": 4,
+    "specrl.backends": 5,
+    "specrl.rl": 6,
+    "specrl.sim": 6,
+    "specrl.distributed": 7,
+    "specrl.cli": 8,
 }
 FACADE = "specrl"  # specrl/__init__.py: a lazy facade for users, exempt as importer, forbidden as imported
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from specrl.device import resolve_device, resolve_dtype
 from specrl.errors import SpecRLError
 from specrl.rollout.api import (
     BackendCapabilities,
@@ -81,7 +82,7 @@ def import_vllm():
 
 @dataclass(frozen=True)
 class VLLMOptions:
-    dtype: str = "bfloat16"  # "bfloat16" | "float32" | "float16"
+    dtype: str = "auto"  # "auto" (bf16 where the device has bf16 units, else fp32) | "bfloat16" | "float32" | "float16"
     max_model_len: int = 1024
     kv_cache_space_gib: float = 1.0
     enforce_eager: bool = True
@@ -94,8 +95,10 @@ class VLLMOptions:
     sampling_fix: str = "auto"  # auto (on for CPU platforms) | on | off
 
     def __post_init__(self):
-        if self.dtype not in ("bfloat16", "float32", "float16"):
-            raise SpecRLError(f"vLLM dtype must be bfloat16, float32 or float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
+            raise SpecRLError(f"vLLM dtype must be auto, bfloat16, float32 or float16, got {self.dtype!r}")
+        if self.dtype == "auto":  # what this machine runs fast (specrl.device), not vLLM's "auto" (the checkpoint's)
+            object.__setattr__(self, "dtype", resolve_dtype("auto", resolve_device("auto")))
         if not isinstance(self.max_model_len, int) or self.max_model_len < 16:
             raise SpecRLError(f"vLLM max_model_len must be an integer >= 16, got {self.max_model_len!r}")
         if not self.kv_cache_space_gib > 0:

@@ -108,7 +108,8 @@ def make_drafter(spec: str | None, target=None, dtype=None,
 
             if not Path(arg).exists() and "/" in arg:
                 raise SpecRLError(f"draft model path {arg} does not exist")
-            model, _ = load_model(arg, dtype=dtype or target.dtype)
+            model, _ = load_model(arg, dtype=dtype or target.dtype,
+                                  device="cpu" if target is None else target.embed_tokens.weight.device)
             same_tokenizer(getattr(target, "checkpoint_dir", None), model.checkpoint_dir, "draft model")
             return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
         from specrl.drafters.io import load_drafter

@@ -103,11 +103,13 @@ def build_drafter(model: str = "smollm2-135m", drafter_kind: str = "eagle", prom
                   data_jsonl: str | None = None, max_new_tokens: int = 160, temperature: float = 1.0,
                   draft_vocab_size: int = 8192, num_modules: int = 3, lr: float = 1e-3, batch_size: int = 8,
                   heldout: int = HELDOUT_PROMPTS, k: int = 3, seed: int = 0, progress: bool = True,
-                  draft_layers: int = 4, source: str = "prompts") -> Path:
+                  draft_layers: int = 4, source: str = "prompts", dtype: str | torch.dtype = "auto") -> Path:
     """Generate in-domain data, train a drafter, report held-out acceptance, save. Returns the directory.
 
-    `source` names where the prompts came from (a task name, say) in `train_report.json`.
+    `source` names where the prompts came from (a task name, say) in `train_report.json`. `dtype` is the target's
+    for the rollouts and the training features (auto: bf16 where the CPU has bf16 units, else fp32).
     """
+    from specrl.device import processor_class
     from specrl.drafters.draft_model import DRAFT_VOCAB_FILE, DraftModelDrafter, slice_layers
     from specrl.drafters.eagle import EagleDrafter
     from specrl.drafters.io import save_drafter
@@ -124,7 +126,7 @@ def build_drafter(model: str = "smollm2-135m", drafter_kind: str = "eagle", prom
     if not isinstance(samples, int) or samples < MIN_SAMPLES:
         raise SpecRLError(f"samples must be an integer >= {MIN_SAMPLES}, got {samples!r}")
     out = Path(out)
-    target, tokenizer = load_model(model)
+    target, tokenizer = load_model(model, dtype=dtype)
     if drafter_kind == "draft-model" and not (isinstance(draft_layers, int) and
                                               1 <= draft_layers < target.args.num_layers):
         raise SpecRLError(f"draft_layers must be an integer in [1, {target.args.num_layers - 1}] (the target has "
@@ -186,7 +188,8 @@ def build_drafter(model: str = "smollm2-135m", drafter_kind: str = "eagle", prom
     report = {**result, "heldout_acceptance_length": acc, "k": k, "temperature": temperature, "model": str(model),
               "task": source, "samples": len(seqs),
               "draft_layers": draft_layers if drafter_kind == "draft-model" else None,
-              "tokens": sum(len(s) for s in seqs),
+              "tokens": sum(len(s) for s in seqs), "target_dtype": str(target.dtype).removeprefix("torch."),
+              "processor_class": processor_class(),
               "draft_vocab_size": None if getattr(drafter, "d2t", None) is None else int(drafter.d2t.numel())}
     (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     if progress:

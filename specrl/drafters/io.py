@@ -145,4 +145,4 @@ def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = No
     dtype = cfg.get("dtype")
     if dtype:
         drafter.to(getattr(torch, dtype))
-    return drafter.eval()
+    return drafter.to(target.embed_tokens.weight.device).eval()  # the target's device (run.device)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specrl.cpu import tick
 from specrl.drafters.draft_model import DraftModelDrafter
 from specrl.drafters.eagle import EagleDrafter
 from specrl.drafters.mtp import MTPDrafter
@@ -132,6 +133,7 @@ def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, to
 
         starts = tqdm(starts, desc="target forwards", unit="batch")
     for a in starts:
+        tick()  # target forwards over the whole corpus: follow the machine's load (an active thread governor)
         idx = order[a: a + batch_size]
         longest = max(len(sequences[i]) for i in idx)
         tok = torch.zeros(len(idx), longest, dtype=torch.long)
@@ -324,6 +326,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
         batches = [by_len[a: a + batch_size] for a in range(0, len(by_len), batch_size)]
         rng.shuffle(batches)
         for chunk in batches:
+            tick()
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             loss, _ = batch_loss(drafter, _pad(chunk, _device(module)), ttt_steps)

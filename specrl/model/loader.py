@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from specrl.device import resolve_device, resolve_dtype
 from specrl.errors import SpecRLError
 from specrl.model import presets
 from specrl.model.checkpoint import load_checkpoint, load_tokenizer
@@ -18,12 +19,17 @@ from specrl.model.checkpoint import load_checkpoint, load_tokenizer
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")  # either marks a directory that carries a tokenizer
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16):
+def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "auto",
+               device: str | torch.device = "cpu"):
     """Load a preset (e.g. "smollm2-135m") or an HF checkpoint directory -> (Transformer, tokenizer or None).
 
-    The default dtype is bfloat16, the engine's natural dtype on CPUs with AVX512-BF16 and on GPUs;
-    pass dtype=torch.float32 for training or exactness tests.
+    dtype "auto" (the default) is bfloat16 where `device` has bf16 matrix units (AVX512-BF16 / AMX CPUs, CUDA)
+    and float32 elsewhere (`specrl.device.resolve_dtype`); pass dtype=torch.float32 for training or exactness
+    tests. `device` (cpu, cuda, cuda:N or auto) is where the weights are placed.
     """
+    dev = resolve_device(device)
+    if isinstance(dtype, str):
+        dtype = resolve_dtype(dtype, dev, "dtype")
     p = Path(name_or_path)
     preset = None
     if not p.exists():
@@ -42,6 +48,8 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = torch
             raise
         raise SpecRLError(f"{e}. This is specrl's cache of the preset {preset!r}: delete {p} and run `specrl "
                           f"prepare --model {preset}` to import it again") from None
+    if dev.type != "cpu":
+        model = model.to(dev)
     model.checkpoint_dir = p  # lets a drafter check it shares this model's tokenizer (see same_tokenizer)
     tokenizer = load_tokenizer(p) if any((p / f).exists() for f in TOKENIZER_FILES) else None
     return model, tokenizer

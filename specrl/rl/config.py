@@ -55,8 +55,10 @@ class ModelConfig(_Section):
     """A preset name (smollm2-135m) or a path to an HF checkpoint directory."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Trainer (policy) weights and optimizer dtype."""
-    rollout_dtype: Literal["float32", "bfloat16"] = "bfloat16"
-    """Dtype of the rollout engine's copy of the policy (bf16 is the fast path on CPU)."""
+    rollout_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Dtype of the rollout engine's copy of the policy. auto: bfloat16 where the device has bf16 matrix units
+    (AVX512-BF16 / AMX CPUs, CUDA), float32 elsewhere (AVX2-only CPUs emulate bf16 ~6.6x slower); resolved once at
+    start (specrl.device) and recorded as the resolved value in the run's config.yaml."""
     max_seq_len: int = Field(1024, ge=16)
     """Context budget of one sequence (prompt + response) in the rollout engine and trainer."""
 
@@ -131,8 +133,9 @@ class PolicyConfig(_Section):
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
-    precision: Literal["fp32", "bf16-mixed"] = "fp32"
-    """bf16-mixed: fp32 master weights and optimizer, bf16 autocast for the logprob/train forward+backward."""
+    precision: Literal["auto", "fp32", "bf16-mixed"] = "auto"
+    """bf16-mixed: fp32 master weights and optimizer, bf16 autocast for the logprob/train forward+backward.
+    auto: bf16-mixed where the device has bf16 matrix units, fp32 elsewhere (resolved once at start)."""
     train_micro_batch_size: int = Field(8, ge=1)
     """Sequences per forward/backward (logprob, train); must divide num_prompts_per_step * num_generations."""
 
@@ -259,8 +262,8 @@ class RolloutConfig(_Section):
     backend: Literal["native", "vllm"] = "native"
     """native: specrl's engine (the exact reference, seed_exact). vllm: vLLM's engine (`make venv-vllm`, run with
     .venv-vllm/bin/specrl), refit in-process every step; the options below apply to it only."""
-    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
-    """vLLM's weight / activation dtype (the native engine uses model.rollout_dtype)."""
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
+    """vLLM's weight / activation dtype (the native engine uses model.rollout_dtype); auto as model.rollout_dtype."""
     max_model_len: int | None = None
     """vLLM's context budget per sequence; None = model.max_seq_len."""
     kv_cache_space_gib: float = Field(1.0, gt=0.0)
@@ -309,6 +312,9 @@ class RunConfig(_Section):
     (a local file store RUN/mlruns unless MLFLOW_TRACKING_URI is set)."""
     progress: bool = True
     """Live terminal display (rich); falls back to one plain line per step when not a TTY."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N: where the policy, its rollout copy, the reference model, the drafter and their
+    training run; auto = cuda when a CUDA device is visible, else cpu (resolved once at start)."""
     threads: int | Literal["auto"] = "auto"
     """torch threads of the sync pipeline (rollouts and training in one process). auto: the cores other processes
     leave free, re-read before every step (a competing job then costs its share of the CPU instead of stalling
@@ -321,6 +327,13 @@ class RunConfig(_Section):
         if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
             return v
         raise ValueError(f"must be an integer >= 1 or 'auto', got {v!r}")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", v):
+            raise ValueError(f"must be auto, cpu, cuda or cuda:N (e.g. cuda:0), got {v!r}")
+        return v
 
     @field_validator("name")
     @classmethod

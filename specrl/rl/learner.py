@@ -34,6 +34,7 @@ from specrl.model.checkpoint import hf_named_tensors
 from specrl.rl.config import TrainConfig
 from specrl.rl.draft_online import DrafterCollapseWarning, DrafterHealth, check_trainable, draft_batch, draft_loss
 from specrl.rl.grpo import clipped_surrogate_loss, group_advantages, token_logprobs, token_mult_prob_error
+from specrl.rl.hardware import hardware_fields, resolve_hardware
 from specrl.rl.metrics import STAGES
 from specrl.rl.producer import Rollouts
 
@@ -141,7 +142,7 @@ def response_logprobs(model: Any, toks: Tensor, mask: Tensor, temperature: float
         flat = token_logprobs(logits.unsqueeze(0), toks[:, 1:][mask].unsqueeze(0), temperature)[0]
         if keep_logits:
             captured["response_logits"] = logits.detach()
-        return torch.zeros(mask.shape, dtype=flat.dtype).masked_scatter(mask, flat), captured
+        return torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat), captured
     logits, captured = model(toks, capture=capture)
     if keep_logits:
         captured["response_logits"] = logits[:, :-1][mask].detach()
@@ -156,7 +157,10 @@ class Learner:
     """Policy, optimizer, drafter training and the logprob/train stages of a GRPO step."""
 
     def __init__(self, cfg: TrainConfig, policy: torch.nn.Module, drafter: Any = None, max_policy_lag: int = 0):
+        cfg = resolve_hardware(cfg)  # idempotent; a config straight from Python may still say auto
         self.cfg = cfg
+        self.device = next(policy.parameters()).device  # batches are built here; autocast follows it
+        self.hardware = hardware_fields(cfg)  # every step record says what auto resolved to
         self.max_policy_lag = max_policy_lag  # sync: rollouts come from the current weights
         self.policy = policy
         self.drafter = drafter if cfg.drafter.online else None
@@ -206,7 +210,7 @@ class Learner:
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.cfg.policy.precision == "bf16-mixed":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ stages
@@ -222,7 +226,8 @@ class Learner:
             mask[b, len(p) - 1: len(p) - 1 + len(x)] = True
             gen_logp[b, len(p) - 1: len(p) - 1 + len(x)] = torch.tensor(lp, dtype=torch.float32)
         adv = group_advantages(r.rewards, self.cfg.grpo.num_generations, self.cfg.grpo.normalize_rewards)
-        return Batch(tokens, mask, gen_logp, adv)
+        d = self.device
+        return Batch(tokens.to(d), mask.to(d), gen_logp.to(d), adv.to(d))
 
     def _micro(self, batch: Batch, idx: list[int]) -> tuple[Tensor, Tensor]:
         """Tokens and mask of a micro-batch, trimmed to its longest sequence."""
@@ -425,6 +430,7 @@ class Learner:
             "truncated_fraction": float(np.mean([f == "length" for f in r.finish_reasons])),
             "policy_version": r.policy_version,
             "policy_lag": lag,
+            **self.hardware,
             **{k: v for k, v in train.items() if k != "draft_loss"},
         }
         return rec, batch

@@ -38,6 +38,7 @@ from specrl.errors import SpecRLError
 from specrl.model.presets import pid_alive
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
 from specrl.rl.config import TrainConfig, load_config, validate_config
+from specrl.rl.hardware import hardware_fields, resolve_hardware
 from specrl.rl.learner import NonFiniteError, check_weights
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
@@ -182,16 +183,19 @@ def setup_run(config_path: str | None, sets: list[str], resume: str | None,
         if config_path is not None:
             warn(f"[specrl] resuming: using {saved} (the run's resolved config); --config {config_path} is "
                  "not used")
-        cfg = load_config(saved, sets)
+        loaded = load_config(saved, sets)
+        cfg = resolve_hardware(loaded)
         RunLock.acquire(run_dir)
         try:
-            if sets:
+            if sets or cfg != loaded:
                 _write_text(saved, cfg.to_yaml())
         except BaseException:
             RunLock.release(run_dir)
             raise
         return cfg, run_dir
-    cfg = load_config(config_path, sets)
+    cfg = resolve_hardware(load_config(config_path, sets))  # config.yaml records what auto resolved to
+    print(f"[specrl] device {cfg.run.device} ({hardware_fields(cfg)['processor_class']}): rollouts in "
+          f"{cfg.model.rollout_dtype}, training in {cfg.policy.precision}", flush=True)
     run_dir = Path(out) if out else Path(cfg.run.out_dir) / cfg.run.name
     if run_dir.exists() and not run_dir.is_dir():
         raise SpecRLError(f"run directory {run_dir} is a file; pass --out DIR naming a directory")
@@ -530,11 +534,14 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
         raise SpecRLError(f"seed_exact compare: the autoregressive and speculative runs diverged at step {bad} "
                           f"(rollouts identical: {same_rollouts[bad - 1]}, weights identical: "
                           f"{same_weights[bad - 1]}); see {mpath}. seed_exact emits plain decoding's token wherever "
-                          "the verify forward computes the same logits as a plain forward; in bf16 they differ "
-                          "slightly for some (batch, k) shapes (tools/forward_shape_drift.py), so over long "
-                          "rollouts a token can flip and the runs part (the distribution stays exact). For token "
-                          "identity use model.rollout_dtype=float32; compare.md's gen throughput speedup is the "
-                          "fair speed figure for runs that parted")
+                          "the verify forward over k+1 tokens computes bit-identical logits to the plain one-token "
+                          "forwards. On CPUs it does not in every (batch, k) shape, in bfloat16 (differences up to "
+                          "~0.6 in a logit) nor in float32 (~1e-4; measured on AVX512-BF16 and on AVX2 kernels: "
+                          "tools/forward_shape_drift.py prints them for this machine), because GEMM kernels round B "
+                          "and B*(k+1) rows differently; a uniform that falls within that rounding of a CDF boundary "
+                          "picks another token and the runs part (float32 makes it rarer, not impossible). The "
+                          "sampled distribution is exact either way; compare.md's gen throughput speedup is the fair "
+                          "speed figure for runs that parted")
     return run_dir
 
 

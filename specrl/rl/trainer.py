@@ -24,6 +24,7 @@ from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
 from specrl.rl.config import TrainConfig
 from specrl.rl.default_drafter import default_head_spec, resolve_drafter
+from specrl.rl.hardware import resolve_hardware
 from specrl.rl.learner import Batch, Learner, NonFiniteError, response_logprobs
 from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.weight_sync import LocalWeightSync, WeightSync
@@ -117,7 +118,8 @@ class GRPOTrainer:
     def from_config(cls, cfg: TrainConfig, backend: RolloutBackend | None = None) -> GRPOTrainer:
         """Load the model, build the backend (the native engine unless one is given), the drafters, the producer,
         the learner and the in-process weight sync."""
-        policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
+        cfg = resolve_hardware(cfg)  # idempotent: a run's config is already resolved by setup_run
+        policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
         if tokenizer is None:
             raise SpecRLError(f"model {cfg.model.name!r} has no tokenizer files; GRPO needs one to build prompts")
         ctx = policy.args.max_position_embeddings

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from specrl.cpu import tick
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import copy_state, load_state_into
 from specrl.model.packed import pack_for_inference
@@ -160,6 +161,7 @@ class RolloutEngine:
         active: list[_Seq] = []
         first = True
         while waiting or active:
+            tick()  # a long generation follows the machine's load when a thread governor is active
             if self.between_steps is not None and not first:
                 self.between_steps()  # a newer policy loaded here produces the next step's tokens
             first = False

@@ -1,0 +1,57 @@
+"""Does oneDNN weight prepacking pay in float32, and is it exact? Side by side with `F.linear`, one run.
+
+The rollout engine prepacks bf16 weights (`specrl.model.packed`, bitwise equal to `F.linear` there). This measures
+the same prepacked product in float32 at the embedded model's decode shapes and says whether it equals `F.linear`
+bit for bit; packing is kept off in float32 unless it is both exact and faster. The output names the processor
+class, cores and threads.
+
+    .venv/bin/python benchmarks/packed_fp32.py --threads 1 [--repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specrl.device import hardware_record
+
+SHAPES = [(32, 576, 1536), (8, 576, 1536), (32, 576, 576), (32, 576, 49152)]  # [rows, in] x [in, out]
+
+
+def _time(f, repeats: int) -> float:
+    for _ in range(3):
+        f()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        f()
+    return (time.perf_counter() - t0) / repeats * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=20)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for m, k, n in SHAPES:
+        w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+        pw = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+        plain = functools.partial(F.linear, x, w)
+        packed = functools.partial(torch.ops.mkldnn._linear_pointwise, x, pw, None, "none", [], "")
+        reps = a.repeats if n < 10_000 else max(2, a.repeats // 6)
+        tp, tk = _time(plain, reps), _time(packed, reps)
+        rows.append({"shape": [m, k, n], "f_linear_ms": round(tp, 4), "packed_ms": round(tk, 4),
+                     "speedup": round(tp / tk, 3), "bitwise_equal": bool(torch.equal(plain(), packed()))})
+    print(json.dumps({"hardware": hardware_record(), "threads": a.threads, "dtype": "float32", "rows": rows},
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Device and precision resolved from the hardware: `auto` rules, explicit values, warnings, records."""
+
+import warnings
+
+import pytest
+import torch
+
+from specrl import device as dv
+from specrl.errors import SpecRLError
+from specrl.rl.config import validate_config
+from specrl.rl.hardware import hardware_fields, resolve_hardware
+
+FLAGS = {
+    "AVX2": "fpu sse2 avx avx2 fma",
+    "AVX512": "fpu sse2 avx avx2 fma avx512f avx512bw avx512vl",
+    "AVX512-BF16": "fpu avx2 avx512f avx512bw avx512_bf16",
+    "AMX": "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile",
+}
+
+
+@pytest.fixture
+def cpu_as(monkeypatch):
+    """Pretend /proc/cpuinfo lists the flags of a processor class."""
+    def set_class(name: str) -> None:
+        text = f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: {FLAGS[name]}\n"
+        monkeypatch.setattr(dv, "_read_cpuinfo", lambda: text)
+        dv.cpu_flags.cache_clear()
+    yield set_class
+    dv.cpu_flags.cache_clear()
+
+
+@pytest.mark.parametrize("cls,dtype,precision", [("AVX2", "float32", "fp32"), ("AVX512", "float32", "fp32"),
+                                                 ("AVX512-BF16", "bfloat16", "bf16-mixed"),
+                                                 ("AMX", "bfloat16", "bf16-mixed")])
+def test_auto_follows_the_processor(cpu_as, cls, dtype, precision):
+    cpu_as(cls)
+    assert dv.processor_class() == cls
+    assert dv.resolve_dtype("auto", "cpu") == dtype
+    assert dv.resolve_precision("auto", "cpu") == precision
+    cfg = resolve_hardware(validate_config({}))
+    assert (cfg.run.device, cfg.model.rollout_dtype, cfg.policy.precision, cfg.rollout.dtype) == \
+        ("cpu", dtype, precision, dtype)
+    assert hardware_fields(cfg) == {"device": "cpu", "processor_class": cls, "rollout_dtype": dtype,
+                                    "precision": precision}
+
+
+def test_an_explicit_bf16_is_honoured_with_a_warning_on_avx2(cpu_as):
+    cpu_as("AVX2")
+    with pytest.warns(dv.SlowPrecisionWarning, match=r"AVX2.*6\.6x slower"):
+        assert dv.resolve_dtype("bfloat16", "cpu", "model.rollout_dtype") == "bfloat16"
+    with pytest.warns(dv.SlowPrecisionWarning, match="policy.precision=bf16-mixed"):
+        cfg = resolve_hardware(validate_config({"policy": {"precision": "bf16-mixed"},
+                                                "model": {"rollout_dtype": "float32"}}))
+    assert cfg.policy.precision == "bf16-mixed" and cfg.model.rollout_dtype == "float32"
+
+
+def test_no_warning_where_bf16_is_fast(cpu_as):
+    cpu_as("AVX512-BF16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dv.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+        assert dv.resolve_dtype("float32", "cpu") == "float32"
+
+
+def test_resolution_is_idempotent_and_recorded_in_config_yaml(cpu_as, tmp_path):
+    from specrl.rl.run import release_run, setup_run
+
+    cpu_as("AVX2")
+    cfg, run_dir = setup_run(None, ["run.steps=1"], None, str(tmp_path / "r"))
+    release_run(run_dir)
+    saved = (run_dir / "config.yaml").read_text()
+    assert "rollout_dtype: float32" in saved and "precision: fp32" in saved and "device: cpu" in saved
+    assert "auto" not in [cfg.run.device, cfg.model.rollout_dtype, cfg.policy.precision]
+    assert resolve_hardware(cfg) == cfg
+
+
+def test_device_settings_are_checked():
+    with pytest.raises(SpecRLError, match="run.device.*auto, cpu, cuda or cuda:N"):
+        validate_config({"run": {"device": "gpu"}})
+    with pytest.raises(SpecRLError, match="auto, cpu, cuda or cuda:N"):
+        dv.resolve_device("tpu")
+    assert dv.resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert dv.resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(SpecRLError, match="no CUDA device is visible"):
+            dv.resolve_device("cuda:0")
+        with pytest.raises(SpecRLError, match="no CUDA device is visible"):
+            resolve_hardware(validate_config({"run": {"device": "cuda"}}))
+
+
+def test_load_model_defaults_to_the_processors_dtype(cpu_as):
+    from specrl.model.loader import load_model
+
+    cpu_as("AVX2")
+    model, _ = load_model("smollm2-135m")
+    assert model.embed_tokens.weight.dtype == torch.float32
+    cpu_as("AVX512-BF16")
+    model, _ = load_model("smollm2-135m")
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+
+
+def test_the_cli_dtype_option(cpu_as):
+    from specrl.cli import _dtype
+
+    cpu_as("AVX2")
+    assert _dtype("auto") == torch.float32
+    assert _dtype("fp32") == torch.float32
+    with pytest.warns(dv.SlowPrecisionWarning):
+        assert _dtype("bf16") == torch.bfloat16
+    with pytest.raises(SpecRLError, match="--dtype must be auto, bf16 or fp32, got 'half'"):
+        _dtype("half")
+
+
+def test_the_hardware_record_names_the_processor(cpu_as):
+    cpu_as("AVX512")
+    rec = dv.hardware_record()
+    assert rec["processor_class"] == "AVX512" and rec["cpu_cores"] >= 1 and rec["device"] == "cpu"
