@@ -35,7 +35,7 @@ def cfg_dict(tiny: Path, **over) -> dict:
         "task": {"name": "chain_sum", "difficulty": "easy", "train_size": 40, "val_size": 4,
                  "system_prompt": "Be brief."},
         "grpo": {"num_prompts_per_step": 2, "num_generations": 4, "val_every": 2},
-        "policy": {"learning_rate": 1e-3, "train_micro_batch_size": 4},
+        "policy": {"learning_rate": 1e-3, "train_micro_batch_size": 4, "precision": "fp32"},  # exact on any CPU
         "generation": {"max_new_tokens": 8, "max_batch_size": 8},
         "speculative": {"verify": "seed_exact"},
         "run": {"name": "t", "steps": 3, "checkpoint_every": 1, "keep_checkpoints": 3, "tensorboard": False,
