@@ -1,5 +1,6 @@
 """How this process uses the CPU: how many torch threads (the cores other processes leave free), and glibc's
-allocator kept from returning every large temporary to the kernel.
+allocator kept from returning every large temporary to the kernel. Both engage only when the run's device is the
+CPU (on CUDA the trainer starts no governor and the rollout workers leave glibc alone).
 
 torch's OpenMP threads wait on each other at every parallel region, so one thread on a core that another job
 holds stalls them all (measured on a 2-core machine: 70x slower with 2 threads and one competing job, instead of

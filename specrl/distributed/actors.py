@@ -92,7 +92,8 @@ class RayWeightSync:
 class RolloutWorker:
     def __init__(self, cfg_data: dict, index: int, threads: int, store_name: str, marker_dir: str):
         torch.set_num_threads(threads)
-        keep_large_allocations()  # a generation-only process: reuse each step's [B, V] temporaries
+        if not cfg_data.get("run", {}).get("device", "cpu").startswith("cuda"):
+            keep_large_allocations()  # a CPU generation-only process: reuse each step's [B, V] temporaries
         self.cfg = cfg = _config(cfg_data)
         self.index = index
         self.store = ray.get_actor(store_name)  # by name: a restarted worker finds it without object-store args
@@ -101,7 +102,7 @@ class RolloutWorker:
         self.init_error: str | None = None
         try:  # a config the worker cannot honour is reported by `ready`, as a clear error, not an actor death
             seed_everything(cfg.run.seed)
-            policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
+            policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
             self.backend = build_backend(cfg, policy)
             self.producer = RolloutProducer(cfg, tokenizer, self.backend, stop_token_ids(tokenizer, policy.args))
             if cfg.pipeline.in_flight_updates:
@@ -192,7 +193,7 @@ class LearnerActor:
         self.lines: list[str] = []
         try:
             seed_everything(cfg.run.seed)
-            policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
+            policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
             drafter = build_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
             policy.train()
             self.tokenizer = tokenizer

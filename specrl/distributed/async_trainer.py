@@ -133,10 +133,13 @@ class AsyncGRPOTrainer:
             data = cfg.model_dump(mode="json")
             store_name = f"specrl-weights-{uuid.uuid4().hex[:12]}"
             self.store = WeightStore.options(num_cpus=0, name=store_name).remote()
-            self.learner = LearnerActor.options(num_cpus=pl.learner_threads).remote(data, pl.learner_threads,
-                                                                                     self.store)
-            self.workers = [RolloutWorker.options(num_cpus=pl.worker_threads, max_restarts=WORKER_RESTARTS,
-                                                  max_task_retries=WORKER_RESTARTS)
+            # run.device=cuda: the learner and the workers share the visible GPUs (Ray hides GPUs from an actor
+            # that asks for none); on CPU they ask for none
+            gpus = 1.0 / (pl.num_rollout_workers + 1) if cfg.run.device.startswith("cuda") else 0
+            self.learner = LearnerActor.options(num_cpus=pl.learner_threads, num_gpus=gpus).remote(
+                data, pl.learner_threads, self.store)
+            self.workers = [RolloutWorker.options(num_cpus=pl.worker_threads, num_gpus=gpus,
+                                                  max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS)
                             .remote(data, w, pl.worker_threads, store_name, str(self.run_dir))
                             for w in range(pl.num_rollout_workers)]
             names = ["learner", *[f"rollout worker {w}" for w in range(len(self.workers))]]

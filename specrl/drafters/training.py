@@ -148,9 +148,10 @@ def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, to
             hidden[..., :0] if kind == "draft-model" else hidden
         for b, i in enumerate(idx):
             n = len(sequences[i])
-            top_idx = top_i[b, :n].cpu()
-            out[i] = Example(tokens=tok[b, :n].clone(), feats=feats[b, :n].cpu().clone(),
-                             top_idx=top_idx if t2d is None else t2d[top_idx], top_p=top_p[b, :n].cpu().half(),
+            top_idx = top_i[b, :n] if t2d is None else t2d.to(top_i.device)[top_i[b, :n]]
+            # the corpus lives in host memory (all sequences' features); `_pad` moves each batch to the device
+            out[i] = Example(tokens=tok[b, :n].clone(), feats=feats[b, :n].cpu().clone(), top_idx=top_idx.cpu(),
+                             top_p=top_p[b, :n].cpu().half(),
                              top1=top1[b, :n].cpu(), loss_from=int(prompt_lens[i]) if prompt_lens else 1)
     return out  # type: ignore[return-value]
 

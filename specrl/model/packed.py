@@ -8,8 +8,10 @@ rebuilt lazily whenever a source tensor changes in place (weight sync, optimizer
 counter moves) or is replaced (its storage moves), so a module is never run on stale weights. With gradients
 enabled, another dtype or another device, the plain `F.linear` path runs, so training is untouched. The packed
 product was measured bitwise equal to `F.linear` for bf16 (fused or not; `tests/test_packed.py` checks it per
-shape, and `check_bitwise` at pack time refuses a torch whose kernels differ); for float32 it is not, so float32
-modules are never packed. Packed copies live in a weak side table, not on the modules, so `state_dict`,
+shape, and `check_bitwise` at pack time refuses a torch whose kernels differ); for float32 it is not
+(`benchmarks/packed_fp32.py`: not bitwise on AVX512-BF16 nor with AVX2 kernels, and within a few percent of
+`F.linear` at the decode projections), so float32 modules are never packed. Packing is a CPU kernel: on other
+devices nothing is packed. Packed copies live in a weak side table, not on the modules, so `state_dict`,
 `deepcopy` and pickling see plain modules.
 """
 

@@ -414,8 +414,8 @@ class _Run:
 
 def _governor(cfg: TrainConfig) -> ThreadGovernor | None:
     """The sync pipeline's torch thread count (run.threads); the async actors set their own."""
-    if cfg.pipeline.mode != "sync":
-        return None
+    if cfg.pipeline.mode != "sync" or cfg.run.device.startswith("cuda"):
+        return None  # a CPU mechanism: on CUDA the CPU threads only feed the GPU
     g = ThreadGovernor(cfg.run.threads, "run.threads")
     print(f"[specrl] torch threads: {g.describe()}", flush=True)
     return g
