@@ -17,17 +17,22 @@ from specrl.rl.config import TrainConfig
 
 
 def resolve_hardware(cfg: TrainConfig) -> TrainConfig:
-    """A copy of `cfg` with device and precision settings resolved (`auto` -> what this machine runs fast)."""
+    """A copy of `cfg` with device and precision settings resolved (`auto` -> what this machine runs fast).
+
+    Only those fields change (section copies, no re-validation of the rest: the config was validated when built).
+    """
     dev = resolve_device(cfg.run.device)
-    data = cfg.model_dump()
-    data["run"]["device"] = str(dev)
-    data["model"]["rollout_dtype"] = resolve_dtype(cfg.model.rollout_dtype, dev, "model.rollout_dtype")
-    data["policy"]["precision"] = resolve_precision(cfg.policy.precision, dev, "policy.precision")
-    if cfg.rollout.dtype == "auto":
-        data["rollout"]["dtype"] = data["model"]["rollout_dtype"]
-    elif cfg.rollout.backend == "vllm":
-        resolve_dtype(cfg.rollout.dtype, dev, "rollout.dtype")
-    return TrainConfig.model_validate(data)
+    rollout_dtype = resolve_dtype(cfg.model.rollout_dtype, dev, "model.rollout_dtype")
+    precision = resolve_precision(cfg.policy.precision, dev, "policy.precision")
+    vllm_dtype = rollout_dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
+    if cfg.rollout.dtype != "auto" and cfg.rollout.backend == "vllm":
+        resolve_dtype(cfg.rollout.dtype, dev, "rollout.dtype")  # the warning for bf16 without bf16 units
+    return cfg.model_copy(update={
+        "run": cfg.run.model_copy(update={"device": str(dev)}),
+        "model": cfg.model.model_copy(update={"rollout_dtype": rollout_dtype}),
+        "policy": cfg.policy.model_copy(update={"precision": precision}),
+        "rollout": cfg.rollout.model_copy(update={"dtype": vllm_dtype}),
+    })
 
 
 def hardware_fields(cfg: TrainConfig) -> dict[str, Any]:
