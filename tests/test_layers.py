@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "specrl"
 # package (or top-level module) -> rank; a module may import its own package and strictly lower ranks only
 LAYERS = {
     "specrl.errors": 0,
+    "specrl.fileio": 0,
     "specrl.cpu": 1,
     "specrl.model": 1,
     "specrl.rollout": 2,
@@ -28,6 +29,7 @@ LAYERS = {
     "specrl.sim": 5,
     "specrl.distributed": 6,
     "specrl.cli": 7,
+    "specrl.api": 7,
 }
 FACADE = "specrl"  # specrl/__init__.py: a lazy facade for users, exempt as importer, forbidden as imported
 
