@@ -37,7 +37,7 @@ from specrl.cpu import ThreadGovernor
 from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir, write_text_atomic
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
-from specrl.rl.config import TrainConfig, load_config, validate_config
+from specrl.rl.config import TrainConfig, apply_override, load_config, validate_config
 from specrl.rl.learner import NonFiniteError, check_weights
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
@@ -169,9 +169,20 @@ def _unfinished_checkpoint(run_dir: Path) -> int | None:
     return ckpts[0][0] if ckpts else None
 
 
-def setup_run(config_path: str | None, sets: list[str], resume: str | None,
+def _resolve_config(config: str | Path | TrainConfig | None, sets: list[str]) -> TrainConfig:
+    """A YAML path (or None: the defaults) through `load_config`, or a `TrainConfig` object, with `--set` applied."""
+    if isinstance(config, TrainConfig):
+        data = config.model_dump(mode="json")
+        for s in sets:
+            apply_override(data, s)
+        return validate_config(data, "config object" + (" with --set " + " ".join(sets) if sets else ""))
+    return load_config(config, sets)
+
+
+def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], resume: str | None,
               out: str | None) -> tuple[TrainConfig, Path]:
-    """Resolve config and run directory, lock the directory (`RunLock`), write the resolved config.yaml.
+    """Resolve config (a YAML path or a `TrainConfig`) and run directory, lock the directory (`RunLock`), write the
+    resolved config.yaml.
 
     The lock is held until `release_run(run_dir)` (train_main releases it when the run ends)."""
     if resume is not None:
@@ -181,8 +192,8 @@ def setup_run(config_path: str | None, sets: list[str], resume: str | None,
             raise SpecRLError(f"--resume {resume}: no config.yaml there; pass the directory of an earlier "
                               "`specrl train` run (it holds config.yaml, metrics.jsonl, checkpoints/)")
         if config_path is not None:
-            warn(f"[specrl] resuming: using {saved} (the run's resolved config); --config {config_path} is "
-                 "not used")
+            given = "the config object" if isinstance(config_path, TrainConfig) else f"--config {config_path}"
+            warn(f"[specrl] resuming: using {saved} (the run's resolved config); {given} is not used")
         cfg = load_config(saved, sets)
         RunLock.acquire(run_dir)
         try:
@@ -192,7 +203,7 @@ def setup_run(config_path: str | None, sets: list[str], resume: str | None,
             RunLock.release(run_dir)
             raise
         return cfg, run_dir
-    cfg = load_config(config_path, sets)
+    cfg = _resolve_config(config_path, sets)
     run_dir = Path(out) if out else Path(cfg.run.out_dir) / cfg.run.name
     if run_dir.exists() and not run_dir.is_dir():
         raise SpecRLError(f"run directory {run_dir} is a file; pass --out DIR naming a directory")
@@ -538,9 +549,10 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
     return run_dir
 
 
-def train_main(config_path: str | None, sets: list[str] | None = None, resume: str | None = None,
+def train_main(config_path: str | Path | TrainConfig | None, sets: list[str] | None = None, resume: str | None = None,
                out: str | None = None, compare: bool = False, make_trainer: TrainerFactory | None = None) -> Path:
-    """Entry point of `specrl train`: returns the run directory (which holds report.md or compare.md)."""
+    """Entry point of `specrl train` (and of `specrl.train`): returns the run directory (which holds report.md or
+    compare.md). `config_path` is a YAML file, a `TrainConfig` object, or None for the defaults."""
     if compare:
         if resume:
             raise SpecRLError("--compare and --resume cannot be combined; compare runs start from scratch")
