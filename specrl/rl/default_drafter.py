@@ -26,7 +26,7 @@ from specrl.drafters.io import FORMAT_VERSION, min_format_version
 from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir
 
-# First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see README). `think` matches
+# First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see docs/drafters.md). `think` matches
 # examples/think.yaml: its prompts (answer_format reasoning), its temperature and its max_new_tokens.
 DEFAULT_BUILDS: dict[str, dict] = {
     "default": {"task": "chain_sum", "answer_format": "number", "samples": 320, "epochs": 3, "max_new_tokens": 64,
