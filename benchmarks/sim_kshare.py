@@ -1,4 +1,4 @@
-"""Where an 8B preset's generation time goes, per draft length: the analysis behind issue 18's large-k question.
+"""Where an 8B preset's generation time goes, per draft length: why large k slows an 8B preset down.
 
 Run: .venv/bin/python benchmarks/sim_kshare.py [--preset paper-8b-rl-think] [--ks 3:2.77,5:3.23,7:3.48]
      [--cudagraph-max-tokens N]      (a bare K keeps the preset's per-position acceptance rate, like `--k K`)

@@ -1,4 +1,4 @@
-"""Time a 100-configuration sweep of the paper-235b preset (issue 6: must finish in under a minute).
+"""Time a 100-configuration sweep of the paper-235b preset (it must finish in under a minute).
 
 Run: .venv/bin/python benchmarks/sim_sweep_speed.py
 80 cells of k (3..10) x acceptance length (1.25..4) plus 20 cells of GPU count (5 values) x policy lag (4 values).

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from specrl.errors import SpecRLError
+from specrl.fileio import atomic_write
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -240,17 +241,14 @@ def generate(
             outs = engine.generate(flat, sp, progress=bar)
     except SpecRLError as e:
         _fail(e)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        with tmp.open("w") as f:
+        with atomic_write(out) as f:
             for i, o in enumerate(outs):
                 text = tok.decode(o.token_ids, skip_special_tokens=True) if tok is not None else None
                 f.write(json.dumps({"prompt_index": i // num_samples, "sample_index": i % num_samples,
                                     "token_ids": o.token_ids, "logprobs": o.logprobs, "text": text,
                                     "finish_reason": o.finish_reason}, allow_nan=False) + "\n")
-        os.replace(tmp, out)
     except (OSError, ValueError) as e:
-        tmp.unlink(missing_ok=True)
         why = (getattr(e, "strerror", None) or str(e)) if isinstance(e, OSError) else \
             "an output holds non-finite log-probabilities (NaN/inf), which is a model or sampling fault"
         _fail(SpecRLError(f"cannot write --out {out}: {why}; nothing was written"))

@@ -1,4 +1,4 @@
-"""In-flight weight updates (issue 13 §1, `pipeline.in_flight_updates`): new weights land between engine steps
+"""In-flight weight updates (`pipeline.in_flight_updates`): new weights land between engine steps
 inside a generate call, so one sequence spans two policy versions. Each token records the version that produced
 it, its behaviour log-prob is that version's (with the KV cache the earlier version wrote, as it was sampled),
 the learner's importance weights use those per-token behaviour log-probs, and the lag bound checks a sequence's

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "specrl"
 # package (or top-level module) -> rank; a module may import its own package and strictly lower ranks only
 LAYERS = {
     "specrl.errors": 0,
+    "specrl.fileio": 0,
     "specrl.cpu": 1,
     "specrl.device": 1,
     "specrl.model": 2,
@@ -29,6 +30,7 @@ LAYERS = {
     "specrl.sim": 6,
     "specrl.distributed": 7,
     "specrl.cli": 8,
+    "specrl.api": 8,
 }
 FACADE = "specrl"  # specrl/__init__.py: a lazy facade for users, exempt as importer, forbidden as imported
 

@@ -1,7 +1,7 @@
-"""Issue 16, sections 1-2: every bad input a clear error, every fault survived (tiny models, no GPU).
+"""Every bad input a clear error, every fault survived (tiny models, no GPU).
 
-One test (or a parametrised group) per case of the issue: the run-directory lock, the inputs that used to be
-accepted silently, the inputs that used to give tracebacks, `run.overwrite` on a killed run, interrupted
+One test (or a parametrised group) per case: the run-directory lock, inputs plain YAML or pydantic would accept
+silently, inputs that would otherwise end in a traceback, `run.overwrite` on a killed run, interrupted
 writes (checkpoint on a full disk, stale build directories) and SIGINT/SIGTERM during a step.
 """
 
@@ -105,7 +105,7 @@ def test_stale_lock_of_a_dead_pid_is_taken_over_with_a_message(tmp_path, capfd):
     assert not (run_dir / LOCK_FILE).exists()
 
 
-# ----------------------------------------------------------------------------- (2) silent before, errors now
+# ----------------------------------------------------------------------------- (2) inputs refused with a clear error
 
 
 @pytest.mark.parametrize("text, match", [
@@ -118,7 +118,7 @@ def test_stale_lock_of_a_dead_pid_is_taken_over_with_a_message(tmp_path, capfd):
     ("grpo:\n  clip_high: .nan\n", r"grpo.clip_high: Input should be a finite number"),
     ("policy:\n  adam_betas: [0.9, .inf]\n", r"policy.adam_betas.1: Input should be a finite number"),
 ])
-def test_config_files_that_used_to_be_accepted(tmp_path, text, match):
+def test_config_files_plain_yaml_would_accept_are_refused(tmp_path, text, match):
     p = tmp_path / "c.yaml"
     p.write_text(text)
     with pytest.raises(SpecRLError, match=match):

@@ -15,7 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
+
 from specrl.errors import SpecRLError
+from specrl.fileio import replace_dir
 
 PRESETS = {
     "smollm2-135m": {
@@ -71,24 +74,13 @@ def cache_problem(out: Path) -> str | None:
     return None
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this machine (for telling stale temporary files and locks)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale_imports(name: str, parent: Path) -> None:
     """Delete `.NAME-PID-*` temporary directories left by interrupted imports of processes no longer running."""
     if not parent.is_dir():
         return
     for d in parent.glob(f".{name}-*"):
         pid = d.name[len(name) + 2:].partition("-")[0]
-        if d.is_dir() and (not pid.isdigit() or (int(pid) != os.getpid() and not pid_alive(int(pid)))):
+        if d.is_dir() and (not pid.isdigit() or (int(pid) != os.getpid() and not psutil.pid_exists(int(pid)))):
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -129,9 +121,7 @@ def prepare(name: str, verbose: bool = True) -> Path:
         for f in (tmp / "hf").iterdir():
             if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
                 shutil.copy(f, tmp / "final" / f.name)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp / "final", out)
+        replace_dir(tmp / "final", out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -6,5 +6,5 @@ learner that recomputes log-probs, takes the policy step and trains the drafter 
 `draft_online.py`), the synchronous trainer composing the two (`trainer.py`), versioned weight sync to the
 backend (`weight_sync.py`), the in-domain default drafter (`default_drafter.py`), the run loop with resume and
 compare mode (`run.py`), checkpoints (`checkpoint.py`), per-step metrics and the end-of-run report
-(`metrics.py`, `report.py`) and offline test stand-ins (`testing.py`).
+(`metrics.py`, `report.py`), user datasets (`data.py`) and reward functions (`rewards.py`).
 """

@@ -24,8 +24,9 @@ from specrl.drafters import DEFAULT_DRAFTER_MODEL, DEFAULT_KINDS, Drafter, defau
 from specrl.drafters import build as drafter_build
 from specrl.drafters.io import FORMAT_VERSION, min_format_version
 from specrl.errors import SpecRLError
+from specrl.fileio import replace_dir
 
-# First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see README). `think` matches
+# First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see docs/drafters.md). `think` matches
 # examples/think.yaml: its prompts (answer_format reasoning), its temperature and its max_new_tokens.
 DEFAULT_BUILDS: dict[str, dict] = {
     "default": {"task": "chain_sum", "answer_format": "number", "samples": 320, "epochs": 3, "max_new_tokens": 64,
@@ -118,8 +119,7 @@ def ensure_default_drafter(kind: str, name: str = "default", progress: bool = Tr
                                 source=f"{b['task']} ({b['answer_format']})")
     (tmp / RECIPE_FILE).write_text(json.dumps(b, indent=1) + "\n")
     if not _current(final, b):  # another process may have finished a current one first
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        replace_dir(tmp, final)
     else:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"[specrl] {kind}:{name} drafter built in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -132,12 +132,12 @@ def remove_stale_builds(final: Path) -> list[Path]:
     A build that is still running (its PID is alive) is left alone: whichever build finishes first installs
     the drafter, the other discards its copy.
     """
-    from specrl.model.presets import pid_alive
+    import psutil
 
     removed = []
     for d in sorted(final.parent.glob(f"{final.name}.building-*")) if final.parent.is_dir() else []:
         pid = d.name.rpartition("-")[2]
-        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and psutil.pid_exists(int(pid)):
             continue
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)

@@ -1,6 +1,6 @@
 """Per-step metrics: the `metrics.jsonl` contract, TensorBoard scalars and the live terminal display.
 
-`STEP_FIELDS` is the list of keys every line of `metrics.jsonl` carries (issue 5, section 4). `MetricsWriter`
+`STEP_FIELDS` is the list of keys every line of `metrics.jsonl` carries. `MetricsWriter`
 appends one JSON line per step (flushed, so a killed run keeps every finished step), mirrors numeric values
 to TensorBoard (nested dicts become `stage_seconds/gen`, lists become `acceptance_rate_per_position/0`), and
 on resume drops lines past the checkpointed step so the file never holds a step twice. `ProgressDisplay`

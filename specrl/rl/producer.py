@@ -3,7 +3,7 @@
 `RolloutProducer` owns the task's train/validation data, the prompt formatting, the data cursor and the reward
 scoring, and reaches the rollout backend only through the protocol (`specrl.rollout.api`): `generate` for the
 samples and `policy_version` for the tag. `stage_data` and `stage_gen` are two of the five timed stages of a
-step (`produce` runs both for a pipeline that does not interleave weight sync between them). The sync trainer
+step. The sync trainer
 composes it with the learner in one process; the async pipeline runs the same producer in each rollout worker.
 Request ids are derived from the step index, so a step's samples replay exactly whatever ran before them.
 Each sample carries its policy version (the oldest among its tokens) and each token its own (`token_versions`).
@@ -11,7 +11,6 @@ Each sample carries its policy version (the oldest among its tokens) and each to
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,14 +189,6 @@ class RolloutProducer:
             for name, v in s.components.items():
                 components[name].append(v)
         return rewards, correct, formatted, components
-
-    def produce(self, step_index: int) -> tuple[Rollouts, dict[str, float]]:
-        """data + gen for one step, with the two stages' seconds."""
-        t0 = time.perf_counter()
-        idx = self.stage_data()
-        t1 = time.perf_counter()
-        r = self.stage_gen(step_index, idx)
-        return r, {"data": t1 - t0, "gen": time.perf_counter() - t1}
 
     def validate(self) -> dict[str, Any]:
         """Greedy accuracy on the held-out split with the weights the backend holds now."""

@@ -20,7 +20,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from specrl.errors import SpecRLError
 from specrl.rl.tasks import TaskData, extract_answer
@@ -136,8 +135,3 @@ def user_rewards(specs: list[str], weights: list[float] | None) -> RewardSet:
                           "one weight per function (or omit weights for all 1.0)")
     ws = weights if weights is not None else [1.0] * len(specs)
     return RewardSet([(spec, load_reward_fn(spec), float(w)) for spec, w in zip(specs, ws, strict=True)])
-
-
-def row_of(problem: Any) -> dict:
-    """The row a reward function sees: the dataset row (reasoning-gym entry or user columns)."""
-    return problem.entry

@@ -2,12 +2,12 @@
 
 `train_main` is the entry point the `specrl train` CLI calls.
 
-`setup_run` resolves the config (YAML + `--set`, or the saved config of a run being resumed) and the run
-directory, and writes the resolved `config.yaml`. `run_training` drives the steps, evaluates held-out accuracy
-(at step 0, every `grpo.val_every` steps and at the end), appends `metrics.jsonl` / `validation.jsonl` /
-TensorBoard, writes atomic checkpoints, exports the final policy as a loadable checkpoint directory and writes
-`report.md`. A run directory is locked while a run uses it (`RunLock`: a second run refuses, naming the first's
-PID; a dead run's stale lock is taken over), weights are checked before every checkpoint (`Learner.check_weights`), a
+`setup_run` resolves the config (YAML + `--set`, or the saved config of a run being resumed) and the run directory,
+and writes the resolved `config.yaml`. `run_training` drives the steps, evaluates held-out accuracy (at step 0,
+every `grpo.val_every` steps and at the end), appends `metrics.jsonl` / `validation.jsonl` / TensorBoard, writes
+atomic checkpoints, exports the final policy as a loadable checkpoint directory and writes `report.md`. A run
+directory is locked while a run uses it (`RunLock`, a `filelock` lock: a second run refuses, naming the first's PID;
+a dead run's stale lock is taken over), weights are checked before every checkpoint (`Learner.check_weights`), a
 full or read-only disk stops the run with the previous checkpoint intact, and SIGINT/SIGTERM finish the step in
 flight, checkpoint it and stop (`RunInterrupted`; a second signal aborts at once, `RunAborted`), so `--resume`
 continues with no step missing or twice. Both exit the CLI with status 2 and the resume command.
@@ -18,8 +18,6 @@ interleaving their steps so machine noise hits both, checks seed-exact identity 
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import shutil
@@ -31,13 +29,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
+from filelock import FileLock, Timeout
 
 from specrl.cpu import ThreadGovernor
 from specrl.errors import SpecRLError
-from specrl.model.presets import pid_alive
+from specrl.fileio import replace_dir, write_text_atomic
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
-from specrl.rl.config import TrainConfig, load_config, validate_config
+from specrl.rl.config import TrainConfig, apply_override, load_config, validate_config
 from specrl.rl.hardware import hardware_fields, resolve_hardware
 from specrl.rl.learner import NonFiniteError, check_weights
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
@@ -53,25 +53,44 @@ def warn(text: str) -> None:
 
 
 class RunLock:
-    """An exclusive lock on a run directory: `.specrl.lock` holds the owner's PID and host under an flock.
+    """An exclusive lock on a run directory: a `filelock.FileLock` on `.specrl.lock`, which holds the owner's PID and
+    host.
 
-    The kernel drops an flock when its process dies (kill -9 too), so a lock file left by a dead run is stale:
-    the next run takes it over and says so. A live owner makes `acquire` refuse, naming its PID. Locks are
-    re-entrant within one process (compare mode, a resume after a failed start in the same interpreter).
+    The kernel drops the lock when its process dies (kill -9 too), so a lock file left by a dead run is stale: the
+    next run takes it over and says so. A live owner makes `acquire` refuse, naming its PID. Locks are re-entrant
+    within one process (compare mode, a resume after a failed start in the same interpreter).
     """
 
     _held: dict[Path, RunLock] = {}
 
-    def __init__(self, path: Path, fd: int):
-        self.path, self.fd, self.depth = path, fd, 1
+    def __init__(self, path: Path):
+        self.path, self.depth = path, 1
+        self.previous: tuple[int | None, str] = (None, "")
+        self.lock = FileLock(path, blocking=False, thread_local=False, on_acquired=self._claim)
 
     @staticmethod
-    def _owner(path: Path) -> tuple[int | None, str]:
+    def _parse_owner(text: str) -> tuple[int | None, str]:
+        pid_s, _, host = text.strip().partition(" ")
         try:
-            pid_s, _, host = path.read_text().strip().partition(" ")
             return int(pid_s), host
-        except (OSError, ValueError, UnicodeDecodeError):
+        except ValueError:
             return None, ""
+
+    @classmethod
+    def _owner(cls, path: Path) -> tuple[int | None, str]:
+        try:
+            return cls._parse_owner(path.read_text())
+        except (OSError, UnicodeDecodeError):
+            return None, ""
+
+    def _claim(self, fd: int) -> None:
+        """filelock's on_acquired callback: remember who held the file before, then write this process as owner."""
+        try:
+            self.previous = self._parse_owner(os.pread(fd, 512, 0).decode())
+        except UnicodeDecodeError:
+            self.previous = (None, "")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
 
     @classmethod
     def acquire(cls, run_dir: Path) -> RunLock:
@@ -86,41 +105,26 @@ class RunLock:
             cls._held[key].depth += 1
             return cls._held[key]
         path = run_dir / LOCK_FILE
-        while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                raise SpecRLError(f"cannot create the lock file {path}: {e.strerror or e}; the run directory "
-                                  "must be writable (pass --out DIR on a writable disk)") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                os.close(fd)
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise SpecRLError(f"cannot lock {path}: {e.strerror or e}") from None
-                pid, host = cls._owner(path)
-                who = f"PID {pid}" + (f" on {host}" if host and host != socket.gethostname() else "") \
-                    if pid else "another process"
-                raise SpecRLError(
-                    f"run directory {run_dir} is in use by another `specrl train` ({who}; lock file {path}). "
-                    "Two runs in one directory would delete each other's checkpoints: wait for it to finish, "
-                    f"stop it, or pass --out DIR for a separate run") from None
-            try:  # the file may have been removed and re-created by an owner releasing it: lock the live one
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        pid, host = cls._owner(path)
+        lock = cls(path)
+        try:
+            lock.lock.acquire()
+        except Timeout:
+            pid, host = cls._owner(path)
+            who = f"PID {pid}" + (f" on {host}" if host and host != socket.gethostname() else "") \
+                if pid else "another process"
+            raise SpecRLError(
+                f"run directory {run_dir} is in use by another `specrl train` ({who}; lock file {path}). "
+                "Two runs in one directory would delete each other's checkpoints: wait for it to finish, "
+                f"stop it, or pass --out DIR for a separate run") from None
+        except OSError as e:
+            raise SpecRLError(f"cannot lock {path}: {e.strerror or e}; the run directory must be writable (pass "
+                              "--out DIR on a writable disk)") from None
+        pid, host = lock.previous
         if pid is not None and pid != os.getpid():
-            alive = host == socket.gethostname() and pid_alive(pid)
+            alive = host == socket.gethostname() and psutil.pid_exists(pid)
             warn(f"[specrl] warning: {run_dir} was locked by PID {pid}{f' on {host}' if host else ''}, which no "
                  f"longer holds it ({'a stopped run' if not alive else 'its lock was released'}); taking over "
                  "the stale lock")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-        lock = cls(path, fd)
         cls._held[key] = lock
         return lock
 
@@ -135,10 +139,10 @@ class RunLock:
             return
         del cls._held[key]
         try:
-            os.unlink(lock.path)  # still holding the flock: nobody can lock the unlinked inode meanwhile
+            os.unlink(lock.path)  # still holding the lock: nobody can lock the unlinked inode meanwhile
         except OSError:
             pass
-        os.close(lock.fd)
+        lock.lock.release()
 
 
 _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validation.jsonl", "report.md",
@@ -149,12 +153,9 @@ _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validatio
 
 def _write_text(path: Path, text: str) -> None:
     """Write a small run file atomically (temp file + rename), with a clear error on a read-only or full disk."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise SpecRLError(f"cannot write {path}: {e.strerror or e}; the run directory must be writable with free "
                           "space (pass --out DIR elsewhere)") from None
 
@@ -169,9 +170,20 @@ def _unfinished_checkpoint(run_dir: Path) -> int | None:
     return ckpts[0][0] if ckpts else None
 
 
-def setup_run(config_path: str | None, sets: list[str], resume: str | None,
+def _resolve_config(config: str | Path | TrainConfig | None, sets: list[str]) -> TrainConfig:
+    """A YAML path (or None: the defaults) through `load_config`, or a `TrainConfig` object, with `--set` applied."""
+    if isinstance(config, TrainConfig):
+        data = config.model_dump(mode="json")
+        for s in sets:
+            apply_override(data, s)
+        return validate_config(data, "config object" + (" with --set " + " ".join(sets) if sets else ""))
+    return load_config(config, sets)
+
+
+def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], resume: str | None,
               out: str | None) -> tuple[TrainConfig, Path]:
-    """Resolve config and run directory, lock the directory (`RunLock`), write the resolved config.yaml.
+    """Resolve config (a YAML path or a `TrainConfig`) and run directory, lock the directory (`RunLock`), write the
+    resolved config.yaml.
 
     The lock is held until `release_run(run_dir)` (train_main releases it when the run ends)."""
     if resume is not None:
@@ -181,8 +193,8 @@ def setup_run(config_path: str | None, sets: list[str], resume: str | None,
             raise SpecRLError(f"--resume {resume}: no config.yaml there; pass the directory of an earlier "
                               "`specrl train` run (it holds config.yaml, metrics.jsonl, checkpoints/)")
         if config_path is not None:
-            warn(f"[specrl] resuming: using {saved} (the run's resolved config); --config {config_path} is "
-                 "not used")
+            given = "the config object" if isinstance(config_path, TrainConfig) else f"--config {config_path}"
+            warn(f"[specrl] resuming: using {saved} (the run's resolved config); {given} is not used")
         loaded = load_config(saved, sets)
         cfg = resolve_hardware(loaded)
         RunLock.acquire(run_dir)
@@ -193,7 +205,7 @@ def setup_run(config_path: str | None, sets: list[str], resume: str | None,
             RunLock.release(run_dir)
             raise
         return cfg, run_dir
-    cfg = resolve_hardware(load_config(config_path, sets))  # config.yaml records what auto resolved to
+    cfg = resolve_hardware(_resolve_config(config_path, sets))  # config.yaml records what auto resolved to
     print(f"[specrl] device {cfg.run.device} ({hardware_fields(cfg)['processor_class']}): rollouts in "
           f"{cfg.model.rollout_dtype}, training in {cfg.policy.precision}", flush=True)
     run_dir = Path(out) if out else Path(cfg.run.out_dir) / cfg.run.name
@@ -404,8 +416,7 @@ class _Run:
             raise SpecRLError(f"cannot write the final policy to {final}: {getattr(e, 'strerror', None) or e}; "
                               f"the checkpoints in {self.ckpt_root} are intact: free space or fix the "
                               f"permissions, then rerun with --resume {self.run_dir}") from None
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        replace_dir(tmp, final)
         return write_report(self.run_dir, read_metrics(self.writer.path), self.cfg.to_yaml(),
                             extra={"final policy (load_model path)": f"`{final}`"},
                             validation=read_metrics(self.val_path),
@@ -545,9 +556,10 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
     return run_dir
 
 
-def train_main(config_path: str | None, sets: list[str] | None = None, resume: str | None = None,
+def train_main(config_path: str | Path | TrainConfig | None, sets: list[str] | None = None, resume: str | None = None,
                out: str | None = None, compare: bool = False, make_trainer: TrainerFactory | None = None) -> Path:
-    """Entry point of `specrl train`: returns the run directory (which holds report.md or compare.md)."""
+    """Entry point of `specrl train` (and of `specrl.train`): returns the run directory (which holds report.md or
+    compare.md). `config_path` is a YAML file, a `TrainConfig` object, or None for the defaults."""
     if compare:
         if resume:
             raise SpecRLError("--compare and --resume cannot be combined; compare runs start from scratch")

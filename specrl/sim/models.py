@@ -117,10 +117,6 @@ class ModelSpec:
         experts = self.moe_layers * self.experts_touched(tokens, shard) * self.expert_params()
         return dense / shard + experts
 
-    def resident_params_per_gpu(self, shard: int) -> float:
-        """Weights one GPU of a `shard`-wide engine holds (everything split evenly)."""
-        return self.total_params() / shard
-
     # ---- KV cache and attention --------------------------------------------------------------------------
     def kv_bytes_per_token(self, kv_bytes: float = 2.0) -> float:
         if self.is_mla:

@@ -128,12 +128,6 @@ class ForwardCost:
             return self._dense_bytes
         return self._dense_bytes + self._expert_bytes * (1.0 - math.exp(self._log_miss * max(tokens, 0.0)))
 
-    def compute_seconds(self, tokens: float, attn_pairs: float) -> float:
-        return self.gemm_flop_seconds(tokens) + self.attn_flop_seconds(attn_pairs)
-
-    def memory_seconds(self, tokens: float, kv_read_tokens: float) -> float:
-        return self.gemm_byte_seconds(tokens) + self.attn_byte_seconds(kv_read_tokens)
-
     # the two kernel families of a forward, each bound by its own resource
     def gemm_flop_seconds(self, tokens: float) -> float:
         return 2.0 * self.active * tokens / self.shard / self.flops_rate

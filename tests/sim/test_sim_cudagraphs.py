@@ -1,4 +1,4 @@
-"""CUDA-graph coverage (issue 18): forwards above vLLM's largest captured size launch every kernel from the host.
+"""CUDA-graph coverage: forwards above vLLM's largest captured size launch every kernel from the host.
 
 The mechanism is real and priced, and these tests pin both halves of what it does: a forward that falls out of
 the graphs costs max(roofline time, kernel launches) — a small model's verify above the capture size becomes

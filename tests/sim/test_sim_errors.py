@@ -93,7 +93,7 @@ def test_bad_mode_and_fraction():
     _cli_error(["--mode", "async", "--gen-gpu-fraction", "1.0"], "(0, 1)")
 
 
-def test_issue18_config_errors_name_the_field_and_the_valid_range():
+def test_config_errors_name_the_field_and_the_valid_range():
     from dataclasses import replace
 
     from specrl.sim.pipeline import SimConfig, simulate

@@ -1,5 +1,5 @@
 """--from-run on sync and async specrl runs: the async pipeline model, per-side cores, trainer padding, the
-online drafter's training cost and the two-run CPU fit (issue 18 section 3)."""
+online drafter's training cost and the two-run CPU fit."""
 
 import json
 from dataclasses import replace

@@ -1,4 +1,4 @@
-"""Sanity laws the simulator must obey (issue 6, section 3)."""
+"""Sanity laws the simulator must obey."""
 
 from dataclasses import replace
 
