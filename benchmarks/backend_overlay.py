@@ -5,7 +5,8 @@ Arms (each a separate `specrl train` process): `native` in specrl's venv and `vl
 auto k) and the config's drafter; with eagle:default both run the same head, trained online by the learner and
 refit into the backend every step. Writes `overlay.png` (train reward and validation accuracy against step and
 against wall-clock time, both arms) and `overlay.md` (step time, generation share, mean AL, token_mult_prob_error
-of the backend's behaviour log-probs against the learner's, validation first -> last).
+of the backend's behaviour log-probs against the learner's, validation first -> last); both record the processor
+class, cores, threads and the dtypes the config resolves to on this machine (`"hardware"` in overlay.json).
 
     .venv/bin/python benchmarks/backend_overlay.py --steps 12 --out runs/backend-overlay
 """
@@ -22,13 +23,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import config_dtypes, hardware_line, run_header  # noqa: E402
+
 PYTHONS = {"native": ROOT / ".venv" / "bin" / "python", "vllm": ROOT / ".venv-vllm" / "bin" / "python"}
 
 
-def run_arm(arm: str, a, out: Path) -> float:
-    sets = [f"run.steps={a.steps}", "run.progress=false", "run.checkpoint_every=0", "run.tensorboard=false",
+def arm_sets(arm: str, a) -> list[str]:
+    """The --set overrides of one arm's `specrl train`."""
+    return [f"run.steps={a.steps}", "run.progress=false", "run.checkpoint_every=0", "run.tensorboard=false",
             "run.overwrite=true", f"grpo.val_every={a.val_every}", "speculative.verify=rejection",
             f"speculative.num_draft_tokens={a.k}", f"run.threads={a.threads}", f"rollout.backend={arm}", *a.sets]
+
+
+def run_arm(arm: str, a, out: Path) -> float:
+    sets = arm_sets(arm, a)
     cmd = [str(PYTHONS[arm]), "-m", "specrl.cli", "train", "--config", a.config, "--out", str(out / arm),
            *[x for s in sets for x in ("--set", s)]]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "HF_HUB_OFFLINE": "1",
@@ -93,6 +102,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--out", default="runs/backend-overlay")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     a = ap.parse_args(argv)
+    hw = run_header(config_dtypes(str(ROOT / a.config), arm_sets("vllm", a)), a.threads)
     for arm, py in PYTHONS.items():
         if not py.exists():
             raise SystemExit(f"{py} is missing: run `make install` and `make venv-vllm` first ({arm} arm)")
@@ -106,7 +116,8 @@ def main(argv: list[str] | None = None) -> Path:
         rows.append((arm, s))
         print(f"[overlay] {arm}: {s['step_seconds_median']:.1f} s/step, wall {wall:.0f} s", flush=True)
     plot(runs, out / "overlay.png")
-    lines = [f"config {a.config}, {a.steps} steps, verify rejection, k={a.k}, {a.threads} threads", "",
+    lines = [f"hardware: {hardware_line(hw)}", "",
+             f"config {a.config}, {a.steps} steps, verify rejection, k={a.k}, {a.threads} threads", "",
              "| backend | s/step | gen share | mean AL | token_mult_prob_error | train reward first → last quarter "
              "| validation (step: accuracy) |", "|---|---|---|---|---|---|---|"]
     for arm, s in rows:
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> Path:
                      f"{s['reward_first_quarter']:.3f} → {s['reward_last_quarter']:.3f} | {val} |")
     table = "\n".join(lines)
     (out / "overlay.md").write_text(table + "\n")
-    (out / "overlay.json").write_text(json.dumps(dict(rows), indent=2) + "\n")
+    (out / "overlay.json").write_text(json.dumps({"hardware": hw, **dict(rows)}, indent=2) + "\n")
     print(table)
     return out
 

@@ -11,7 +11,9 @@ Run with the vLLM venv's python (it has specrl too):
 
 Each backend runs in its own subprocess (vLLM's CPU worker binds OpenMP threads and replaces
 torch.set_num_threads in its process), one after the other, with `--threads` torch / OpenMP threads each:
-prompts are SmolLM2 chat prompts, T = 1, exactly --new-tokens per sequence (no stop ids), bf16.
+prompts are SmolLM2 chat prompts, T = 1, exactly --new-tokens per sequence (no stop ids), --dtype (auto: bf16 on
+CPUs with bf16 units, float32 elsewhere) in both backends. The output names the processor class, cores, threads and
+dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import DTYPES, dtype_name, hardware_line, run_header  # noqa: E402
 
 QUESTIONS = ["What is 17 + 25?", "Write one sentence about the sea.", "List three prime numbers.",
              "Count from 1 to 10.", "Name the capital of France.", "Compute 9 * 8 - 13.",
@@ -38,7 +43,7 @@ def worker(a) -> None:
     from specrl.rollout.sampling import SamplingParams
 
     ckpt = prepare("smollm2-135m", verbose=False)
-    model, tok = load_model(ckpt, dtype=torch.bfloat16)
+    model, tok = load_model(ckpt, dtype=getattr(torch, a.dtype))
     prompts = chat_prompts(tok, QUESTIONS)
     sizes = [int(x) for x in a.batch_sizes.split(",")]
     if a.backend == "vllm":
@@ -47,7 +52,7 @@ def worker(a) -> None:
 
         del model
         drafter = default_head_spec(a.drafter)
-        engine = VLLMBackend(ckpt, VLLMOptions(dtype="bfloat16", max_model_len=512, max_num_seqs=max(sizes),
+        engine = VLLMBackend(ckpt, VLLMOptions(dtype=a.dtype, max_model_len=512, max_num_seqs=max(sizes),
                                                drafter=drafter, num_draft_tokens=a.k,
                                                draft_sample_method=a.draft_sample))
     else:
@@ -87,9 +92,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--drafters", default="none,ngram,eagle:default")
     ap.add_argument("--draft-sample", default="greedy", help="(worker) vLLM's draft_sample_method")
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="model dtype of both backends (auto: bf16 where the CPU has bf16 units, else float32)")
     a = ap.parse_args()
+    a.dtype = dtype_name(a.dtype)
     if a.worker:
         return worker(a)
+    hw = run_header({"model": a.dtype, "vllm": a.dtype}, a.threads)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(a.threads),
            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
                                                        "0" if a.threads == 1 else f"0-{a.threads - 1}")}
@@ -102,13 +111,14 @@ def main() -> None:
         for backend, sample in arms[drafter]:
             cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--drafter", drafter, "--k", str(a.k),
                    "--batch-sizes", a.batch_sizes, "--new-tokens", str(a.new_tokens), "--repeats", str(a.repeats),
-                   "--threads", str(a.threads), "--draft-sample", sample]
+                   "--threads", str(a.threads), "--draft-sample", sample, "--dtype", a.dtype]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
             if not line:
                 sys.exit(f"{backend} {drafter} failed:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
             table[(drafter, backend, sample)] = json.loads(line[0][7:])
             print(f"done {backend} {drafter} {sample}", file=sys.stderr, flush=True)
+    print(f"hardware: {hardware_line(hw)}")
     print(f"{'drafter':>14} {'B':>3} {'native tok/s':>13} {'AL':>5} {'vllm tok/s':>11} {'AL':>5} {'vllm/native':>12} "
           f"{'vllm full-q tok/s':>18} {'AL':>5}")
     for drafter in a.drafters.split(","):

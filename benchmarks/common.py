@@ -1,21 +1,77 @@
-"""Shared benchmark helpers: the prompt set, thread setup and a median-of-interleaved-runs timer."""
+"""Shared benchmark helpers: the hardware header, the prompt set, thread setup and a median-of-interleaved-runs timer.
+
+Every benchmark calls `run_header(dtypes, threads)` once at start: it prints one `[bench] hardware: ...` line and
+returns the record (`specrl.device.hardware_record()` plus threads and dtypes) that the script stores under
+`"hardware"` in its JSON, and `hardware_line(rec)` is the same line for a markdown table's header. Only torch and
+`specrl.device` are imported here at load, so the scripts that run in the vLLM venv (`backends.py`) can use it.
+"""
 
 from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
+from typing import Any, TextIO
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from specrl.cli import DEMO_PROMPTS as PROMPTS  # noqa: E402  (one prompt set for the demo and benchmarks)
+
+DTYPES = ("auto", "float32", "bfloat16")  # a benchmark's --dtype choices (auto: specrl.device.resolve_dtype)
+
+
+def hardware_line(rec: dict[str, Any]) -> str:
+    """`processor AVX512-BF16, 2 cores, threads 1, dtypes rollout=bfloat16 train=fp32` for a record of run_header."""
+    dtypes = " ".join(f"{k}={v}" for k, v in rec.get("dtypes", {}).items()) or "none"
+    gpu = f", gpu {rec['gpu']}" if rec.get("gpu") else ""
+    return (f"processor {rec['processor_class']}, {rec['cpu_cores']} cores, threads {rec.get('threads')}, "
+            f"dtypes {dtypes}{gpu}")
+
+
+def run_header(dtypes: dict[str, str], threads: int | str | None = None, device: str = "cpu",
+               file: TextIO | None = None) -> dict[str, Any]:
+    """Print `[bench] hardware: ...` and return {**hardware_record(device), "threads", "dtypes"}.
+
+    `dtypes` names what the script computes in (e.g. {"rollout": "bfloat16", "train": "fp32"}; {} where none
+    applies); `threads` is what the script runs with (None: this process's torch threads). `file` defaults to
+    stdout (a script whose stdout is pure JSON passes sys.stderr).
+    """
+    import torch
+
+    from specrl.device import hardware_record
+
+    rec = {**hardware_record(device), "threads": torch.get_num_threads() if threads is None else threads,
+           "dtypes": {str(k): str(v) for k, v in dtypes.items()}}
+    print(f"[bench] hardware: {hardware_line(rec)}", file=file or sys.stdout, flush=True)
+    return rec
+
+
+def dtype_name(spec: str, device: str = "cpu", key: str = "--dtype") -> str:
+    """A benchmark's --dtype (auto | float32 | bfloat16) resolved like the library resolves it."""
+    from specrl.device import resolve_dtype
+
+    return resolve_dtype(spec, device, key)
+
+
+def config_dtypes(config: str | None, sets: list[str] | None = None) -> dict[str, str]:
+    """The dtypes a `specrl train` run of this config (with these --set overrides) resolves to on this machine:
+    model (policy weights), rollout (native engine), train (policy.precision) and, for the vLLM backend, vllm."""
+    from specrl.rl.config import load_config
+    from specrl.rl.hardware import resolve_hardware
+
+    cfg = resolve_hardware(load_config(config, sets))
+    out = {"model": cfg.model.dtype, "rollout": cfg.model.rollout_dtype, "train": cfg.policy.precision}
+    if cfg.rollout.backend == "vllm":
+        out["vllm"] = cfg.rollout.dtype
+    return out
 
 
 def prompt_ids(tok, batch_size: int) -> list[list[int]]:
+    from specrl.cli import DEMO_PROMPTS  # one prompt set for the demo and benchmarks
     from specrl.model.tokenizer import encode_chat
 
-    base = [encode_chat(tok, p) for p in PROMPTS]
+    base = [encode_chat(tok, p) for p in DEMO_PROMPTS]
     return [base[i % len(base)] for i in range(batch_size)]
 
 

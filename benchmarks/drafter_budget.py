@@ -3,7 +3,8 @@
 Reads the rollouts an embedded drafter was built from (`data.jsonl` of e.g. eagle:think, ~/.cache/specrl/drafters/
 smollm2-135m-eagle-think), trains a fresh drafter on the first N of them for each budget, and measures each one's
 held-out acceptance length with the real engine on the workload's held-out prompts (never trained on), at the
-workload's temperature and length. Prints one row per budget and writes --json.
+workload's temperature and length. Prints one row per budget and writes --json ({"hardware": processor class, cores,
+threads, dtypes; "rows": [...]}). The target runs in --dtype (auto: bf16 on CPUs with bf16 units, else float32).
 
     .venv/bin/python benchmarks/drafter_budget.py --name think --budgets 40,80,160,309 --epochs 3 --threads 1
 """
@@ -12,10 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DTYPES, dtype_name, run_header  # noqa: E402
 
 
 def main() -> None:
@@ -27,8 +32,12 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="the target's dtype for rollouts and features (auto: bf16 where the CPU has bf16 units)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    a.dtype = dtype_name(a.dtype)
+    hw = run_header({"target": a.dtype}, a.threads)
     from specrl.drafters import default_drafter_dir
     from specrl.drafters.build import build_drafter
     from specrl.rl.default_drafter import DEFAULT_BUILDS, task_prompts
@@ -52,7 +61,7 @@ def main() -> None:
                                                                                answer_format=b["answer_format"]),
                                   samples=n, epochs=ep, out=Path(tmp) / "out", data_jsonl=str(data),
                                   max_new_tokens=b["max_new_tokens"], temperature=b["temperature"], k=a.k,
-                                  progress=False)
+                                  progress=False, dtype=a.dtype)
                 rep = json.loads((d / "train_report.json").read_text())
             row = dict(rollouts=n, tokens=rep["tokens"], epochs=ep, heldout_top1=rep["heldout_top1"],
                        acceptance_length=rep["heldout_acceptance_length"], train_seconds=rep["seconds"])
@@ -60,7 +69,7 @@ def main() -> None:
             print(f"{n:>8} {row['tokens']:>8} {ep:>6} {row['heldout_top1']:>6.3f} {row['acceptance_length']:>6.2f} "
                   f"{row['train_seconds']:>8.0f}", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+        Path(a.json).write_text(json.dumps({"hardware": hw, "rows": out}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ The "frozen" arm sets drafter.online=false (the engine keeps the drafter it load
 drafter.online=true (the trainer trains it every step, plus the staleness refreshes); both use the same seed
 and run one after the other. Writes OUT/frozen and OUT/online (metrics.jsonl, config.yaml, report.md and its
 plots, drafter_final/ = the engine's drafter after the last step, loadable as eagle:DIR / mtp:DIR) and
-OUT/acceptance_frozen_vs_online.{png,json,md} (AL per step of both arms; mean AL over the first / last third).
+OUT/acceptance_frozen_vs_online.{png,json,md} (AL per step of both arms; mean AL over the first / last third; the
+processor class, cores, threads and the dtypes the config resolves to on this machine: `"hardware"` in the JSON, a
+line under the markdown's title).
 
     .venv/bin/python benchmarks/drafter_frozen_vs_online.py --config examples/drafter_online.yaml --steps 30 \
         --out runs/frozen-vs-online [--drafter eagle:DIR] [--set key=value ...] [--threads 1]
@@ -13,11 +15,15 @@ OUT/acceptance_frozen_vs_online.{png,json,md} (AL per step of both arms; mean AL
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import config_dtypes, hardware_line, run_header  # noqa: E402
 
 ARMS = {"frozen": False, "online": True}
 
@@ -77,6 +83,7 @@ def main(argv: list[str] | None = None) -> Path:
     if a.drafter is not None:
         sets.append(f"speculative.drafter={a.drafter}")
     base = load_config(a.config, sets)
+    hw = run_header(config_dtypes(a.config, sets), a.threads)
     if base.speculative.drafter.partition(":")[0] not in ("eagle", "mtp") or not base.speculative.enabled:
         raise SpecRLError(f"frozen vs online compares a trainable drafter; speculative.drafter is "
                           f"{base.speculative.drafter!r} (k={base.speculative.num_draft_tokens}); use eagle:DIR or "
@@ -88,6 +95,9 @@ def main(argv: list[str] | None = None) -> Path:
         data["drafter"]["online"] = online
         runs[arm] = run_arm(validate_config(data, f"{a.config} ({arm} arm)"), out / arm, arm)
     png, jpath, mpath = write_acceptance_compare(out, runs)
+    jpath.write_text(json.dumps({"hardware": hw, **json.loads(jpath.read_text())}, indent=2) + "\n")
+    title, _, rest = mpath.read_text().partition("\n")
+    mpath.write_text(f"{title}\n\nhardware: {hardware_line(hw)}\n{rest}")
     print(mpath.read_text(), flush=True)
     print(f"[specrl] wrote {png}, {jpath}, {mpath}", flush=True)
     return out

@@ -10,17 +10,23 @@ acceptance length at k=3, T=1 (the real engine), and generation speed vs AR at b
     .venv/bin/python benchmarks/drafter_generic_vs_indomain.py [--samples 320 --epochs 3] [--indomain DIR]
         [--threads 1] [--out /tmp/generic_vs_indomain]
 
-`--indomain DIR` reuses an existing in-domain drafter (e.g. the default one, built with the same recipe).
+`--indomain DIR` reuses an existing in-domain drafter (e.g. the default one, built with the same recipe). The
+target runs in --dtype (auto: bf16 on CPUs with bf16 units, else float32); generic_vs_indomain.json holds
+{"hardware": processor class, cores, threads, dtypes; "rows": [...]}.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DTYPES, dtype_name, run_header  # noqa: E402
 
 TEMPLATES = [
     "Write a short poem about {t}.", "Explain {t} to a ten-year-old.", "Give me three interesting facts about {t}.",
@@ -68,8 +74,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--out", default="/tmp/generic_vs_indomain")
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="the target's dtype (auto: bf16 where the CPU has bf16 units, else float32)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    a.dtype = dtype_name(a.dtype)
+    hw = run_header({"target": a.dtype}, a.threads)
     from specrl import load_model
     from specrl.drafters.build import build_drafter
     from specrl.drafters.io import load_drafter
@@ -81,7 +91,8 @@ def main() -> None:
     dirs = {}
     t0 = time.perf_counter()
     dirs["generic"] = build_drafter("smollm2-135m", "eagle", prompts=generic_prompts(), samples=a.samples,
-                                    epochs=a.epochs, out=out / "generic", max_new_tokens=64)
+                                    epochs=a.epochs, out=out / "generic", max_new_tokens=64,
+                                    dtype=a.dtype)
     print(f"generic drafter trained in {time.perf_counter() - t0:.0f} s", flush=True)
     if a.indomain:
         dirs["in-domain"] = Path(a.indomain)
@@ -89,10 +100,10 @@ def main() -> None:
         t0 = time.perf_counter()
         dirs["in-domain"] = build_drafter("smollm2-135m", "eagle", prompts=task_prompts("chain_sum", a.samples),
                                           samples=a.samples, epochs=a.epochs, out=out / "indomain", max_new_tokens=64,
-                                          source="chain_sum")
+                                          source="chain_sum", dtype=a.dtype)
         print(f"in-domain drafter trained in {time.perf_counter() - t0:.0f} s", flush=True)
 
-    model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
+    model, tok = load_model("smollm2-135m", dtype=getattr(torch, a.dtype))
     stops = stop_token_ids(tok, model.args)
     _, held = task_prompts("chain_sum", a.samples, heldout=a.heldout)(tok)
     rows = []
@@ -110,7 +121,7 @@ def main() -> None:
         print(f"{name:>10} {report.get('tokens', 0):>12} {al:>7.2f} {s1:>10.2f}x {al1:>5.2f} {s4:>10.2f}x {al4:>5.2f}",
               flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "generic_vs_indomain.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "generic_vs_indomain.json").write_text(json.dumps({"hardware": hw, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out / 'generic_vs_indomain.json'}")
 
 

@@ -3,7 +3,7 @@
 The rollout engine prepacks bf16 weights (`specrl.model.packed`, bitwise equal to `F.linear` there). This measures
 the same prepacked product in float32 at the embedded model's decode shapes and says whether it equals `F.linear`
 bit for bit; packing is kept off in float32 unless it is both exact and faster. The output names the processor
-class, cores and threads.
+class, cores, threads and dtype (`"hardware"`; the `[bench] hardware:` line goes to stderr, stdout is the JSON).
 
     .venv/bin/python benchmarks/packed_fp32.py --threads 1 [--repeats 20]
 """
@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specrl.device import hardware_record
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import run_header  # noqa: E402
 
 SHAPES = [(32, 576, 1536), (8, 576, 1536), (32, 576, 576), (32, 576, 49152)]  # [rows, in] x [in, out]
 
@@ -38,6 +41,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    hw = run_header({"linear": "float32"}, a.threads, file=sys.stderr)
     g = torch.Generator().manual_seed(0)
     rows = []
     for m, k, n in SHAPES:
@@ -49,7 +53,7 @@ def main() -> None:
         tp, tk = _time(plain, reps), _time(packed, reps)
         rows.append({"shape": [m, k, n], "f_linear_ms": round(tp, 4), "packed_ms": round(tk, 4),
                      "speedup": round(tp / tk, 3), "bitwise_equal": bool(torch.equal(plain(), packed()))})
-    print(json.dumps({"hardware": hardware_record(), "threads": a.threads, "dtype": "float32", "rows": rows},
+    print(json.dumps({"hardware": hw, "threads": a.threads, "dtype": "float32", "rows": rows},
                      indent=1))
 
 

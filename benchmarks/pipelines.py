@@ -13,7 +13,8 @@ the last validation accuracy; the ratio to sync-ar. For async arms it also check
 (`specrl.sim.pipeline.combine`: step = max(P, C, (P + C) / (L + 1)), P = publish + refit + generation on the
 workers, C = data + logprob + train on the learner) on the run's own measured stage costs against its measured
 step time: a check of the overlap model, not of the per-stage cost model. Also writes an overlay of train
-reward over wall-clock time.
+reward over wall-clock time. pipelines.md and pipelines.json (`"hardware"`) name the processor class, cores,
+threads and the dtypes the config resolves to on this machine.
 
     .venv/bin/python benchmarks/pipelines.py --config examples/default.yaml --steps 8 --out runs/pipelines
 """
@@ -31,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("sync-ar", "sync-spec", "async-ar", "async-spec")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import config_dtypes, hardware_line, run_header  # noqa: E402
 
 
 def arm_sets(arm: str, threads: int, lag: int) -> list[str]:
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--out", default="runs/pipelines")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     a = ap.parse_args(argv)
+    hw = run_header(config_dtypes(str(ROOT / a.config), a.sets), a.threads)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     arms = a.arms.split(",")
@@ -110,7 +114,8 @@ def main(argv: list[str] | None = None) -> Path:
         results[arm] = {**summarize(out / arm), "wall_seconds": wall}
         print(f"[pipelines] {arm}: {results[arm]['step_seconds_median']:.1f} s/step", flush=True)
     base = results.get("sync-ar", {}).get("step_seconds_median")
-    lines = [f"config {a.config}, {a.steps} steps per arm (medians over steps 2..{a.steps}), {a.threads} cores, "
+    lines = [f"hardware: {hardware_line(hw)}", "",
+             f"config {a.config}, {a.steps} steps per arm (medians over steps 2..{a.steps}), {a.threads} cores, "
              f"async lag {a.lag}", "",
              "| pipeline | s/step | steps/h | × sync-ar | exposed gen s/step | gen share | mean AL "
              "| val acc first → last | simulator pipeline rule, s/step (error) |",
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> Path:
                      f"{r['accuracy_first']} → {r['accuracy_last']} | {sim} |")
     table = "\n".join(lines)
     (out / "pipelines.md").write_text(table + "\n")
-    (out / "pipelines.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "pipelines.json").write_text(json.dumps({"hardware": hw, **results}, indent=2) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")

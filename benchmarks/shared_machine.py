@@ -3,10 +3,10 @@
 Arms (each a fresh subprocess, interleaved over --repeats rounds): the engine alone with all cores' threads, then
 beside --competitors busy processes (pure-Python spin loops, one core each) with (a) as many threads as cores —
 torch's default — and (b) `run.threads: auto` (ThreadGovernor: the cores the competitors leave free), plus (c) all
-cores' threads with OMP_WAIT_POLICY=PASSIVE as a diagnostic. Each arm reports engine tok/s (greedy, bf16, B
-sequences x N new tokens). The fair share is (cores - competitors) / cores of the machine; "proportional" means
-tok/s ÷ alone follows the CPU left to it (free cores, or an equal slice of them all when every core is taken),
-not 70x less.
+cores' threads with OMP_WAIT_POLICY=PASSIVE as a diagnostic. Each arm reports engine tok/s (greedy, --dtype: auto =
+bf16 on CPUs with bf16 units, else float32; B sequences x N new tokens); the output names the processor class. The
+fair share is (cores - competitors) / cores of the machine; "proportional" means tok/s ÷ alone follows the CPU left
+to it (free cores, or an equal slice of them all when every core is taken), not 70x less.
 
     .venv/bin/python benchmarks/shared_machine.py --batch-size 8 --new-tokens 32 --repeats 2
 """
@@ -22,12 +22,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import DTYPES, dtype_name, hardware_line, run_header  # noqa: E402
 
 
 def worker(a) -> None:
     import torch
-
-    sys.path.insert(0, HERE)
     from common import prompt_ids
 
     from specrl import RolloutEngine, SamplingParams, load_model
@@ -36,7 +36,7 @@ def worker(a) -> None:
     from specrl.model.presets import prepare
 
     g = ThreadGovernor("auto" if a.threads == "auto" else int(a.threads), "--threads")
-    model, _ = load_model("smollm2-135m", dtype=torch.bfloat16)
+    model, _ = load_model("smollm2-135m", dtype=getattr(torch, a.dtype))
     ids = prompt_ids(load_tokenizer(prepare("smollm2-135m")), a.batch_size)
     engine = RolloutEngine(model, max_batch_size=a.batch_size, max_seq_len=512)
     engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=2))
@@ -58,7 +58,8 @@ def run_arm(a, threads: str, competitors: int, env_extra: dict) -> dict:
         env = {**os.environ, **env_extra}
         env.pop("OMP_NUM_THREADS", None)
         res = subprocess.run([sys.executable, __file__, "--worker", "--threads", threads, "--batch-size",
-                              str(a.batch_size), "--new-tokens", str(a.new_tokens)], capture_output=True, text=True,
+                              str(a.batch_size), "--new-tokens", str(a.new_tokens), "--dtype", a.dtype],
+                             capture_output=True, text=True,
                              env=env, timeout=a.timeout)
     except subprocess.TimeoutExpired:
         return {"tok_s": 0.0, "threads": threads, "timeout": True}
@@ -81,11 +82,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--competitors", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before an arm counts as collapsed")
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="model dtype (auto: bf16 where the CPU has bf16 units, else float32)")
     a = ap.parse_args()
+    a.dtype = dtype_name(a.dtype)
     if a.worker:
         return worker(a)
     cores = len(os.sched_getaffinity(0))
     c = a.competitors
+    hw = run_header({"model": a.dtype}, f"per arm ({cores}, 1, auto)")
     arms = {
         f"alone, {cores} threads": (str(cores), 0, {}),
         "alone, 1 thread": ("1", 0, {}),
@@ -102,7 +107,7 @@ def main() -> None:
     alone = statistics.median(r["tok_s"] for r in got[f"alone, {cores} threads"])
     share = max(cores - c, cores / (c + 1)) / cores  # free cores, or an equal slice when all are taken
     print(f"\n{cores} cores, {c} competing spin process(es): fair share {share:.2f} of the machine; "
-          f"B={a.batch_size}, {a.new_tokens} new tokens, greedy bf16")
+          f"B={a.batch_size}, {a.new_tokens} new tokens, greedy {a.dtype}; {hardware_line(hw)}")
     print(f"| arm | threads | tok/s (median of {a.repeats}) | ÷ alone |")
     print("|---|---|---|---|")
     for name, rs in got.items():

@@ -3,15 +3,18 @@
 Run: .venv/bin/python benchmarks/sim_fidelity.py [--repeats 3] [--tokens 32] [--out /tmp/sim_fidelity.json]
 
 1. Measures the `cpu` hardware profile (matmul FLOP/s, GEMV bandwidth) like `specrl simulate profile-hardware`.
-2. Times the native engine (SmolLM2-135M, bf16, greedy, no stop tokens so every sequence runs to --tokens)
-   autoregressively at several batch sizes and with the n-gram drafter at several k (best of --repeats,
-   taken round-robin over the points so drifting machine load hits all points alike).
+2. Times the native engine (SmolLM2-135M in --dtype: auto = bf16 on CPUs with bf16 units, else float32; greedy,
+   no stop tokens so every sequence runs to --tokens) autoregressively at several batch sizes and with the n-gram
+   drafter at several k (best of --repeats, taken round-robin over the points so drifting machine load hits all
+   points alike).
 3. Fits exactly three CPU numbers on three calibration points, in the simulator's `Efficiency`: the per-forward
    overhead (`step_overhead_s`) from AR at B=1, the achieved fraction of the matmul peak (`flops_eff`) from AR
    at B=16, and the host-side cost per sequence of a speculative step (`spec_seq_overhead_s`: n-gram lookup,
    acceptance bookkeeping) from n-gram k=2 at B=1. Every other point is a prediction (acceptance length taken
    from the engine's own metrics). Prints measured vs predicted and the median absolute error over the held-out
    points; `--write` stores the fitted factors as the simulator's `cpu_efficiency` (used by `--from-run`).
+The simulator prices the same precision the engine ran in; --out's `"hardware"` names the processor class, cores,
+threads and both dtypes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -31,6 +35,11 @@ from specrl.sim.hardware import profile_cpu, save_profile
 from specrl.sim.pipeline import SimConfig, prepare, run_generation
 from specrl.sim.roofline import Efficiency
 from specrl.sim.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DTYPES, dtype_name, run_header  # noqa: E402
+
+SIM_PRECISION = {"bfloat16": "bf16", "float32": "fp32"}
 
 PROMPTS = [
     "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
@@ -64,12 +73,13 @@ def make_runner(model, tok, drafter_kind: str, k: int, batch: int, tokens: int):
     return run
 
 
-def predict(profile_path: str, eff: Efficiency, kind: str, k: int, batch: int, tokens: int, m: dict) -> float:
+def predict(profile_path: str, eff: Efficiency, kind: str, k: int, batch: int, tokens: int, m: dict,
+            precision: str = "bf16") -> float:
     al = m["acceptance_length"] if kind != "none" else None
     if al is not None:
         al = min(max(al, 1.0), k + 1.0)
     cfg = SimConfig(model="smollm2-135m", hardware="cpu", cpu_profile=profile_path, gpus=1,
-                    drafter=kind, k=k if kind != "none" else 3, acceptance_length=al, precision="bf16",
+                    drafter=kind, k=k if kind != "none" else 3, acceptance_length=al, precision=precision,
                     max_num_seqs=batch, efficiency=eff,
                     workload=Workload(prompts_per_step=batch, generations_per_prompt=1, max_response_tokens=tokens,
                                       prompt_tokens=max(1, round(m["prompt_tokens_mean"])), response_mean=tokens,
@@ -84,8 +94,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "sim_fidelity.json"))
     ap.add_argument("--write", action="store_true", help="store the fitted factors as the simulator's cpu_efficiency")
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="the engine's dtype, and the precision the simulator prices (auto: bf16 where the CPU has "
+                    "bf16 units, else float32)")
     args = ap.parse_args()
     torch.manual_seed(0)
+    args.dtype = dtype_name(args.dtype)
+    prec = SIM_PRECISION[args.dtype]
+    hw = run_header({"engine": args.dtype, "simulated": prec})
 
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     prof = profile_cpu()
@@ -95,7 +111,7 @@ def main() -> None:
 
     from specrl import load_model
 
-    model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
+    model, tok = load_model("smollm2-135m", dtype=getattr(torch, args.dtype))
     runners = {p: make_runner(model, tok, p[0], p[1], p[2], args.tokens) for p in POINTS}
     runners[POINTS[0]]()  # warm-up
     meas: dict = {}
@@ -118,7 +134,7 @@ def main() -> None:
 
     def pred(e: Efficiency, point: tuple) -> float:
         kind, k, b = point
-        return predict(prof_path, e, kind, k, b, args.tokens, meas[point])
+        return predict(prof_path, e, kind, k, b, args.tokens, meas[point], prec)
 
     def solve_linear(field: str, point: tuple, e: Efficiency) -> Efficiency:
         t0, t1 = pred(replace(e, **{field: 0.0}), point), pred(replace(e, **{field: 1e-3}), point)
@@ -138,7 +154,7 @@ def main() -> None:
         eff = solve_flops(("none", 0, 16), eff)
         eff = solve_linear("spec_seq_overhead_s", ("ngram", 2, 1), eff)
     print(f"fitted: step_overhead_s={eff.step_overhead_s * 1e3:.2f} ms, flops_eff={eff.flops_eff:.3f} "
-          f"({eff.flops_eff * prof['peak_flops']['bf16'] / 1e9:.0f} GFLOP/s achieved), "
+          f"({eff.flops_eff * prof['peak_flops'][prec] / 1e9:.0f} GFLOP/s {prec} achieved), "
           f"spec_seq_overhead_s={eff.spec_seq_overhead_s * 1e3:.2f} ms")
 
     rows = []
@@ -146,7 +162,7 @@ def main() -> None:
     for point in POINTS:
         kind, k, b = point
         m = meas[point]
-        p = predict(prof_path, eff, kind, k, b, args.tokens, m)
+        p = predict(prof_path, eff, kind, k, b, args.tokens, m, prec)
         err = (p - m["total_seconds"]) / m["total_seconds"]
         held = point not in CALIBRATION_POINTS
         rows.append({"drafter": kind, "k": k, "batch": b, "acceptance_length": m["acceptance_length"],
@@ -161,7 +177,8 @@ def main() -> None:
     print(f"  autoregressive: {100 * statistics.median(ar_held):.1f}%   speculative (n-gram): "
           f"{100 * statistics.median(sp_held):.1f}%")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
-    Path(args.out).write_text(json.dumps({"profile": prof, "efficiency": eff.to_dict(), "rows": rows}, indent=2))
+    Path(args.out).write_text(json.dumps({"hardware": hw, "profile": prof, "efficiency": eff.to_dict(), "rows": rows},
+                                         indent=2))
     print(f"wrote {args.out}")
     if args.write:
         from specrl.sim.calibrate import write_calibration

@@ -8,7 +8,8 @@ in specrl/sim/calibrated.py) on the measured `cpu` profile re-expressed for --th
   v  = verify forward over B·(k+1) tokens ÷ a plain decode step over B tokens (measured column `v`),
   c  = one drafter forward ÷ a plain decode step (measured column `c`),
   hw = AL / (v + k·c), the decode speedup these costs allow at the measured AL (measured column `hw_ideal`).
-The context per sequence (prompt + half the response) is --context tokens.
+The context per sequence (prompt + half the response) is --context tokens. The first line names this machine's
+processor class and cores, --threads and the simulated precision (bf16, as the grid was measured).
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import sys
 from pathlib import Path
 
 from specrl.sim.fromrun import cpu_efficiency
 from specrl.sim.hardware import get_hardware, with_threads
 from specrl.sim.models import eagle3_head, get_model
 from specrl.sim.roofline import ForwardCost
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import run_header  # noqa: E402
 
 ROW = re.compile(r"^\s*eagle\s+(\d+)\s+(\d+)\s+([\d.]+)x\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+"
                  r"([\d.]+)\s+([\d.]+)\s+([\d.]+)x")
@@ -52,6 +57,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=None, help="the EAGLE head's draft vocabulary (default: full)")
     ap.add_argument("--cpu-profile", default=None)
     a = ap.parse_args()
+    run_header({"simulated": "bf16"}, a.threads)
     eff = cpu_efficiency()
     hw = with_threads(get_hardware("cpu", a.cpu_profile), a.threads)
     target = get_model("smollm2-135m")

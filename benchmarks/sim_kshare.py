@@ -8,17 +8,23 @@ it prints: rollouts per engine and the CUDA-graph capture size; the generation t
 share of the slowest engine's decode time spent at each batch size; the share outside a CUDA graph; and S, the
 mean cost of one speculative step in autoregressive steps (AL / speed-up: the quantity a k-slowdown must raise).
 Then the step model's own S(k) = (k drafter forwards + one verify) / one AR step at fixed batches, at 4 000
-cached tokens per sequence. No engine runs; about a second per arm.
+cached tokens per sequence. No engine runs; about a second per arm. The first line names the processor class and
+cores of the machine that ran the simulation and the preset's simulated precisions.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 from specrl.sim.pipeline import cudagraph_max_tokens, prepare, run_generation
 from specrl.sim.presets import get_preset
 from specrl.sim.speculation import Acceptance
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import run_header  # noqa: E402
 
 BUCKETS = ((1, 8), (9, 32), (33, 128), (129, 256), (257, 10**9))
 
@@ -35,6 +41,7 @@ def main() -> None:
     ap.add_argument("--cudagraph-max-tokens", type=int, default=None)
     args = ap.parse_args()
     base = get_preset(args.preset)
+    run_header({"simulated": base.precision, "simulated_train": base.train_precision})
     if args.cudagraph_max_tokens is not None:
         base = replace(base, cudagraph_max_tokens=args.cudagraph_max_tokens)
     acc = Acceptance.from_length(base.acceptance_length, int(base.k))

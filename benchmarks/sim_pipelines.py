@@ -14,6 +14,8 @@ time C (data + publish + logprob + train).
 Runs that recorded every step's response lengths are predicted step by step (median of per-step predictions).
 `--cpu-profile benchmarks/data/cpu_2core_1thread.json` is this 2-core machine's profile with its one-thread GEMV
 bandwidth (measured with the other core busy, as an async actor's neighbour is), which the cached profile lacks.
+The first line and the closing JSON's `"hardware"` name this machine's processor class and cores and the runs'
+dtypes (from the first arm's config.yaml), which the simulation prices.
 """
 
 from __future__ import annotations
@@ -21,11 +23,28 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+import yaml
 
 from specrl.sim.fromrun import predict_run, read_metrics
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import run_header  # noqa: E402
+
 ARMS = ("sync-ar", "sync-spec", "async-ar", "async-spec")
+
+
+def run_dtypes(run: Path) -> dict[str, str]:
+    """The dtypes a measured run recorded in its config.yaml (resolved there; {} where it has none)."""
+    path = run / "config.yaml"
+    if not path.exists():
+        return {}
+    cfg = yaml.safe_load(path.read_text()) or {}
+    got = {"rollout": (cfg.get("model") or {}).get("rollout_dtype"),
+           "train": (cfg.get("policy") or {}).get("precision")}
+    return {k: str(v) for k, v in got.items() if v is not None}
 
 
 def measured(run: Path) -> dict:
@@ -52,6 +71,7 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=1, help="max_trajectory_age_steps of the async arms (for the rule)")
     a = ap.parse_args()
     root = Path(a.runset)
+    hw = run_header(run_dtypes(root / ARMS[0]))
     res = {}
     for arm in ARMS:
         m = measured(root / arm)
@@ -72,8 +92,8 @@ def main() -> None:
             ratio += f"{rule:>14.2f} s ({100 * (rule - m['step']) / m['step']:+.0f}%)"
         print(f"{arm:<11}{m['step']:>10.2f}{r['step']:>8.2f}{100 * err:>+7.0f}%{m['exposed']:>14.2f}"
               f"{r['exposed']:>7.2f}{m['producer_gen']:>10.2f}{r['gen']:>8.2f}{ratio}")
-    print(json.dumps({arm: {"measured_step": res[arm]["m"]["step"], "predicted_step": res[arm]["step"]}
-                      for arm in ARMS}))
+    print(json.dumps({"hardware": hw, **{arm: {"measured_step": res[arm]["m"]["step"],
+                                               "predicted_step": res[arm]["step"]} for arm in ARMS}}))
 
 
 if __name__ == "__main__":

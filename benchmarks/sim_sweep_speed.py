@@ -2,17 +2,26 @@
 
 Run: .venv/bin/python benchmarks/sim_sweep_speed.py
 80 cells of k (3..10) x acceptance length (1.25..4) plus 20 cells of GPU count (5 values) x policy lag (4 values).
-Prints the wall time; no plots are drawn (plotting is not part of the simulation cost).
+Prints the wall time (with this machine's processor class and cores, which it depends on); no plots are drawn
+(plotting is not part of the simulation cost).
 """
 
+import argparse
+import sys
 import time
+from pathlib import Path
 
 from specrl.sim.presets import get_preset
 from specrl.sim.sweep import grid_gpus_lag, grid_k_al
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import run_header  # noqa: E402
+
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     cfg = get_preset("paper-235b")
+    run_header({"simulated": cfg.precision, "simulated_train": cfg.train_precision})
     ks = (3, 4, 5, 6, 7, 8, 9, 10)
     als = (1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0)
     t0 = time.perf_counter()

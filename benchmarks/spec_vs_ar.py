@@ -1,4 +1,4 @@
-"""Speculative vs autoregressive generation on SmolLM2-135M (bf16), side by side in one run.
+"""Speculative vs autoregressive generation on SmolLM2-135M (--dtype), side by side in one run.
 
 For each batch size and drafter, runs AR once per repeat and each k (1..7 and auto) right after it, on the
 same prompts (each prompt repeated --group times, as GRPO samples a group per prompt), and prints:
@@ -23,6 +23,9 @@ hardware ideal AL_e/(v_n + k·c_n) formed at those occupancies (AL_e = emitted t
 = verify and draft seconds ÷ sum of t_ar(n) over the speculative steps): what the engine loses beyond the
 measured verify and draft costs.
 
+--dtype auto is bf16 on CPUs with bf16 units and float32 elsewhere; the first line and --json's `"hardware"` (with
+`"rows"`) name the processor class, cores, threads and dtype.
+
     .venv/bin/python benchmarks/spec_vs_ar.py --drafters ngram,suffix,eagle:DIR --batch-sizes 1,4,16,32 \
         --ks 1,2,3,4,5,6,7,auto [--temperature 1.0] [--new-tokens 96] [--threads 1] [--json out.json]
 """
@@ -31,10 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
-from common import median, prompt_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DTYPES, dtype_name, median, prompt_ids, run_header  # noqa: E402
 
 
 def steps_of(metrics: dict) -> list[tuple]:
@@ -88,13 +95,17 @@ def main() -> None:
     ap.add_argument("--min-requests", type=int, default=8,
                     help="requests per point at least (B=1 runs them one after another)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="model dtype (auto: bf16 where the CPU has bf16 units, else float32)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    a.dtype = dtype_name(a.dtype)
+    hw = run_header({"model": a.dtype}, a.threads)
     from specrl import RolloutEngine, SamplingParams, load_model
     from specrl.model.tokenizer import stop_token_ids
     from specrl.rl.default_drafter import resolve_drafter
 
-    model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
+    model, tok = load_model("smollm2-135m", dtype=getattr(torch, a.dtype))
     stops = stop_token_ids(tok, model.args)
     task_prompts = None
     if a.task:
@@ -167,7 +178,7 @@ def main() -> None:
                           flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"hardware": hw, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Our speculative engine vs transformers assisted generation (`assistant_model=`), B=1, same model pair.
 
-Target: SmolLM2-135M (bf16). Draft (`--draft`): an HF checkpoint directory with the target's tokenizer, loaded by
-both sides. Default: the target's first --draft-layers layers + its final norm and head, untrained (a "layer
-skip" draft, AL ~1.05); a distilled one comes from `specrl draft init --drafter draft-model --out DIR`. If DIR has
-a `draft_vocab.json`, our engine drafts over that subset of the head (transformers cannot; it loads the same weights).
+Target: SmolLM2-135M in --dtype (auto: bf16 on CPUs with bf16 units, else float32; the draft too). Draft
+(`--draft`): an HF checkpoint directory with the target's tokenizer, loaded by both sides. Default: the target's
+first --draft-layers layers + its final norm and head, untrained (a "layer skip" draft, AL ~1.05); a distilled one
+comes from `specrl draft init --drafter draft-model --out DIR`. If DIR has a `draft_vocab.json`, our engine drafts
+over that subset of the head (transformers cannot; it loads the same weights).
 
 Four configurations per sampling mode, each run interleaved over the same prompts and seeds:
   ours k=K       our engine, K drafts per step
@@ -13,7 +14,8 @@ Four configurations per sampling mode, each run interleaved over the same prompt
   HF default     transformers' own defaults for the assistant: up to 20 tokens, stop drafting when the draft's
                  probability falls below 0.4 (what a user gets without tuning)
 Both sides stop at the end-of-turn token or --new-tokens; tokens/s = generated tokens / wall seconds, summed over
-all runs. Prints tokens/s, our acceptance length, and ours/HF ratios (same k, and best of each side).
+all runs. Prints tokens/s, our acceptance length, and ours/HF ratios (same k, and best of each side), after a line
+naming the processor class, cores, threads and dtype.
 
     .venv/bin/python benchmarks/spec_vs_hf_assisted.py --draft DIR --task chain_sum [--k 3] [--threads 1]
 """
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 from pathlib import Path
 
 import torch
-from common import prompt_ids, timed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DTYPES, dtype_name, prompt_ids, run_header, timed  # noqa: E402
 
 
 def layer_skip_draft(n_layers: int):
@@ -53,8 +58,13 @@ def main() -> None:
                     "generic prompt set")
     ap.add_argument("--modes", default="greedy,T=1")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="target and draft dtype, both sides (auto: bf16 where the CPU has bf16 units, else float32)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    a.dtype = dtype_name(a.dtype)
+    run_header({"target": a.dtype, "draft": a.dtype}, a.threads)
+    tdt = getattr(torch, a.dtype)
     from transformers import AutoModelForCausalLM
 
     from specrl import RolloutEngine, SamplingParams, load_model
@@ -64,7 +74,7 @@ def main() -> None:
     from specrl.model.tokenizer import stop_token_ids
 
     draft_dir = a.draft or layer_skip_draft(a.draft_layers)
-    target, tok = load_model("smollm2-135m", dtype=torch.bfloat16)
+    target, tok = load_model("smollm2-135m", dtype=tdt)
     stops = stop_token_ids(tok, target.args)
     if a.task:
         from specrl.rl.tasks import PromptFormatter, make_task
@@ -74,8 +84,8 @@ def main() -> None:
         prompts = [fmt.encode(p.question) for p in val.problems][: a.prompts]
     else:
         prompts = prompt_ids(tok, a.prompts)
-    hf_t = AutoModelForCausalLM.from_pretrained(str(prepare("smollm2-135m")), dtype=torch.bfloat16).eval()
-    hf_fixed = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.bfloat16).eval()
+    hf_t = AutoModelForCausalLM.from_pretrained(str(prepare("smollm2-135m")), dtype=tdt).eval()
+    hf_fixed = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=tdt).eval()
     hf_fixed.generation_config.num_assistant_tokens = a.k
     hf_fixed.generation_config.num_assistant_tokens_schedule = "constant"
     hf_fixed.generation_config.assistant_confidence_threshold = 0.0
@@ -85,7 +95,7 @@ def main() -> None:
         setattr(hf_default.generation_config, key, None)  # -> library defaults (20, constant, 0.4)
 
     def ours(k):  # with the draft vocabulary stored next to the checkpoint, if any (transformers ignores it)
-        draft = load_checkpoint(draft_dir, dtype=torch.bfloat16)
+        draft = load_checkpoint(draft_dir, dtype=tdt)
         vocab = read_draft_vocab(Path(draft_dir), draft.args.vocab_size)
         return RolloutEngine(target, max_batch_size=1, max_seq_len=512,
                              drafter=DraftModelDrafter(draft, draft_vocab=vocab), num_draft_tokens=k)

@@ -1,12 +1,13 @@
 """The learner's logprob and train stages against transformers + torch AdamW on the same batch, interleaved.
 
 One GRPO batch (--prompts x --group sequences: real chat prompts, --response-tokens random response tokens each),
-fp32 as `make run` trains. Ours: `Learner.stage_logprob` and `Learner.stage_train` (micro-batches of
---micro, LM head on response positions only, clipped surrogate, grad clip, AdamW). Theirs: the HF
-`LlamaForCausalLM` of the same checkpoint, full-sequence logits, the same loss function
-(`specrl.rl.grpo.clipped_surrogate_loss`) and micro-batches, torch AdamW (foreach, torch's default; ours is
-fused). Also times one AdamW step over the policy's parameters, foreach vs fused. tokens/s counts every token
-of the batch (prompt + response).
+fp32 weights, --precision as `make run` trains (auto: bf16-mixed on CPUs with bf16 units, fp32 elsewhere). Ours:
+`Learner.stage_logprob` and `Learner.stage_train` (micro-batches of --micro, LM head on response positions only,
+clipped surrogate, grad clip, AdamW). Theirs: the HF `LlamaForCausalLM` of the same checkpoint, full-sequence
+logits, the same loss function (`specrl.rl.grpo.clipped_surrogate_loss`) and micro-batches, torch AdamW (foreach,
+torch's default; ours is fused). Also times one AdamW step over the policy's parameters, foreach vs fused. tokens/s
+counts every token of the batch (prompt + response). The output names the processor class, cores, threads and
+precision.
 
     .venv/bin/python benchmarks/trainer_speed.py --threads 1 --repeats 3
 """
@@ -30,13 +31,19 @@ def main() -> None:
     ap.add_argument("--response-tokens", type=int, default=32)
     ap.add_argument("--micro", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed"],
-                    help="policy.precision for ours; bf16-mixed also runs transformers under the same autocast")
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16-mixed"],
+                    help="policy.precision for ours; bf16-mixed also runs transformers under the same autocast "
+                    "(auto: bf16-mixed where the CPU has bf16 units, else fp32)")
     a = ap.parse_args()
     import torch
 
+    from specrl.device import resolve_precision
+
     torch.set_num_threads(a.threads)
-    from common import prompt_ids
+    a.precision = resolve_precision(a.precision, "cpu", "--precision")
+    from common import hardware_line, prompt_ids, run_header
+
+    hw = run_header({"model": "float32", "train": a.precision}, a.threads)
     from transformers import AutoModelForCausalLM
 
     from specrl import load_model
@@ -123,7 +130,8 @@ def main() -> None:
             ts.append(time.perf_counter() - t)
         opt_s[name] = min(ts)
     print(f"threads={a.threads}; batch {n} sequences, {tokens_in_batch} tokens ({a.response_tokens} response tokens "
-          f"each), micro-batch {a.micro}, {a.precision}; median of {a.repeats} interleaved runs")
+          f"each), micro-batch {a.micro}, {a.precision}; median of {a.repeats} interleaved runs; "
+          f"{hardware_line(hw)}")
     print("| stage | ours s | ours tok/s | transformers s | transformers tok/s | ours ÷ transformers |")
     print("|---|---|---|---|---|---|")
     for stage in ("logprob", "train"):

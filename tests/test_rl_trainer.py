@@ -472,8 +472,10 @@ def test_frozen_vs_online_benchmark(tiny, tmp_path):
         assert (out / name).exists(), name
     table = json.loads((out / "acceptance_frozen_vs_online.json").read_text())
     assert table["frozen"]["draft_updates"] == 0 and table["online"]["draft_updates"] >= 2
-    assert all(table[a]["steps"] == 2 and table[a]["acceptance_length_last_third"] >= 1.0 for a in table)
-    assert "| frozen | 2 |" in (out / "acceptance_frozen_vs_online.md").read_text()
+    assert set(table) == {"hardware", "frozen", "online"} and table["hardware"]["processor_class"]
+    assert all(table[a]["steps"] == 2 and table[a]["acceptance_length_last_third"] >= 1.0 for a in ("frozen", "online"))
+    md = (out / "acceptance_frozen_vs_online.md").read_text()
+    assert "| frozen | 2 |" in md and md.splitlines()[2].startswith("hardware: processor ")
     init = load_file(ddir / "model.safetensors")
     for arm, should_change in (("frozen", False), ("online", True)):
         final = load_file(out / arm / "drafter_final" / "model.safetensors")

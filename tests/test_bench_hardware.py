@@ -1,0 +1,79 @@
+"""Every benchmark records where it ran: `benchmarks/common.py`'s `run_header` (processor class, cores, threads,
+dtypes), and a static check that each script in benchmarks/ calls it once and stores it under "hardware" in the
+JSON it writes."""
+
+import ast
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from specrl import device as dv
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "common.py")
+# scripts that write (or print) a JSON result document: each puts run_header's record under "hardware"
+JSON_WRITERS = {"backend_overlay.py", "drafter_budget.py", "drafter_frozen_vs_online.py",
+                "drafter_generic_vs_indomain.py", "engine_speed.py", "packed_fp32.py", "pipelines.py",
+                "sim_fidelity.py", "sim_pipelines.py", "spec_vs_ar.py"}
+KEYS = {"processor_class", "cpu_cores", "torch_cpu_capability", "device", "torch", "threads", "dtypes"}
+
+
+@pytest.fixture(scope="module")
+def common():
+    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_run_header_records_processor_cores_threads_and_dtypes(common, capsys):
+    rec = common.run_header({"rollout": "bfloat16", "train": "fp32"}, threads=1)
+    assert KEYS <= rec.keys()
+    assert rec["processor_class"] == dv.processor_class() and rec["cpu_cores"] >= 1
+    assert rec["threads"] == 1 and rec["dtypes"] == {"rollout": "bfloat16", "train": "fp32"}
+    assert json.loads(json.dumps(rec)) == rec  # goes into the scripts' JSON as is
+    out = capsys.readouterr().out
+    assert out == (f"[bench] hardware: processor {rec['processor_class']}, {rec['cpu_cores']} cores, threads 1, "
+                   "dtypes rollout=bfloat16 train=fp32\n")
+    assert common.hardware_line(rec) in out
+
+
+def test_run_header_names_the_class_from_the_cpu_flags(common, monkeypatch, capsys):
+    text = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_bf16\n"
+    monkeypatch.setattr(dv, "_read_cpuinfo", lambda: text)
+    dv.cpu_flags.cache_clear()
+    try:
+        rec = common.run_header({})
+        assert rec["processor_class"] == "AVX512-BF16" and rec["dtypes"] == {}
+        assert isinstance(rec["threads"], int)  # None -> this process's torch threads
+        assert "processor AVX512-BF16," in capsys.readouterr().out and "dtypes none" in common.hardware_line(rec)
+        assert common.dtype_name("auto") == "bfloat16"
+    finally:
+        dv.cpu_flags.cache_clear()
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)]
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_every_benchmark_records_its_hardware(path):
+    src = path.read_text()
+    tree = ast.parse(src)
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "common"
+                for a in n.names}
+    assert "run_header" in imported, f"{path.name} does not import run_header from common"
+    calls = _calls(tree, "run_header")
+    assert len(calls) == 1, f"{path.name} calls run_header {len(calls)} times (once at start)"
+    assert calls[0].args or any(k.arg == "dtypes" for k in calls[0].keywords), f"{path.name}: no dtypes given"
+    if path.name in JSON_WRITERS:
+        assert '"hardware"' in src, f"{path.name} writes JSON without the hardware record"
+
+
+def test_the_json_writer_list_is_current():
+    """A script that starts writing a JSON document joins JSON_WRITERS (workers' `RESULT {...}` lines are not)."""
+    marks = ("json.dump(", "write_text(json.dumps(", "print(json.dumps({")
+    assert {p.name for p in SCRIPTS if any(m in p.read_text() for m in marks)} == JSON_WRITERS
