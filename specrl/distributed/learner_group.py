@@ -167,7 +167,7 @@ def _wait_all(ranks: list, refs: list, timeout: float, what: str) -> list:
         how = "died" if isinstance(e, ray.exceptions.RayActorError) else "failed"
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise LearnerRankError(f"learner rank {i} {how} while {what} ({type(e).__name__}: {first[:300]}); the "
-                               f"other ranks stopped at the collective timeout ({timeout:g} s, "
+                               f"learner group was stopped (a collective waits at most {timeout:g} s for a rank, "
                                "learner.collective_timeout_s)")
     stuck = [refs.index(p) for p in pending]
     raise LearnerRankError(f"learner ranks {stuck} did not finish {what} within learner.collective_timeout_s + "

@@ -243,7 +243,7 @@ class Learner:
         temp = self.cfg.generation.temperature
         old = torch.zeros_like(batch.gen_logp)
         ref = torch.zeros_like(batch.gen_logp) if self.ref is not None else None
-        for idx in _chunks(len(r.prompts), self.cfg.policy.train_micro_batch_size):
+        for idx in _chunks(batch.tokens.shape[0], self.cfg.policy.train_micro_batch_size):
             toks, m = self._micro(batch, idx)
             with self._autocast():
                 lp, captured = response_logprobs(self.policy, toks, m, temp, self._capture,
