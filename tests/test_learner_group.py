@@ -3,7 +3,6 @@ across world sizes, a killed rank. Ranks are Ray actors on one local Ray (loopba
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -142,8 +141,11 @@ def test_one_step_n1_equals_n2(tiny, local_ray):
 
 
 def run_cfg(tiny, tmp_path, name, **over) -> Path:
-    d = cfg_dict(tiny, **{"speculative__drafter": "none", "learner__world_size": 2,
-                          "learner__collective_timeout_s": 20.0, "run__name": name, **over})
+    reward = tmp_path / "varied.py"  # the random tiny model never solves a task: a reward that varies per sample
+    reward.write_text("def varied(prompt, completion, row):\n    return float(sum(map(ord, completion)) % 7)\n")
+    d = cfg_dict(tiny, **{"speculative__drafter": "none", "learner__world_size": 2, "grpo__val_every": 0,
+                          "learner__collective_timeout_s": 20.0, "run__name": name,
+                          "reward__functions": [f"{reward}:varied"], **over})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(d))
     return path
@@ -168,7 +170,7 @@ def test_sync_pipeline_world_size_2_learns_like_1_and_exports_hf(tiny, tmp_path,
     one = train_main(str(run_cfg(tiny, tmp_path, "one", learner__world_size=1)), [], None, str(tmp_path / "one"))
     m2, m1 = metrics(two), metrics(one)
     assert [r["step"] for r in m2] == [1, 2, 3]
-    assert m2[0]["reward_mean"] == m1[0]["reward_mean"]
+    assert m2[0]["reward_mean"] == m1[0]["reward_mean"] and m1[0]["reward_std"] > 0
     assert m2[0]["loss"] == pytest.approx(m1[0]["loss"], rel=1e-5, abs=1e-7)
     ck = load_latest(two / "checkpoints")
     assert ck.step == 3 and (ck.parts["sharded"] / ".metadata").is_file() and "policy" not in ck.parts

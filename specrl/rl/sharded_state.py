@@ -7,8 +7,8 @@ the template, DCP reshards, `set_state_dict` applies it): a run saved with 2 ran
 way round. `load_full_parts` applies the single-process checkpoint format (full `policy` / `optimizer` /
 `drafter` parts, optimizer state keyed by parameter index) to a sharded learner, so a 1-rank run resumes with N.
 DCP reads tensor data with `torch.load(weights_only=True)` but unpickles `.metadata` with plain `pickle`;
-`SafeReader` reads it with an unpickler that only admits DCP's metadata classes and torch sizes/dtypes, so no
-checkpoint file can run code on load.
+`SafeReader` reads it with an unpickler that only admits DCP's metadata classes, torch sizes, dtypes and layouts
+and paths, so no checkpoint file can run code on load.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _BUILTINS = {"set", "frozenset", "slice", "complex"}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Admits DCP's metadata dataclasses, torch.Size / dtypes / layouts / memory formats and a few builtins."""
+    """Admits DCP's metadata classes, torch.Size / dtypes / layouts / memory formats, paths and a few builtins."""
 
     def find_class(self, module: str, name: str) -> Any:
         if module in _DCP_MODULES:
@@ -43,6 +43,14 @@ class _MetadataUnpickler(pickle.Unpickler):
             obj = getattr(torch, name, None)
             if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
                 return obj
+        if module == "torch.serialization" and name == "_get_layout":  # a layout by its name (a dict lookup)
+            from torch.serialization import _get_layout
+
+            return _get_layout
+        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+            import pathlib
+
+            return getattr(pathlib, name)  # the checkpoint id DCP records
         if module == "collections" and name == "OrderedDict":
             from collections import OrderedDict
 
