@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test lint install venv-vllm test-vllm
+.PHONY: run test lint install venv-vllm test-vllm gpu-check
 
 .venv/bin/python:
 	python3.11 -m venv .venv || python3 -m venv .venv
@@ -51,3 +51,8 @@ venv-vllm: .venv-vllm/.installed
 test-vllm: .venv/.installed .venv-vllm/.installed
 	$(PY) -c "from specrl.model.presets import prepare; prepare('smollm2-135m')"
 	VLLM_CPU_OMP_THREADS_BIND=$(VLLM_THREADS_BIND) $(VPY) -m pytest -q -p no:cacheprovider tests/test_backend_vllm.py tests/test_backend_vllm_eagle.py
+
+# One short run on a lent CUDA machine (its own python: `make gpu-check PY=python3 OUT=/path`); refuses without a GPU.
+OUT ?= gpu-check
+gpu-check:
+	$(PY) tools/gpu_check.py --out $(OUT)

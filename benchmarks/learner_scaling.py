@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> dict:
     if a.threads % a.world_size:
         raise SystemExit(f"--threads ({a.threads}) must be a multiple of --world-size ({a.world_size})")
     import torch
-
     from common import prompt_ids
 
     from specrl.distributed.learner_group import LearnerGroup

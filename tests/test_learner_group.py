@@ -272,3 +272,22 @@ def test_async_pipeline_world_size_2(tiny, tmp_path, local_ray):
     m = metrics(run)
     assert [r["step"] for r in m] == [1, 2, 3] and all(r["trajectory_age_max"] == 0 for r in m)
     assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_scaling_benchmark_runs_on_a_tiny_setting(tiny, tmp_path, local_ray):
+    """benchmarks/learner_scaling.py end to end (bf16-mixed from examples/default.yaml: the ranks' FSDP
+    MixedPrecisionPolicy path), one repeat; the record names the machine and dtypes."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from learner_scaling import main
+
+    try:
+        rec = main(["--model", str(tiny), "--repeats", "1", "--response-tokens", "4", "--out",
+                    str(tmp_path / "s.json")])
+    finally:
+        torch.set_num_threads(1)
+    assert rec["precision"] == "bf16-mixed" and rec["ranks"]["ranks"] == 2 and rec["single"]["threads"] == 2
+    assert rec["machine"]["cores"] >= 1 and isinstance(rec["machine"]["amx_bf16"], bool)
+    assert rec["single"]["seconds_median"] > 0 and rec["ranks"]["seconds_median"] > 0
+    assert (tmp_path / "s.json").is_file()
