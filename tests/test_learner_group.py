@@ -131,6 +131,7 @@ def test_one_step_n1_equals_n2(tiny, local_ray):
     moved = max(float((w1[k] - before[k]).abs().max()) for k in w1)
     diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     assert moved > 1e-4  # the step changed the weights
+    print(f"one step N=1 vs N=2: max |weight diff| {diff:.2e}, max |w| {scale:.3f}, moved {moved:.2e}")
     assert diff <= 1e-6 * scale, (diff, scale)
     assert rec2["loss"] == pytest.approx(rec1["loss"], rel=1e-5, abs=1e-7)
     assert rec2["grad_norm"] == pytest.approx(rec1["grad_norm"], rel=1e-5)
