@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test lint install venv-vllm test-vllm test-install
+.PHONY: run test lint install venv-vllm test-vllm test-install gpu-check
 
 .venv/bin/python:
 	python3.11 -m venv .venv || python3 -m venv .venv
@@ -69,3 +69,8 @@ test-install:
 		--max-new-tokens 8 --drafter ngram --k 2
 	test -s $(INSTALL_VENV)/out.jsonl
 	rm -rf $(INSTALL_VENV)
+
+# One short run on a lent CUDA machine (its own python: `make gpu-check PY=python3 OUT=/path`); refuses without a GPU.
+OUT ?= gpu-check
+gpu-check:
+	$(PY) tools/gpu_check.py --out $(OUT)

@@ -3,7 +3,8 @@
 The actors run the same producer and learner code as the sync trainer (`specrl.rl`); this folder only places
 them in processes, moves weights through Ray's object store with versions, and schedules generation ahead of
 training within the policy-lag bound. `make_trainer(cfg, run_dir)` is the factory the CLI hands to the run loop:
-the sync `GRPOTrainer` for `pipeline.mode: sync`, `AsyncGRPOTrainer` for `async`.
+the sync `GRPOTrainer` for `pipeline.mode: sync`, `AsyncGRPOTrainer` for `async`; with `learner.world_size > 1`
+the learner is a `LearnerGroup` of data-parallel ranks (`learner_group`) in either.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ def make_trainer(cfg, run_dir: Path):
         from specrl.distributed.async_trainer import AsyncGRPOTrainer
 
         return AsyncGRPOTrainer(cfg, run_dir)
+    if cfg.learner.world_size > 1:
+        from specrl.distributed.learner_group import LearnerGroup
+        from specrl.rl.trainer import GRPOTrainer
+
+        return GRPOTrainer.from_config(cfg, make_learner=LearnerGroup)
     from specrl.rl.run import sync_trainer
 
     return sync_trainer(cfg, run_dir)

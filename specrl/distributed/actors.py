@@ -31,6 +31,7 @@ from specrl.model.tokenizer import stop_token_ids
 from specrl.rl.config import TrainConfig, validate_config
 from specrl.rl.learner import Learner
 from specrl.rl.producer import RolloutProducer, Rollouts
+from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
 from specrl.rl.trainer import build_backend, build_drafter, seed_everything
 
 # Test hook: a rollout worker kills its own process (SIGKILL) in the middle of generating this step (1-based),
@@ -194,10 +195,17 @@ class LearnerActor:
         try:
             seed_everything(cfg.run.seed)
             policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
-            drafter = build_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
+            online = cfg.drafter.online and cfg.learner.world_size == 1
+            drafter = build_drafter(cfg.speculative.drafter, policy) if online else None
             policy.train()
             self.tokenizer = tokenizer
-            self.learner = Learner(cfg, policy, drafter, max_policy_lag=cfg.pipeline.max_trajectory_age_steps)
+            lag = cfg.pipeline.max_trajectory_age_steps
+            if cfg.learner.world_size > 1:  # data-parallel ranks in their own actors; this one coordinates them
+                from specrl.distributed.learner_group import LearnerGroup
+
+                self.learner = LearnerGroup(cfg, max_policy_lag=lag)
+            else:
+                self.learner = Learner(cfg, policy, drafter, max_policy_lag=lag)
             self.data = RolloutProducer(cfg, tokenizer, None, stop_token_ids(tokenizer, policy.args))  # data stage
         except SpecRLError as e:
             self.init_error = str(e)
@@ -242,11 +250,21 @@ class LearnerActor:
         return self.learner.state_parts()
 
     def load_parts(self, parts: dict, learner_state: dict, data_state: dict) -> None:
+        if SHARDED_PART in parts and isinstance(self.learner, Learner):  # a data-parallel run's checkpoint
+            load_sharded_learner(self.learner, parts)
         self.learner.load_parts(parts, learner_state)
         self.data.load_state_dict(data_state)
 
     def save_final(self, directory: str) -> None:
         from specrl.model.checkpoint import save_checkpoint
 
-        save_checkpoint(self.learner.policy, directory)
+        if hasattr(self.learner, "export"):  # a data-parallel learner: its rank 0 writes the checkpoint
+            self.learner.export(directory)
+        else:
+            save_checkpoint(self.learner.policy, directory)
         self.tokenizer.save_pretrained(directory)
+
+    def close(self) -> None:
+        """Stop the data-parallel ranks, if any (before the driver kills this actor)."""
+        if hasattr(self.learner, "close"):
+            self.learner.close()

@@ -47,7 +47,8 @@ SIGNAL_ENV = "SPECRL_TEST_SIGNAL_AT_STEP"
 def start_ray(cfg: TrainConfig) -> bool:
     """Connect to `pipeline.ray_address` or start Ray locally with the pipeline's CPUs; True if we started it."""
     pl = cfg.pipeline
-    need = pl.num_rollout_workers * pl.worker_threads + pl.learner_threads
+    ranks = cfg.learner.world_size * cfg.learner.threads if cfg.learner.world_size > 1 else 0
+    need = pl.num_rollout_workers * pl.worker_threads + pl.learner_threads + ranks
     if ray.is_initialized():  # a Ray the caller started: use it if it is big enough
         total = ray.cluster_resources().get("CPU", 0)
         if need > total:
@@ -291,6 +292,11 @@ class AsyncGRPOTrainer:
         ray.get(self.learner.save_final.remote(str(directory)))
 
     def close(self) -> None:
+        if getattr(self, "learner", None) is not None and self.cfg.learner.world_size > 1:
+            try:  # the learner actor owns the data-parallel ranks: let it stop them first
+                ray.get(self.learner.close.remote(), timeout=30)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                pass
         for a in [*getattr(self, "workers", []), getattr(self, "learner", None), getattr(self, "store", None)]:
             if a is not None:
                 ray.kill(a)

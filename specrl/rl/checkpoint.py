@@ -4,7 +4,10 @@ A checkpoint is a directory `checkpoints/step_NNNNNN/` holding one `torch.save` 
 `manifest.json` (step, metadata, and the size and SHA-256 of every part). It is written into a hidden
 temporary directory, every file is fsynced, the manifest is written last, and only then is the directory
 renamed into place with `os.replace` — so a kill at any moment leaves either the previous checkpoints or the
-complete new one, never a half-written `step_*`. `load_latest` walks checkpoints newest first, verifies each
+complete new one, never a half-written `step_*`. A part may instead be an object with `write_dir(path)` (the
+sharded model and optimizer of a data-parallel learner, written by its ranks with torch.distributed.checkpoint):
+it writes a subdirectory of the temporary directory, every file of which the manifest records, and loading
+returns that subdirectory's path for the learner to read. `load_latest` walks checkpoints newest first, verifies each
 against its manifest, reports every corrupt or partial one it skips, and returns the newest good one.
 """
 
@@ -80,6 +83,10 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
         tmp.mkdir()
         files: dict[str, dict[str, Any]] = {}
         for name, obj in parts.items():
+            if hasattr(obj, "write_dir"):  # a directory part (sharded state written by its ranks)
+                obj.write_dir(tmp / name)
+                files[name] = {"dir": name, "files": _dir_files(tmp / name)}
+                continue
             path = tmp / f"{name}.pt"
             torch.save(obj, path)
             _fsync_file(path)
@@ -97,6 +104,9 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
             if isinstance(e, PermissionError) else "the write failed"
         raise CheckpointError(f"cannot write checkpoint {final} ({hint}: {why}); the partial write was "
                               "removed") from None
+    except SpecRLError:  # a directory part's writer failed (e.g. a learner rank died): nothing half-written stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         # Re-saving a step (e.g. after resume): move the old one aside first so the swap stays atomic.
         old = root / f".old-{step_dirname(step)}-{os.getpid()}"
@@ -109,6 +119,16 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
     if keep is not None:
         prune(root, keep)
     return final
+
+
+def _dir_files(path: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of every file under a directory part (fsynced), by path relative to it."""
+    out = {}
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        _fsync_file(f)
+        out[str(f.relative_to(path))] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    _fsync_dir(path)
+    return out
 
 
 def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
@@ -149,15 +169,23 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     if manifest.get("format") != FORMAT_VERSION or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{mpath}: unknown manifest format {manifest.get('format')!r}")
     for name, info in manifest["files"].items():
-        f = path / info["file"]
-        if not f.exists():
-            raise CheckpointError(f"{path}: part {name!r} ({info['file']}) is missing")
-        if f.stat().st_size != info["bytes"]:
-            raise CheckpointError(f"{path}: part {name!r} has {f.stat().st_size} bytes, the manifest says "
-                                  f"{info['bytes']} (truncated or overwritten)")
-        if _sha256(f) != info["sha256"]:
-            raise CheckpointError(f"{path}: part {name!r} fails its SHA-256 check (corrupt)")
+        if "dir" in info:
+            for rel, finfo in info["files"].items():
+                _verify_file(path, f"{name}/{rel}", path / info["dir"] / rel, finfo)
+            continue
+        _verify_file(path, name, path / info["file"], info)
     return manifest
+
+
+def _verify_file(path: Path, name: str, f: Path, info: dict[str, Any]) -> None:
+    """Raise CheckpointError unless file `f` of checkpoint `path` has the recorded size and SHA-256."""
+    if not f.exists():
+        raise CheckpointError(f"{path}: part {name!r} ({f.name}) is missing")
+    if f.stat().st_size != info["bytes"]:
+        raise CheckpointError(f"{path}: part {name!r} has {f.stat().st_size} bytes, the manifest says "
+                              f"{info['bytes']} (truncated or overwritten)")
+    if _sha256(f) != info["sha256"]:
+        raise CheckpointError(f"{path}: part {name!r} fails its SHA-256 check (corrupt)")
 
 
 @dataclass
@@ -176,6 +204,9 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     path = Path(path)
     parts = {}
     for name, info in manifest["files"].items():
+        if "dir" in info:  # a directory part: its reader (the learner) loads it
+            parts[name] = path / info["dir"]
+            continue
         try:
             parts[name] = torch.load(path / info["file"], map_location="cpu", weights_only=False)
         except Exception as e:  # any unpickling failure means a bad checkpoint

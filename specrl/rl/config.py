@@ -369,6 +369,19 @@ class PipelineConfig(_Section):
         return v
 
 
+class LearnerConfig(_Section):
+    world_size: int = Field(1, ge=1)
+    """Data-parallel learner ranks. 1: the learner runs in the trainer's process (sync) or in the learner actor
+    (async). N > 1: N Ray actors in a placement group, one torch.distributed process group (gloo on CPU, nccl on
+    CUDA), the policy and online drafter sharded with FSDP2; each rank trains num_prompts_per_step / N whole groups
+    (specrl.rl.data_parallel, specrl.distributed.learner_group)."""
+    threads: int = Field(1, ge=1)
+    """torch threads of each learner rank when world_size > 1 (the ranks need world_size * threads CPUs)."""
+    collective_timeout_s: float = Field(600.0, gt=0.0)
+    """world_size > 1: a collective that waits longer than this (a dead or stuck rank) fails the step; the run
+    stops with the last good checkpoint and the --resume command."""
+
+
 class TrainConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
@@ -381,6 +394,7 @@ class TrainConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
     @model_validator(mode="after")
     def _cross(self) -> TrainConfig:
@@ -424,6 +438,10 @@ class TrainConfig(_Section):
         if rw.weights is not None and len(rw.weights) != len(rw.functions):
             raise ValueError(f"reward.weights has {len(rw.weights)} entries but reward.functions has "
                              f"{len(rw.functions)}; give one weight per function")
+        ws = self.learner.world_size
+        if ws > 1 and self.grpo.num_prompts_per_step % ws != 0:
+            raise ValueError(f"learner.world_size ({ws}) must divide grpo.num_prompts_per_step "
+                             f"({self.grpo.num_prompts_per_step}): each rank trains an equal share of whole groups")
         pl = self.pipeline
         if pl.mode == "async" and self.run.threads != "auto":
             raise ValueError(

@@ -66,6 +66,9 @@ class Batch:
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
     captured: list[dict] = field(default_factory=list)  # per micro-batch, detached hidden states
+    # the GRPO normaliser's token count when these rows are a share of the step (a data-parallel rank): the
+    # whole step's response tokens, scaled for the gradient reduction (specrl.rl.data_parallel); None: mask.sum()
+    loss_tokens: float | None = None
 
 
 def _nonfinite(state: dict[str, Any]) -> tuple[str, int, int] | None:
@@ -166,11 +169,7 @@ class Learner:
         self.drafter = drafter if cfg.drafter.online else None
         if cfg.drafter.online:
             check_trainable(self.drafter)
-        self.ref = None
-        if cfg.grpo.kl_coef > 0:
-            self.ref = copy.deepcopy(policy).eval()
-            for p in self.ref.parameters():
-                p.requires_grad_(False)
+        self.ref = self._make_ref(policy) if cfg.grpo.kl_coef > 0 else None
         pc = cfg.policy
         groups = [{"params": [p for p in policy.parameters() if p.requires_grad], "lr": pc.learning_rate}]
         if self.drafter is not None:
@@ -188,6 +187,13 @@ class Learner:
         self.health = DrafterHealth(d.staleness_fraction, d.collapse_threshold, d.collapse_patience)
         # where the learner's event lines go; the run loop points it at its progress display
         self.log: Callable[[str], None] = lambda msg: print(msg, flush=True)
+
+    def _make_ref(self, policy: torch.nn.Module) -> torch.nn.Module:
+        """The frozen reference model (kl_coef > 0): a copy of the initial policy."""
+        ref = copy.deepcopy(policy).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
 
     @property
     def version(self) -> int:
@@ -242,7 +248,7 @@ class Learner:
         temp = self.cfg.generation.temperature
         old = torch.zeros_like(batch.gen_logp)
         ref = torch.zeros_like(batch.gen_logp) if self.ref is not None else None
-        for idx in _chunks(len(r.prompts), self.cfg.policy.train_micro_batch_size):
+        for idx in _chunks(batch.tokens.shape[0], self.cfg.policy.train_micro_batch_size):
             toks, m = self._micro(batch, idx)
             with self._autocast():
                 lp, captured = response_logprobs(self.policy, toks, m, temp, self._capture,
@@ -264,7 +270,7 @@ class Learner:
         g, temp = self.cfg.grpo, self.cfg.generation.temperature
         step_no = self.step_count + 1
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = float(batch.mask.sum())
+        total_tokens = float(batch.mask.sum()) if batch.loss_tokens is None else batch.loss_tokens
         stats = {"tokens": 0.0, "clipped": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "draft": 0.0,
                  "is_sum": 0.0, "is_max": 0.0, "is_clipped": 0.0}
         chunks = _chunks(batch.tokens.shape[0], self.cfg.policy.train_micro_batch_size)
@@ -482,6 +488,15 @@ class Learner:
         """Restore from checkpoint parts; `st` is the learner's bookkeeping (step, scheduler, health, rng)."""
         self.policy.load_state_dict(parts["policy"])
         self.optimizer.load_state_dict(parts["optimizer"])
+        if self.drafter is not None:
+            if "drafter" not in parts:
+                raise SpecRLError("the checkpoint has no drafter weights but drafter.online=true; resume with the "
+                                  "config the run was started with")
+            self.drafter.load_state_dict(parts["drafter"])
+        self.load_bookkeeping(st)
+
+    def load_bookkeeping(self, st: dict[str, Any]) -> None:
+        """Restore step, scheduler, this config's hyperparameters, drafter health and RNG states."""
         self.step_count = int(st["step"])
         self.scheduler.load_state_dict(st["scheduler"])
         self._apply_config_hyperparams()
@@ -489,8 +504,3 @@ class Learner:
         torch.set_rng_state(st["rng"]["torch"])
         np.random.set_state(st["rng"]["numpy"])
         random.setstate(st["rng"]["python"])
-        if self.drafter is not None:
-            if "drafter" not in parts:
-                raise SpecRLError("the checkpoint has no drafter weights but drafter.online=true; resume with the "
-                                  "config the run was started with")
-            self.drafter.load_state_dict(parts["drafter"])

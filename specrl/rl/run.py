@@ -38,6 +38,7 @@ from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir, write_text_atomic
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
 from specrl.rl.config import TrainConfig, apply_override, load_config, validate_config
+from specrl.rl.data_parallel import LearnerRankError
 from specrl.rl.hardware import hardware_fields, resolve_hardware
 from specrl.rl.learner import NonFiniteError, check_weights
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
@@ -253,6 +254,9 @@ def sync_trainer(cfg: TrainConfig, run_dir: Path) -> GRPOTrainer:
     if cfg.pipeline.mode != "sync":
         raise SpecRLError(f"pipeline.mode={cfg.pipeline.mode!r} runs on Ray (specrl.distributed); start it with "
                           "`specrl train`, or pass make_trainer=specrl.distributed.make_trainer")
+    if cfg.learner.world_size > 1:
+        raise SpecRLError(f"learner.world_size={cfg.learner.world_size} runs its ranks on Ray (specrl.distributed); "
+                          "start it with `specrl train`, or pass make_trainer=specrl.distributed.make_trainer")
     return GRPOTrainer.from_config(cfg)
 
 
@@ -462,6 +466,12 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
         except NonFiniteError as e:
             run.writer.close()
             raise run.failed(e) from None
+        except LearnerRankError as e:
+            run.writer.close()
+            where = str(run.last_ckpt) if run.last_ckpt else "none (a resume starts at step 0)"
+            raise SpecRLError(f"{e}. Training stopped after step {run.trainer.step_count} of {cfg.run.steps}; the "
+                              f"last good checkpoint is {where}; continue with `specrl train --resume {run_dir}`"
+                              ) from None
         except KeyboardInterrupt:
             if stop.received is None:  # not ours (no handler in a non-main thread): a plain interrupt
                 raise

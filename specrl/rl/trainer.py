@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from specrl.rl.default_drafter import default_head_spec, resolve_drafter
 from specrl.rl.hardware import resolve_hardware
 from specrl.rl.learner import Batch, Learner, NonFiniteError, response_logprobs
 from specrl.rl.producer import RolloutProducer, Rollouts
+from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
 from specrl.rl.weight_sync import LocalWeightSync, WeightSync
 from specrl.rollout.api import RolloutBackend
 from specrl.rollout.engine import RolloutEngine
@@ -115,9 +117,11 @@ class GRPOTrainer:
         self.last_rollouts: Rollouts | None = None
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, backend: RolloutBackend | None = None) -> GRPOTrainer:
+    def from_config(cls, cfg: TrainConfig, backend: RolloutBackend | None = None,
+                    make_learner: Callable[[TrainConfig], Any] | None = None) -> GRPOTrainer:
         """Load the model, build the backend (the native engine unless one is given), the drafters, the producer,
-        the learner and the in-process weight sync."""
+        the learner and the in-process weight sync. `make_learner(cfg)` builds a learner with the `Learner`
+        interface elsewhere (the data-parallel `specrl.distributed.learner_group.LearnerGroup`)."""
         cfg = resolve_hardware(cfg)  # idempotent: a run's config is already resolved by setup_run
         policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
         if tokenizer is None:
@@ -130,9 +134,11 @@ class GRPOTrainer:
             backend = build_backend(cfg, policy)
         else:
             check_backend(backend, cfg)
+        producer = RolloutProducer(cfg, tokenizer, backend, stop_token_ids(tokenizer, policy.args))
+        if make_learner is not None:
+            return cls(cfg, producer, make_learner(cfg), LocalWeightSync(backend))
         trainer_drafter = build_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
         policy.train()
-        producer = RolloutProducer(cfg, tokenizer, backend, stop_token_ids(tokenizer, policy.args))
         return cls(cfg, producer, Learner(cfg, policy, trainer_drafter), LocalWeightSync(backend))
 
     # ------------------------------------------------------------------ what the run loop reads
@@ -195,11 +201,16 @@ class GRPOTrainer:
 
     def save_final(self, directory, save_model) -> None:
         """Write the final policy (an HF checkpoint via `save_model`) and the tokenizer into `directory`."""
-        save_model(self.policy, directory)
+        if hasattr(self.learner, "export"):  # a data-parallel learner: its rank 0 writes the checkpoint
+            self.learner.export(directory)
+        else:
+            save_model(self.policy, directory)
         self.tokenizer.save_pretrained(str(directory))
 
     def close(self) -> None:
-        """Nothing to release in-process (the async trainer stops its Ray actors here)."""
+        """Release the learner's processes, if it has any (the async trainer stops its Ray actors here)."""
+        if hasattr(self.learner, "close"):
+            self.learner.close()
 
     # ------------------------------------------------------------------ checkpoint state
     def check_weights(self, step: int) -> None:
@@ -212,6 +223,8 @@ class GRPOTrainer:
         return parts
 
     def load_parts(self, parts: dict[str, Any]) -> None:
+        if SHARDED_PART in parts and isinstance(self.learner, Learner):  # a data-parallel run's checkpoint
+            load_sharded_learner(self.learner, parts)
         self.learner.load_parts(parts, parts["trainer"])
         self.producer.load_state_dict(parts["trainer"])
 

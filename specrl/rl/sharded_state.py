@@ -1,0 +1,151 @@
+"""The learner's model and optimizer state as a torch.distributed.checkpoint (DCP) directory, for any world size.
+
+`train_modules(policy, drafter)` is the one module tree whose fully qualified names (`policy.*`, `drafter.*`)
+key both the model and the optimizer state. `save_dcp` writes them with `dcp.save` (each rank its own shards,
+plus one `.metadata` file), `load_dcp` reads them back into a learner of any world size (`get_state_dict` gives
+the template, DCP reshards, `set_state_dict` applies it): a run saved with 2 ranks resumes with 1 and the other
+way round. `load_full_parts` applies the single-process checkpoint format (full `policy` / `optimizer` /
+`drafter` parts, optimizer state keyed by parameter index) to a sharded learner, so a 1-rank run resumes with N.
+DCP reads tensor data with `torch.load(weights_only=True)` but unpickles `.metadata` with plain `pickle`;
+`SafeReader` reads it with an unpickler that only admits DCP's metadata classes, torch sizes, dtypes and layouts
+and paths, so no checkpoint file can run code on load.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from specrl.errors import SpecRLError
+
+SHARDED_PART = "sharded"  # the checkpoint part (a directory) holding the DCP model + optimizer state
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                "torch.distributed.checkpoint.planner")
+_BUILTINS = {"set", "frozenset", "slice", "complex"}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits DCP's metadata classes, torch.Size / dtypes / layouts / memory formats, paths and a few builtins."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _DCP_MODULES:
+            obj = getattr(__import__(module, fromlist=[name]), name, None)
+            if isinstance(obj, type):
+                return obj
+        if module == "torch":
+            obj = getattr(torch, name, None)
+            if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+                return obj
+        if module == "torch.serialization" and name == "_get_layout":  # a layout by its name (a dict lookup)
+            from torch.serialization import _get_layout
+
+            return _get_layout
+        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+            import pathlib
+
+            return getattr(pathlib, name)  # the checkpoint id DCP records
+        if module == "collections" and name == "OrderedDict":
+            from collections import OrderedDict
+
+            return OrderedDict
+        if module == "builtins" and name in _BUILTINS:
+            return getattr(__import__("builtins"), name)
+        raise pickle.UnpicklingError(f"DCP metadata names {module}.{name}, which a checkpoint may not load")
+
+
+class SafeReader(FileSystemReader):
+    """`FileSystemReader` whose `.metadata` is read by `_MetadataUnpickler` instead of plain `pickle.load`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            try:
+                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+            except pickle.UnpicklingError as e:
+                raise SpecRLError(f"{self.path}: refused to load the sharded checkpoint ({e})") from None
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def train_modules(policy: nn.Module, drafter: nn.Module | None) -> nn.Module:
+    """The policy (and trainable drafter) under one root: the names DCP keys model and optimizer state by."""
+    mods = {"policy": policy}
+    if drafter is not None:
+        mods["drafter"] = drafter
+    return nn.ModuleDict(mods)
+
+
+def save_dcp(path: str, policy: nn.Module, drafter: nn.Module | None, optimizer: torch.optim.Optimizer) -> None:
+    """Write model + optimizer state to directory `path` (collective when torch.distributed is initialised)."""
+    model_sd, optim_sd = get_state_dict(train_modules(policy, drafter), optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=FileSystemWriter(path))
+
+
+def load_dcp(path: str, policy: nn.Module, drafter: nn.Module | None, optimizer: torch.optim.Optimizer) -> None:
+    """Read a `save_dcp` directory written by any number of ranks into this (sharded or plain) learner."""
+    root = train_modules(policy, drafter)
+    model_sd, optim_sd = get_state_dict(root, optimizer)
+    if drafter is not None and not any(k.startswith("drafter.") for k in _saved_keys(path)):
+        raise SpecRLError("the checkpoint has no drafter weights but drafter.online=true; resume with the "
+                          "config the run was started with")
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, storage_reader=SafeReader(path))
+    set_state_dict(root, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _saved_keys(path: str) -> list[str]:
+    """The model entries' names (without the `model.` prefix) recorded in a DCP directory's metadata."""
+    md = SafeReader(path).read_metadata()
+    return [k.removeprefix("model.") for k in md.state_dict_metadata if k.startswith("model.")]
+
+
+def optimizer_by_name(optim_sd: dict[str, Any], policy: nn.Module, drafter: nn.Module | None) -> dict[str, Any]:
+    """A single-process `optimizer.state_dict()` (state keyed by parameter index, in the learner's group order:
+    the policy's trainable parameters, then the drafter's) keyed by `train_modules` names instead."""
+    names = [[f"policy.{n}" for n, p in policy.named_parameters() if p.requires_grad]]
+    if drafter is not None:
+        names.append([f"drafter.{n}" for n, p in drafter.named_parameters() if p.requires_grad])
+    groups = optim_sd["param_groups"]
+    if len(groups) != len(names) or any(len(g["params"]) != len(n) for g, n in zip(groups, names, strict=False)):
+        raise SpecRLError(f"the checkpoint's optimizer has groups of {[len(g['params']) for g in groups]} "
+                          f"parameters, this learner {[len(n) for n in names]}; resume with the config the run "
+                          "was started with")
+    index = {i: n for g, ns in zip(groups, names, strict=True) for i, n in zip(g["params"], ns, strict=True)}
+    return {"state": {index[i]: s for i, s in optim_sd["state"].items()},
+            "param_groups": [{**g, "params": ns} for g, ns in zip(groups, names, strict=True)]}
+
+
+def load_full_parts(parts: dict[str, Any], policy: nn.Module, drafter: nn.Module | None,
+                    optimizer: torch.optim.Optimizer) -> None:
+    """Apply single-process checkpoint parts (full tensors) to a sharded learner: each rank keeps its shards."""
+    if drafter is not None and "drafter" not in parts:
+        raise SpecRLError("the checkpoint has no drafter weights but drafter.online=true; resume with the "
+                          "config the run was started with")
+    model = {f"policy.{k}": v for k, v in parts["policy"].items()}
+    if drafter is not None:
+        model.update({f"drafter.{k}": v for k, v in parts["drafter"].items()})
+    set_state_dict(train_modules(policy, drafter), optimizer, model_state_dict=model,
+                   optim_state_dict=optimizer_by_name(parts["optimizer"], policy, drafter),
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def load_sharded_learner(learner: Any, parts: dict[str, Any]) -> None:
+    """A data-parallel run's checkpoint into a single-process `Learner`: DCP reads the directory part into the
+    learner's modules and optimizer, and `parts` gains the full `policy` / `optimizer` / `drafter` entries its
+    `load_parts` expects (so the bookkeeping follows the one code path)."""
+    load_dcp(str(parts[SHARDED_PART]), learner.policy, learner.drafter, learner.optimizer)
+    parts["policy"] = learner.policy.state_dict()
+    parts["optimizer"] = learner.optimizer.state_dict()
+    if learner.drafter is not None:
+        parts["drafter"] = learner.drafter.state_dict()
