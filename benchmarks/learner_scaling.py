@@ -5,8 +5,8 @@ bf16-mixed, SmolLM2-135M): real chat prompts, random response tokens, random rew
 in-process `Learner` with --threads torch threads. Arm `ranks`: a `LearnerGroup` of --world-size ranks with
 --threads / --world-size threads each (FSDP2 over gloo on loopback, the rollouts shipped through Ray's object
 store: the cost a run pays). Arms alternate; each reports the median of --repeats steps after one warm-up. The
-JSON record names the processor (model name, avx512_bf16 / amx_bf16 flags), the cores this process may use,
-dtypes and torch's version, so a figure is never read without its machine.
+JSON record names the processor class (`benchmarks/common.py`'s `run_header`), the cores, dtypes and torch's
+version, so a figure is never read without its machine.
 
     .venv/bin/python benchmarks/learner_scaling.py --threads 2 --world-size 2 --repeats 3 --out scaling.json
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -23,24 +22,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_record() -> dict:
-    """Processor model, the bf16 matmul flags and the usable cores (from /proc/cpuinfo where it exists)."""
-    from specrl.cpu import allowed_cores
-
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return {"processor": model, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "cores": allowed_cores()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -56,12 +37,13 @@ def main(argv: list[str] | None = None) -> dict:
     if a.threads % a.world_size:
         raise SystemExit(f"--threads ({a.threads}) must be a multiple of --world-size ({a.world_size})")
     import torch
-    from common import prompt_ids
+    from common import prompt_ids, run_header
 
     from specrl.distributed.learner_group import LearnerGroup
     from specrl.model.checkpoint import parse_dtype
     from specrl.model.loader import load_model
     from specrl.rl.config import load_config
+    from specrl.rl.hardware import resolve_hardware
     from specrl.rl.learner import Learner
     from specrl.rl.producer import Rollouts
 
@@ -69,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"learner.threads={a.threads // a.world_size}"]
     if a.model:
         sets.append(f"model.name={a.model}")
-    cfg = load_config(a.config, sets)
+    cfg = resolve_hardware(load_config(a.config, sets))
+    hardware = run_header({"model": cfg.model.dtype, "train": cfg.policy.precision}, threads=a.threads)
     g = cfg.grpo
     n = g.num_prompts_per_step * g.num_generations
     torch.set_num_threads(a.threads)
@@ -95,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         group.close()
     med = {k: statistics.median(v) for k, v in times.items()}
-    rec = {"benchmark": "learner_scaling", "machine": cpu_record(), "torch": torch.__version__,
+    rec = {"benchmark": "learner_scaling", "hardware": hardware,
            "model": cfg.model.name, "weights_dtype": cfg.model.dtype, "precision": cfg.policy.precision,
            "batch_sequences": n, "response_tokens": a.response_tokens,
            "micro_batch": cfg.policy.train_micro_batch_size, "repeats": a.repeats,
