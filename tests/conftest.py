@@ -14,6 +14,11 @@ from specrl.model.transformer import Transformer  # noqa: E402
 
 torch.set_num_threads(1)
 
+# `make gpu-check` runs the engine, proof-suite and learner tests with SPECRL_TEST_DEVICE=cuda: every tensor and
+# module a test creates without naming a device is made there (the library follows its tensors' device).
+if os.environ.get("SPECRL_TEST_DEVICE"):
+    torch.set_default_device(os.environ["SPECRL_TEST_DEVICE"])
+
 
 def tiny_hf(family: str, seed: int = 0, **extra):
     """A tiny random transformers model of the given family (llama | qwen2 | qwen3 | llama3rope)."""
