@@ -50,7 +50,7 @@ from specrl.rollout.sampling import (
     scaled_logits,
     uniform,
 )
-from specrl.rollout.verify import VERIFY_MODES, VerifyResult, verify
+from specrl.rollout.verify import VERIFY_MODES, VerifyResult, check_draft_ids, verify
 
 
 @dataclass
@@ -323,7 +323,10 @@ class RolloutEngine:
         t0 = time.perf_counter()  # like _ar_step, the step's clock includes building its batch
         n = len(active)
         batch = self._draft_batch(active)
-        proposal = _trim(self.drafter.propose(batch, k))
+        proposal = self.drafter.propose(batch, k)
+        ids, nd = check_draft_ids(proposal.tokens, proposal.num_drafts, self.model.args.vocab_size)
+        proposal = _trim(proposal if ids is proposal.tokens and nd is proposal.num_drafts
+                         else Proposal(ids, proposal.probs, nd))
         kv = proposal.tokens.shape[1]  # verified columns: k, or the longest real draft of a ragged proposal
         t1 = time.perf_counter()
         last = torch.tensor([[s.out[-1]] for s in active], dtype=torch.long)
@@ -359,7 +362,7 @@ class RolloutEngine:
         """Policy logits [n, k+1, V] of a verify forward -> the verify decision and the behaviour log-probs of the
         emitted tokens ([sum(num_emitted)], row by row). A batch of greedy requests only is verified by argmax
         (no softmax or inverse CDF); log-probs are computed at emitted positions only."""
-        n, k1, _ = logits.shape
+        n, k1, v = logits.shape
         k = k1 - 1
         out_pos = batch.positions[:, None] + torch.arange(k1)[None, :]
         u = uniform(batch.seeds[:, None, None], batch.request_ids[:, None, None], out_pos[:, None, :],
@@ -371,7 +374,7 @@ class RolloutEngine:
             scaled = scaled_logits(logits, temp, batch.top_p[:, None].expand(n, k1), batch.top_k[:, None].expand(n, k1))
             probs, argmax = probs_from_scaled(logits, scaled, temp), None
         res = verify(self.verify_mode, probs, proposal.tokens, proposal.probs, u[:, 0], u[:, 1, :k], u[:, 2, :k],
-                     proposal.num_drafts, argmax)
+                     proposal.num_drafts, argmax, v)
         sel = torch.arange(k1)[None, :] < res.num_emitted[:, None]
         return res, behaviour_logprobs(logits[sel], scaled[sel], res.tokens[sel], temp[sel])
 
