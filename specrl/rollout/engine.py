@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import copy_state, load_state_into
+from specrl.model.checkpoint import copy_state, hf_named_tensors, load_state_into
 from specrl.model.packed import pack_for_inference
 from specrl.rollout.adaptive import DraftLengthController
 from specrl.rollout.api import (
@@ -37,6 +37,7 @@ from specrl.rollout.api import (
     check_weight_kind,
     normalize_requests,
 )
+from specrl.rollout.digest import weights_digest
 from specrl.rollout.drafter import BindContext, DraftBatch, Proposal
 from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import (
@@ -183,20 +184,35 @@ class RolloutEngine:
                               s.versions) for s in seqs]
         return GenerationResult(outs, metrics.as_dict())
 
-    def load_weights(self, which: str, named_tensors: dict[str, Tensor], version: int) -> None:
-        """Weight sync: copy HF-named policy tensors (or the drafter's own checkpoint names) in place."""
+    def load_weights(self, which: str, named_tensors: dict[str, Tensor], version: int) -> dict[str, str]:
+        """Weight sync: copy HF-named policy tensors (or the drafter's own checkpoint names) in place; returns the
+        acknowledgement `weights_digest` of what this engine now holds (`specrl.rollout.digest`)."""
         check_weight_kind(which)
         if not isinstance(version, int) or version < 0:
             raise SpecRLError(f"load_weights: version must be an integer >= 0, got {version!r}")
         if which == "policy":
             load_state_into(self.model, dict(named_tensors), "load_weights(policy)")
             self.policy_version = version
-            return
+            return self.weights_digest("policy")
         if self.drafter is None or not isinstance(self.drafter, torch.nn.Module):
             raise SpecRLError("load_weights(drafter): this engine has no drafter with weights (configure an "
                               "eagle:, mtp: or draft-model: drafter)")
         copy_state(self.drafter, dict(named_tensors), "load_weights(drafter)")
         self.drafter_version = version
+        return self.weights_digest("drafter")
+
+    def weights_digest(self, which: str) -> dict[str, str]:
+        """`weights_digest` of the policy (HF names; a tied LM head under its own name too) or the drafter (its
+        checkpoint names) as this engine holds them now."""
+        check_weight_kind(which)
+        if which == "policy":
+            held = hf_named_tensors(self.model)
+            if self.model.args.tie_word_embeddings:
+                held["lm_head.weight"] = self.model.embed_tokens.weight.detach()
+            return weights_digest(held)
+        if self.drafter is None or not isinstance(self.drafter, torch.nn.Module):
+            return {}
+        return weights_digest(self.drafter.state_dict())
 
     # ------------------------------------------------------------------ validation
     def _validate(self, requests, params) -> list[_Seq]:
