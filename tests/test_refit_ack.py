@@ -154,3 +154,32 @@ def test_sync_trainer_stops_in_the_step_whose_refit_fails(tmp_path, monkeypatch)
     with pytest.raises(RefitError, match=r"load_weights\(policy, version 1\) the native backend"):
         t.step()
     assert gens == []  # no rollout of step 2 was generated
+
+
+def test_vllm_worker_digest_maps_fused_rows_padded_vocab_and_opaque_weights():
+    """`held_digest` (the vLLM worker's acknowledgement, plain torch): q/k/v and gate/up rows of fused
+    parameters, an embedding padded to 64 rows, and a weight replaced by a prepacked handle (empty)."""
+    from specrl.backends.vllm_worker import held_digest
+    from specrl.rollout.digest import OPAQUE
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, gate, up, emb = (torch.randn(r, 4, generator=g) for r in (8, 2, 2, 6, 6, 10))
+    params = {"model.layers.0.self_attn.qkv_proj.weight": torch.cat([q, k, v]),
+              "model.layers.0.mlp.gate_up_proj.weight": torch.cat([gate, up]),
+              "model.embed_tokens.weight": torch.cat([emb, torch.zeros(54, 4)]),
+              "model.layers.0.mlp.down_proj.weight": torch.empty(0)}
+    sent = {"model.layers.0.self_attn.q_proj.weight": q, "model.layers.0.self_attn.k_proj.weight": k,
+            "model.layers.0.self_attn.v_proj.weight": v, "model.layers.0.mlp.gate_proj.weight": gate,
+            "model.layers.0.mlp.up_proj.weight": up, "model.embed_tokens.weight": emb,
+            "model.layers.0.mlp.down_proj.weight": torch.randn(4, 6, generator=g)}
+    ack = held_digest(params, [(n, list(t.shape)) for n, t in sent.items()])
+    assert ack["model.layers.0.mlp.down_proj.weight"] == OPAQUE
+    check_refit(sent, ack, "policy", "vllm", 1)
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                 "model.embed_tokens.weight"):
+        bad = {**sent, name: sent[name] + 1}
+        with pytest.raises(RefitError, match=rf"1 tensor\(s\) hold other values than were sent: {name}"):
+            check_refit(bad, ack, "policy", "vllm", 1)
+    del params["model.layers.0.mlp.gate_up_proj.weight"]
+    with pytest.raises(RefitError, match=r"2 sent tensor\(s\) are not held at all"):
+        check_refit(sent, held_digest(params, [(n, list(t.shape)) for n, t in sent.items()]), "policy", "vllm", 1)
