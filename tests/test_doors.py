@@ -143,3 +143,58 @@ def test_python_api_refuses_an_empty_prompt_naming_its_index():
         eng.generate([RolloutRequest([1, 2], 0), RolloutRequest([], 1)], SamplingParams(max_new_tokens=2))
     with pytest.raises(SpecRLError, match=r"prompt 0 is empty"):
         eng.generate([torch.tensor([], dtype=torch.long)], SamplingParams(max_new_tokens=2))
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+@pytest.mark.parametrize("label,mutate,match", [
+    ("an entry without its file", lambda m: m["files"]["policy"].pop("file"), r"entry 'policy' is .*expected "
+                                                                              r"\{\"file\": a file name"),
+    ("an entry that is a string", lambda m: m["files"].__setitem__("policy", "policy.pt"), r"entry 'policy' is "
+                                                                                           r"'policy.pt'"),
+    ("a file outside the directory", lambda m: m["files"]["policy"].__setitem__("file", "../x.pt"),
+     r"entry 'policy' is .*\.\./x\.pt.*a file name in this directory"),
+    ("a step that is not an integer", lambda m: m.__setitem__("step", "one"), r"step is 'one', expected an integer"),
+    ("a manifest that is a list", lambda m: [1, 2], r"unknown manifest format 'list'"),
+])
+def test_malformed_checkpoint_manifest_is_a_clear_error(tmp_path, label, mutate, match):
+    from specrl.rl.checkpoint import CheckpointError, save_checkpoint, verify_checkpoint
+
+    p = save_checkpoint(tmp_path, 1, {"policy": {"w": torch.zeros(2)}})
+    m = json.loads((p / "manifest.json").read_text())
+    out = mutate(m)
+    (p / "manifest.json").write_text(json.dumps(m if out is None or not isinstance(out, list) else out))
+    with pytest.raises(CheckpointError, match=match):
+        verify_checkpoint(p)
+
+
+@pytest.mark.parametrize("override,match", [
+    ("run.seed=-1", r"run\.seed: Input should be greater than or equal to 0, got -1"),
+    ("run.seed=100000000000000000000000000000", r"run\.seed: Input should be less than or equal to "
+                                                r"9223372036854775807"),
+    ("task.seed=-5", r"task\.seed: Input should be greater than or equal to 0"),
+    ("model.name=", r"model\.name: String should have at least 1 character"),
+])
+def test_config_values_that_used_to_fail_late_or_silently(override, match):
+    from specrl.rl.config import load_config
+
+    with pytest.raises(SpecRLError, match=match):
+        load_config(None, [override])
+
+
+def test_files_with_a_byte_order_mark_are_read_as_utf8(tmp_path):
+    from specrl.cli import _read_prompts
+    from specrl.rl.config import load_config
+    from specrl.rl.data import read_rows
+    from tests.tiny import char_tokenizer
+
+    p = tmp_path / "p.jsonl"
+    p.write_bytes('\ufeff{"prompt_token_ids": [1, 2]}\n'.encode())
+    assert _read_prompts(p, char_tokenizer(), False) == [[1, 2]]
+    d = tmp_path / "d.jsonl"
+    d.write_bytes('\ufeff{"prompt": "hi", "answer": "1"}\n'.encode())
+    assert read_rows(d) == [{"prompt": "hi", "answer": "1"}]
+    c = tmp_path / "c.yaml"
+    c.write_bytes("\ufeffrun: {steps: 3}\n".encode())
+    assert load_config(c).run.steps == 3

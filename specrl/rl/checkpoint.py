@@ -212,9 +212,19 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{mpath}: unreadable manifest ({e})") from None
-    if manifest.get("format") != FORMAT_VERSION or not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{mpath}: unknown manifest format {manifest.get('format')!r}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION or \
+            not isinstance(manifest.get("files"), dict):
+        what = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CheckpointError(f"{mpath}: unknown manifest format {what!r} (expected an object with \"format\": "
+                              f"{FORMAT_VERSION} and \"files\")")
+    if type(manifest.get("step")) is not int or manifest["step"] < 0:
+        raise CheckpointError(f"{mpath}: step is {manifest.get('step')!r}, expected an integer >= 0")
     for name, info in manifest["files"].items():
+        ok = isinstance(info, dict) and isinstance(info.get("file"), str) and info["file"] == Path(info["file"]).name \
+            and type(info.get("bytes")) is int and isinstance(info.get("sha256"), str)
+        if not ok:
+            raise CheckpointError(f"{mpath}: entry {name!r} is {info!r:.120}; expected {{\"file\": a file name in "
+                                  "this directory, \"bytes\": an integer, \"sha256\": a hex string}")
         f = path / info["file"]
         if not f.exists():
             raise CheckpointError(f"{path}: part {name!r} ({info['file']}) is missing")
