@@ -198,3 +198,29 @@ def test_files_with_a_byte_order_mark_are_read_as_utf8(tmp_path):
     c = tmp_path / "c.yaml"
     c.write_bytes("\ufeffrun: {steps: 3}\n".encode())
     assert load_config(c).run.steps == 3
+
+
+def test_generate_with_a_seed_beyond_int64_is_a_clear_error(tiny, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt_token_ids": [1, 2]}) + "\n")
+    r = runner.invoke(app, ["generate", "--model", str(tiny), "--prompts", str(prompts), "--out",
+                            str(tmp_path / "o.jsonl"), "--max-new-tokens", "2", "--max-seq-len", "64", "--seed",
+                            str(2**64 - 1)])
+    assert r.exit_code == 2, r.output
+    assert "seed must be an integer in 0..9223372036854775807 (2**63 - 1), got 18446744073709551615" in \
+        " ".join(r.output.split())
+
+
+def test_draft_init_refuses_to_write_into_a_directory_that_is_not_a_drafter(tiny, tmp_path):
+    from specrl.drafters.build import build_drafter
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(SpecRLError, match=r"is a non-empty directory that holds no drafter \(no config.json\); the "
+                                          r"drafter's files would be mixed into it"):
+        build_drafter(str(tiny), "eagle", prompts=[[1, 2]] * 4, out=busy, samples=2, progress=False)
+    assert sorted(p.name for p in busy.iterdir()) == ["notes.txt"]
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SpecRLError, match=r"is a file"):
+        build_drafter(str(tiny), "eagle", prompts=[[1, 2]] * 4, out=tmp_path / "f", samples=2, progress=False)
