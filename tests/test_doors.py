@@ -224,3 +224,17 @@ def test_draft_init_refuses_to_write_into_a_directory_that_is_not_a_drafter(tiny
     (tmp_path / "f").write_text("x")
     with pytest.raises(SpecRLError, match=r"is a file"):
         build_drafter(str(tiny), "eagle", prompts=[[1, 2]] * 4, out=tmp_path / "f", samples=2, progress=False)
+
+
+# sizes beyond any 64-bit machine's virtual address space (2**47 bytes), so no overcommit setting lets them through
+@pytest.mark.parametrize("kw", [{"max_batch_size": 10**12, "max_seq_len": 32},
+                                {"max_batch_size": 2, "max_seq_len": 10**13}])
+def test_a_kv_cache_too_large_to_allocate_is_a_clear_error(kw):
+    from specrl import RolloutEngine
+    from specrl.model.transformer import tiny_model
+
+    model = tiny_model("llama", vocab_size=64, max_position_embeddings=2**50)
+    with pytest.raises(SpecRLError, match=rf"the KV cache for max_batch_size={kw['max_batch_size']} x max_seq_len="
+                                          rf"{kw['max_seq_len']} needs [\d.]+ GiB, more than this machine can "
+                                          r"allocate; lower max_batch_size or max_seq_len"):
+        RolloutEngine(model, **kw)

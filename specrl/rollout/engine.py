@@ -119,7 +119,17 @@ class RolloutEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         # k_max + 1 positions of margin: a verify forward may write up to k positions past the last
         # token a sequence can keep.
-        self.cache = model.new_cache(max_batch_size, max_seq_len + k_max + 1)
+        try:
+            self.cache = model.new_cache(max_batch_size, max_seq_len + k_max + 1)
+        except (RuntimeError, MemoryError) as e:
+            if "alloc" not in str(e) and not isinstance(e, MemoryError):
+                raise
+            a = model.args
+            need = 2 * a.num_layers * max_batch_size * (max_seq_len + k_max + 1) * a.num_kv_heads * a.head_dim * \
+                model.embed_tokens.weight.element_size()
+            raise SpecRLError(f"the KV cache for max_batch_size={max_batch_size} x max_seq_len={max_seq_len} needs "
+                              f"{need / 2**30:.1f} GiB, more than this machine can allocate; lower max_batch_size "
+                              "or max_seq_len (generation.max_batch_size, model.max_seq_len in a config)") from None
         self.drafter = drafter
         self.device = model.embed_tokens.weight.device
         if drafter is not None:
