@@ -173,7 +173,13 @@ def _read_prompts(path: Path, tok, raw: bool) -> list[list[int]]:
             raise SpecRLError(f"{path}:{lineno}: not valid JSON ({e})") from None
         if isinstance(obj, dict) and "prompt_token_ids" in obj:
             prompts.append(token_id_list(obj["prompt_token_ids"], f"{path}:{lineno}: prompt_token_ids"))
+            if not prompts[-1]:
+                raise SpecRLError(f"{path}:{lineno}: prompt {len(prompts) - 1} has no token ids; give at least one "
+                                  "(or delete the line)")
         elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            if not obj["prompt"].strip():
+                raise SpecRLError(f"{path}:{lineno}: prompt {len(prompts)} is empty; give each line a non-empty "
+                                  "\"prompt\" (or delete the line)")
             if tok is None:
                 raise SpecRLError(f"{path}:{lineno}: text prompts need a tokenizer, the model has none; "
                                   "give prompt_token_ids instead")
@@ -261,7 +267,8 @@ def generate(
 
 
 @app.command()
-def train(config: str = typer.Option("examples/default.yaml", help="YAML config."),
+def train(config: str | None = typer.Option(None, help="YAML config [default: examples/default.yaml; with "
+                                                       "--resume: the run's own config.yaml]."),
           set_: list[str] = typer.Option([], "--set", help="Override: key=value (repeatable)."),
           resume: str | None = typer.Option(None, help="Run directory to resume."),
           out: str | None = typer.Option(None, help="Run directory (default runs/NAME)."),
@@ -270,6 +277,8 @@ def train(config: str = typer.Option("examples/default.yaml", help="YAML config.
     from specrl.rl.run import train_main
 
     t0 = time.time()
+    if config is None and resume is None:
+        config = "examples/default.yaml"
     try:
         run_dir = train_main(config, list(set_), resume, out, compare, make_trainer=_make_trainer())
     except SpecRLError as e:

@@ -90,3 +90,91 @@ def test_leftover_tmp_dir_ignored(tmp_path):
     (tmp_path / ".tmp-step_000002-123").mkdir()
     (tmp_path / ".tmp-step_000002-123" / "policy.pt").write_bytes(b"partial")
     assert load_latest(tmp_path).step == 1
+
+
+# ----------------------------------------------------------------------------- parts that could run code
+
+
+class _RunsCode:
+    """Unpickling this would call os.system (touching a marker file) if the loader allowed arbitrary globals."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(ck_dir, part, obj):
+    """Replace one part of a checkpoint with `obj` and re-sign the manifest, as a crafted directory would."""
+    import hashlib
+
+    f = ck_dir / f"{part}.pt"
+    torch.save(obj, f)
+    m = json.loads((ck_dir / "manifest.json").read_text())
+    m["files"][part].update(bytes=f.stat().st_size, sha256=hashlib.sha256(f.read_bytes()).hexdigest())
+    (ck_dir / "manifest.json").write_text(json.dumps(m))
+
+
+def test_a_part_that_would_run_code_is_refused_and_never_skipped_past(tmp_path):
+    from specrl.rl.checkpoint import UnsafeCheckpointError
+
+    marker = tmp_path / "ran"
+    save_checkpoint(tmp_path / "ck", 1, parts(1))
+    p2 = save_checkpoint(tmp_path / "ck", 2, parts(2))
+    _plant(p2, "state", {"step": 2, "cursor": _RunsCode(marker)})
+    verify_checkpoint(p2)  # the manifest matches: only the loader can stop it
+    with pytest.raises(UnsafeCheckpointError, match=r"step_000002: part 'state' \(state.pt\) asks to build "
+                                                    r"`posix.system`.*could run code; refused.*only tensors"):
+        load_latest(tmp_path / "ck")  # not a corrupt checkpoint to skip: the directory is untrusted
+    assert not marker.exists()
+
+
+def test_numpy_state_is_stored_as_plain_data_and_comes_back_as_numpy(tmp_path):
+    import numpy as np
+
+    np.random.seed(3)
+    np.random.rand(5)
+    st = np.random.get_state()
+    p = save_checkpoint(tmp_path, 1, {"trainer": {"rng": {"numpy": st}, "x": np.float64(0.5), "n": np.int64(7)}})
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(p / "trainer.pt") == []
+    back = load_checkpoint(p).parts["trainer"]
+    assert back["x"] == 0.5 and back["n"] == 7 and isinstance(back["rng"]["numpy"], tuple)
+    np.random.seed(0)
+    np.random.set_state(back["rng"]["numpy"])
+    np.random.set_state(st)
+    want = np.random.rand(3)
+    np.random.set_state(back["rng"]["numpy"])
+    assert np.array_equal(np.random.rand(3), want)
+
+
+def test_a_checkpoint_with_a_pickled_numpy_rng_state_still_loads(tmp_path):
+    """Checkpoints whose trainer part pickles numpy's RNG state directly (an ndarray) stay resumable."""
+    import numpy as np
+
+    p = save_checkpoint(tmp_path, 1, parts(1))
+    st = np.random.get_state()
+    _plant(p, "state", {"step": 1, "rng": st})
+    got = load_checkpoint(p).parts["state"]["rng"]
+    assert got[0] == st[0] and np.array_equal(got[1], st[1]) and got[1].dtype == np.uint32
+
+
+def test_resume_refuses_a_planted_pickle_naming_it(tmp_path):
+    from specrl.errors import SpecRLError
+    from specrl.rl.run import train_main
+    from tests.test_reliability import cfg_dict
+    from tests.test_rl_trainer import write_cfg
+    from tests.tiny import make_tiny_checkpoint
+
+    tiny = make_tiny_checkpoint(tmp_path / "tiny", seed=0)
+    run = train_main(str(write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, run__steps=1))), [], None,
+                     str(tmp_path / "run"), False)
+    marker = tmp_path / "ran"
+    ck = run / "checkpoints" / "step_000001"
+    _plant(ck, "trainer", {"step": 1, "sampler": _RunsCode(marker)})
+    with pytest.raises(SpecRLError, match=r"cannot resume .*run: .*step_000001: part 'trainer' .*`posix.system`.*"
+                                          r"could run code; refused"):
+        train_main(None, ["run.steps=2"], str(run), None, False)
+    assert not marker.exists()

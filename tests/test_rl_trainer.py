@@ -381,7 +381,8 @@ def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):
     recs += [t.step() for _ in range(2)]
     assert [r["draft_refreshed"] for r in recs[2:]] == [False, True]
     assert [r["acceptance_length_reference"] for r in recs[2:]] == [1.5, 1.5]
-    assert t.state_parts()["trainer"]["drafter_health"] == {"reference": None, "streak": 0, "ema": None}
+    assert t.state_parts()["trainer"]["drafter_health"] == {"reference": None, "streak": 0, "ema": None,
+                                                            "prev_al": 1.2, "cause": None, "last_refresh": 4}
 
 
 def test_staleness_refresh_disabled_or_frozen(tiny, monkeypatch):

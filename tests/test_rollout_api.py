@@ -112,7 +112,7 @@ class ProtocolOnly:
 
     def load_weights(self, which, named_tensors, version):
         self.calls.append(f"load_weights:{which}:{version}")
-        self._inner.load_weights(which, named_tensors, version)
+        return self._inner.load_weights(which, named_tensors, version)
 
 
 def test_trainer_runs_on_a_protocol_only_backend(tmp_path):

@@ -80,7 +80,7 @@ def test_draft_mass_check_covers_the_greedy_path_and_exempts_padding():
 def test_bad_num_drafts_and_both_targets_are_errors():
     r = make_rows(4, K, onehot=True, seed=1)
     args = (r.x, None, r.u_sample, r.u_accept, r.u_residual)
-    with pytest.raises(SpecRLError, match="num_drafts must be int64 counts in 0..3"):
+    with pytest.raises(SpecRLError, match="num_drafts must be integer counts in 0..3"):
         verify("rejection", r.p, *args, torch.tensor([0, 1, 4, 2]))
     with pytest.raises(SpecRLError, match="num_drafts has shape"):
         verify("rejection", r.p, *args, torch.tensor([0, 1]))

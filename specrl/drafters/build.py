@@ -126,6 +126,10 @@ def build_drafter(model: str = "smollm2-135m", drafter_kind: str = "eagle", prom
     if not isinstance(samples, int) or samples < MIN_SAMPLES:
         raise SpecRLError(f"samples must be an integer >= {MIN_SAMPLES}, got {samples!r}")
     out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").is_file())):
+        what = "a file" if not out.is_dir() else "a non-empty directory that holds no drafter (no config.json)"
+        raise SpecRLError(f"out={str(out)!r} is {what}; the drafter's files would be mixed into it. Pass a new "
+                          "directory (or an earlier drafter's, to replace it)")
     target, tokenizer = load_model(model, dtype=dtype)
     if drafter_kind == "draft-model" and not (isinstance(draft_layers, int) and
                                               1 <= draft_layers < target.args.num_layers):

@@ -47,6 +47,32 @@ def min_format_version(kind: str | None) -> int:
     return EAGLE_MIN_VERSION if kind == "eagle" else 1
 
 
+_INT_FIELDS = ("hidden_size", "vocab_size", "num_target_layers", "num_heads", "num_kv_heads", "head_dim",
+               "draft_vocab_size", "intermediate_size", "num_modules")
+_REQUIRED = {"eagle": ("hidden_size", "vocab_size", "layers", "draft_vocab_size", "intermediate_size"),
+             "mtp": ("hidden_size", "vocab_size", "num_modules", "intermediate_size")}
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _check_fields(cfg: dict, cfg_path: Path) -> None:
+    """A SpecRLError naming the file and the key for a missing or malformed value of a drafter config."""
+    for key in _REQUIRED[cfg["kind"]]:
+        if key not in cfg:
+            raise SpecRLError(f"{cfg_path} lacks the field {key!r} (a {cfg['kind']} drafter config needs "
+                              f"{', '.join(_REQUIRED[cfg['kind']])}); rebuild the drafter with `specrl draft init`")
+    for key in _INT_FIELDS:
+        v = cfg.get(key)
+        if key in cfg and (type(v) is not int or v < 1):
+            raise SpecRLError(f"{cfg_path}: {key} is {v!r}; it must be a positive integer (e.g. {key}: 576)")
+    layers = cfg.get("layers")
+    if "layers" in cfg and (not isinstance(layers, list) or not layers
+                            or any(type(i) is not int or i < 0 for i in layers)):
+        raise SpecRLError(f"{cfg_path}: layers is {layers!r}; it must be a non-empty list of target layer indices "
+                          "(integers >= 0, e.g. [2, 15, 27])")
+    if cfg.get("dtype") is not None and cfg["dtype"] not in _DTYPES:
+        raise SpecRLError(f"{cfg_path}: dtype is {cfg['dtype']!r}; it must be one of {', '.join(_DTYPES)}")
+
+
 def read_config(path: str | os.PathLike) -> dict:
     """The config of a drafter directory, or a SpecRLError saying what the path is instead."""
     p = Path(path)
@@ -59,9 +85,10 @@ def read_config(path: str | os.PathLike) -> dict:
         raise SpecRLError(f"{p} has no config.json; it is not a drafter directory (expected config.json + "
                           "model.safetensors written by save_drafter / `specrl draft init`)")
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise SpecRLError(f"{cfg_path}: not valid JSON ({e})") from None
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecRLError(f"{cfg_path}: not valid JSON ({e}); a drafter's config.json is the UTF-8 JSON object "
+                          "save_drafter / `specrl draft init` writes") from None
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
         what = "an HF model checkpoint" if isinstance(cfg, dict) and ("architectures" in cfg or
                                                                       "model_type" in cfg) else "not a drafter"
@@ -79,6 +106,7 @@ def read_config(path: str | os.PathLike) -> dict:
                           f"from EAGLE-3's (format {EAGLE_MIN_VERSION}: vLLM's layout); its weights cannot be "
                           "converted. Rebuild it with `specrl draft init` (or, for eagle:default / eagle:think, "
                           "`specrl prepare --drafter eagle`, which rebuilds it)")
+    _check_fields(cfg, cfg_path)
     return cfg
 
 

@@ -7,8 +7,12 @@ renamed into place with `os.replace` — so a kill at any moment leaves either t
 complete new one, never a half-written `step_*`. A part may instead be an object with `write_dir(path)` (the
 sharded model and optimizer of a data-parallel learner, written by its ranks with torch.distributed.checkpoint):
 it writes a subdirectory of the temporary directory, every file of which the manifest records, and loading
-returns that subdirectory's path for the learner to read. `load_latest` walks checkpoints newest first, verifies each
-against its manifest, reports every corrupt or partial one it skips, and returns the newest good one.
+returns that subdirectory's path for the learner to read (its DCP metadata is read with an allow-listing
+unpickler, `specrl.rl.sharded_state`). `load_latest` walks checkpoints newest first, verifies each against its
+manifest, reports every corrupt or partial one it skips, and returns the newest good one. Parts hold only
+tensors, numbers, strings, lists, tuples and dicts (numpy arrays, e.g. numpy's RNG state, are stored as tagged
+plain lists) and are read with `torch.load(weights_only=True)`: a part whose pickle would build any other
+object (and so could run code) is refused with `UnsafeCheckpointError` and the resume stops.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ import errno
 import hashlib
 import json
 import os
+import pickle
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from specrl.errors import SpecRLError
@@ -32,6 +39,66 @@ FORMAT_VERSION = 1
 
 class CheckpointError(SpecRLError):
     """A checkpoint directory is corrupt, partial or from an incompatible run."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint part would build objects other than tensors and plain data when unpickled (it could run code)."""
+
+
+_NDARRAY = "__numpy_ndarray__"
+
+
+def _to_plain(obj: Any) -> Any:
+    """`obj` with numpy arrays and scalars replaced by plain data `torch.load(weights_only=True)` reads."""
+    if isinstance(obj, np.ndarray):
+        return {_NDARRAY: obj.tolist(), "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        out = [_to_plain(v) for v in obj]
+        return out if isinstance(obj, list) else tuple(out)
+    return obj
+
+
+def _from_plain(obj: Any) -> Any:
+    """Inverse of `_to_plain`: tagged lists become numpy arrays again."""
+    if isinstance(obj, dict):
+        if _NDARRAY in obj and set(obj) == {_NDARRAY, "dtype", "shape"}:
+            return np.asarray(obj[_NDARRAY], dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
+        return {k: _from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        out = [_from_plain(v) for v in obj]
+        return out if isinstance(obj, list) else tuple(out)
+    return obj
+
+
+# Checkpoints written before numpy arrays were stored as plain lists pickled numpy's RNG state directly: these
+# three rebuild a numeric ndarray and nothing else, so they are the only globals allowed beyond torch's own.
+_LEGACY_NUMPY = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+try:
+    from numpy._core.multiarray import _reconstruct
+except ImportError:  # numpy < 2
+    from numpy.core.multiarray import _reconstruct
+_LEGACY_NUMPY.append(_reconstruct)
+
+
+def _load_part(path: Path, name: str) -> Any:
+    try:
+        with torch.serialization.safe_globals(_LEGACY_NUMPY):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"`{found.group(1)}`" if found else "an object that is not a tensor or plain data"
+        raise UnsafeCheckpointError(
+            f"{path.parent}: part {name!r} ({path.name}) asks to build {what} when loaded, which could run code; "
+            "refused. A specrl checkpoint holds only tensors, numbers, strings, lists and dicts: resume only a "
+            "run directory written by specrl, or delete this checkpoint directory if it is not yours"
+        ) from None
+    except Exception as e:  # any other unpickling failure means a bad checkpoint
+        raise CheckpointError(f"{path.parent}: part {name!r} cannot be loaded ({type(e).__name__}: {e})") from None
+    return _from_plain(obj)
 
 
 def _sha256(path: Path) -> str:
@@ -88,7 +155,7 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
                 files[name] = {"dir": name, "files": _dir_files(tmp / name)}
                 continue
             path = tmp / f"{name}.pt"
-            torch.save(obj, path)
+            torch.save(_to_plain(obj), path)
             _fsync_file(path)
             files[name] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
         manifest = {"format": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
@@ -166,13 +233,32 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{mpath}: unreadable manifest ({e})") from None
-    if manifest.get("format") != FORMAT_VERSION or not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{mpath}: unknown manifest format {manifest.get('format')!r}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION or \
+            not isinstance(manifest.get("files"), dict):
+        what = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CheckpointError(f"{mpath}: unknown manifest format {what!r} (expected an object with \"format\": "
+                              f"{FORMAT_VERSION} and \"files\")")
+    if type(manifest.get("step")) is not int or manifest["step"] < 0:
+        raise CheckpointError(f"{mpath}: step is {manifest.get('step')!r}, expected an integer >= 0")
     for name, info in manifest["files"].items():
-        if "dir" in info:
+        if isinstance(info, dict) and "dir" in info:  # a directory part: every file of it is recorded
+            d = info["dir"]
+            if not (isinstance(d, str) and d == Path(d).name and isinstance(info.get("files"), dict)):
+                raise CheckpointError(f"{mpath}: entry {name!r} is {info!r:.120}; expected {{\"dir\": a directory "
+                                      "name in this checkpoint, \"files\": {relative path: {bytes, sha256}}}")
             for rel, finfo in info["files"].items():
-                _verify_file(path, f"{name}/{rel}", path / info["dir"] / rel, finfo)
+                if not (isinstance(finfo, dict) and type(finfo.get("bytes")) is int and
+                        isinstance(finfo.get("sha256"), str)) or ".." in Path(rel).parts or Path(rel).is_absolute():
+                    raise CheckpointError(f"{mpath}: entry {name}/{rel!r} is {finfo!r:.120}; expected a relative "
+                                          "path inside the part with {\"bytes\": an integer, \"sha256\": a hex "
+                                          "string}")
+                _verify_file(path, f"{name}/{rel}", path / d / rel, finfo)
             continue
+        ok = isinstance(info, dict) and isinstance(info.get("file"), str) and info["file"] == Path(info["file"]).name \
+            and type(info.get("bytes")) is int and isinstance(info.get("sha256"), str)
+        if not ok:
+            raise CheckpointError(f"{mpath}: entry {name!r} is {info!r:.120}; expected {{\"file\": a file name in "
+                                  "this directory, \"bytes\": an integer, \"sha256\": a hex string}")
         _verify_file(path, name, path / info["file"], info)
     return manifest
 
@@ -202,17 +288,9 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     """Verify and load one checkpoint directory."""
     manifest = verify_checkpoint(path)
     path = Path(path)
-    parts = {}
-    for name, info in manifest["files"].items():
-        if "dir" in info:  # a directory part: its reader (the learner) loads it
-            parts[name] = path / info["dir"]
-            continue
-        try:
-            parts[name] = torch.load(path / info["file"], map_location="cpu", weights_only=False)
-        except Exception as e:  # any unpickling failure means a bad checkpoint
-            raise CheckpointError(
-                f"{path}: part {name!r} cannot be loaded ({type(e).__name__}: {e})"
-            ) from None
+    # a directory part is loaded by its reader (the data-parallel learner's ranks, through DCP)
+    parts = {name: path / info["dir"] if "dir" in info else _load_part(path / info["file"], name)
+             for name, info in manifest["files"].items()}
     return LoadedCheckpoint(int(manifest["step"]), path, parts, manifest.get("meta", {}))
 
 
@@ -220,7 +298,8 @@ def load_latest(root: str | Path) -> LoadedCheckpoint | None:
     """The newest checkpoint under root that verifies; None if there are none at all.
 
     Corrupt or partial checkpoints are skipped (and listed in `.skipped`); if checkpoints exist but none
-    verifies, raise CheckpointError naming each one and why.
+    verifies, raise CheckpointError naming each one and why. A part that could run code when loaded is never
+    skipped past: its UnsafeCheckpointError stops the resume (the whole directory is then untrusted).
     """
     candidates = list_checkpoints(root)
     if not candidates:
@@ -229,6 +308,8 @@ def load_latest(root: str | Path) -> LoadedCheckpoint | None:
     for _, path in candidates:
         try:
             loaded = load_checkpoint(path)
+        except UnsafeCheckpointError:
+            raise
         except CheckpointError as e:
             skipped.append(str(e))
             continue

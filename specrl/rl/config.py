@@ -51,7 +51,7 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    name: str = "smollm2-135m"
+    name: str = Field("smollm2-135m", min_length=1)
     """A preset name (smollm2-135m) or a path to an HF checkpoint directory."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Trainer (policy) weights and optimizer dtype."""
@@ -70,7 +70,7 @@ class TaskConfig(_Section):
     """Raw reasoning-gym generator fields, applied over the difficulty preset."""
     train_size: int = Field(10000, ge=1)
     val_size: int = Field(64, ge=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     answer_format: Literal["auto", "number", "reasoning", "tags", "line"] = "auto"
     """How the answer is asked for and read back (specrl.rl.tasks.ANSWER_FORMATS); auto: number for
     chain_sum/basic_arithmetic, tags otherwise."""
@@ -296,7 +296,7 @@ class RolloutConfig(_Section):
 
 class RunConfig(_Section):
     name: str = "default"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     steps: int = Field(20, ge=1)
     checkpoint_every: int = Field(5, ge=0)
     """Checkpoint every N steps (0 = only at the end)."""
@@ -591,7 +591,7 @@ def read_text_file(p: Path, what: str) -> str:
         raise SpecRLError(f"{what} {p} is a directory; pass a file" + (
             f", e.g. one of {sorted(str(f) for f in p.glob('*.yaml'))[:3]}" if any(p.glob("*.yaml")) else ""))
     try:
-        return p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not content
     except UnicodeDecodeError as e:
         raise SpecRLError(f"{what} {p} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
                           "save it as UTF-8") from None

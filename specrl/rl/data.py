@@ -50,7 +50,7 @@ def _read_jsonl(p: Path) -> list[dict]:
     with p.open("rb") as f:
         for i, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # a leading byte-order mark is not content
             except UnicodeDecodeError as e:
                 raise SpecRLError(f"{p}:{i}: not UTF-8 ({e.reason} at byte {e.start}); save the file as "
                                   "UTF-8") from None

@@ -23,6 +23,7 @@ from specrl.errors import SpecRLError
 
 TOPK = 32
 TRAINABLE_KINDS = ("eagle", "mtp")
+CLEAR_DROP = 0.2  # AL above the collapse threshold that counts as "clearly higher" before a collapse
 
 
 class DrafterCollapseWarning(UserWarning):
@@ -43,7 +44,9 @@ class DrafterHealth:
     `fraction` x reference; after a refresh (`refreshed()`) the next speculative step sets a new reference,
     so a refresh that did not help is not repeated every step.
     `streak` counts consecutive speculative steps with AL <= `collapse_threshold`; a step without
-    speculation resets it.
+    speculation resets it. Where the steps are numbered (`observe(al, step, refit=True)`: the drafter's weights
+    were refit before each step's generation), a streak that starts right after a step with AL clearly higher
+    (at least `CLEAR_DROP` above the threshold) is attributed to that refit: `collapse_cause()` names it.
     """
 
     fraction: float
@@ -53,12 +56,24 @@ class DrafterHealth:
     streak: int = 0
     ema: float | None = None
     ema_weight: float = 0.3
+    prev_al: float | None = None  # the previous speculative step's AL
+    cause: dict | None = None  # the refit the current streak followed: {"step", "version", "before", "refresh"}
+    last_refresh: int | None = None  # the step whose drafter_control refreshed the drafter last
 
-    def observe(self, al: float | None) -> tuple[bool, bool]:
-        """Record one step's AL (None: no speculation this step); return (stale, collapsed)."""
+    def observe(self, al: float | None, step: int | None = None, refit: bool = False) -> tuple[bool, bool]:
+        """Record one step's AL (None: no speculation this step); return (stale, collapsed). `step` (1-based) and
+        `refit` (the drafter's weights were refit before this step's generation) let a collapse name its refit."""
         if al is None:
             self.streak = 0
+            self.cause = None
             return False, False
+        if al > self.collapse_threshold:
+            self.cause = None
+        elif self.streak == 0 and refit and step is not None and self.prev_al is not None and \
+                self.prev_al >= self.collapse_threshold + CLEAR_DROP:
+            self.cause = {"step": step, "version": step - 1, "before": self.prev_al,
+                          "refresh": self.last_refresh == step - 1}
+        self.prev_al = al
         stale = self.reference is not None and al < self.fraction * self.reference
         if self.reference is None:
             self.reference = self.ema = al
@@ -68,15 +83,31 @@ class DrafterHealth:
         self.streak = self.streak + 1 if al <= self.collapse_threshold else 0
         return stale, self.streak >= self.collapse_patience
 
-    def refreshed(self) -> None:
+    def refreshed(self, step: int | None = None) -> None:
         self.reference = self.ema = None
+        self.last_refresh = step
+
+    def collapse_cause(self) -> str:
+        """'' or a sentence naming the drafter refit the current collapse streak followed."""
+        c = self.cause
+        if not c:
+            return ""
+        what = (f"the drafter refit to version {c['version']} (step {c['step'] - 1}'s online update and "
+                "refresh)") if c["refresh"] else f"the drafter refit to version {c['version']} (step " \
+            f"{c['step'] - 1}'s online update)"
+        return (f" It began at step {c['step']}, the first generation after {what}; step {c['step'] - 1} had "
+                f"acceptance length {c['before']:.2f}, so that refit is the likely cause (a dropped, partial or "
+                "diverged drafter update; the weight sync acknowledges what it loads, so look at the update)")
 
     def state_dict(self) -> dict:
-        return {"reference": self.reference, "streak": self.streak, "ema": self.ema}
+        return {"reference": self.reference, "streak": self.streak, "ema": self.ema, "prev_al": self.prev_al,
+                "cause": self.cause, "last_refresh": self.last_refresh}
 
     def load_state_dict(self, state: dict) -> None:
         self.reference, self.streak = state.get("reference"), int(state.get("streak", 0))
         self.ema = state.get("ema")
+        self.prev_al, self.cause, self.last_refresh = state.get("prev_al"), state.get("cause"), \
+            state.get("last_refresh")
 
 
 def check_trainable(drafter: Any) -> None:

@@ -359,14 +359,14 @@ class Learner:
     def drafter_control(self, batch: Batch, al: float | None) -> dict[str, Any]:
         """The staleness loop and collapse check after `train`; the step record's drafter fields."""
         step_no, d = self.step_count + 1, self.cfg.drafter
-        stale, collapsed = self.health.observe(al)
+        stale, collapsed = self.health.observe(al, step_no, refit=self.drafter is not None)
         reference = self.health.reference
         updates = 1 if self.drafter is not None else 0
         refreshed = False
         if stale and self.drafter is not None and d.refresh_steps > 0:
             updates += self.refresh_drafter(batch)
             refreshed = True
-            self.health.refreshed()
+            self.health.refreshed(step_no)
             self.log(f"[specrl] step {step_no}: drafter stale (acceptance length {al:.2f} < "
                      f"{d.staleness_fraction:g} x reference {reference:.2f}); refreshed it with {d.refresh_steps} "
                      "extra drafter updates on this step's rollouts")
@@ -376,7 +376,8 @@ class Learner:
                    "looks broken or unsynced with the policy (check its weights and the weight sync)")
             msg = (f"step {step_no}: acceptance length <= {d.collapse_threshold:g} for {d.collapse_patience} "
                    f"consecutive steps (now {al:.3f}): the drafter {spec!r} {why}, and generation is running at "
-                   "about autoregressive speed; consider another drafter or speculative.drafter=none")
+                   "about autoregressive speed; consider another drafter or speculative.drafter=none"
+                   + self.health.collapse_cause())
             warnings.warn(msg, DrafterCollapseWarning, stacklevel=4)
             self.log(f"[specrl] warning: {msg}")
         return {"draft_updates": updates, "draft_refreshed": refreshed, "drafter_collapsed": collapsed,

@@ -6,7 +6,8 @@ applied). The rollout side picks the newest version up between generate calls an
 `wait_for(version)` blocks until at least that version is live and returns the live one. `LocalWeightSync` is
 the in-process case (sync training): a direct copy into the backend through its protocol `load_weights`, so
 `wait_for` never has anything to wait for. The async pipeline publishes through Ray's object store instead,
-behind the same two methods.
+behind the same two methods. Every load is acknowledged: `refit` checks the backend's digest of what it holds
+against what was sent (`specrl.rollout.digest`), so a dropped, partial or misnamed load stops the step.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from specrl.errors import SpecRLError
 from specrl.rollout.api import RolloutBackend
+from specrl.rollout.digest import check_refit
 
 
 class WeightSync(Protocol):
@@ -26,6 +28,15 @@ class WeightSync(Protocol):
 
     def wait_for(self, version: int, timeout: float | None = None) -> int:
         """Block until a version >= `version` is live on the rollout side; return the live version."""
+
+
+def refit(backend: RolloutBackend, which: str, tensors: Mapping[str, Tensor], version: int) -> dict[str, str]:
+    """`backend.load_weights(which, tensors, version)`, then `check_refit` of its acknowledgement against
+    `tensors`: a RefitError naming the backend and the tensors it does not hold as sent. Returns the digest."""
+    ack = backend.load_weights(which, tensors, version)
+    check_refit(tensors, ack, which, getattr(getattr(backend, "capabilities", None), "name", type(backend).__name__),
+                version)
+    return ack
 
 
 class LocalWeightSync:
@@ -42,9 +53,9 @@ class LocalWeightSync:
         if self.version is not None and version < self.version:
             raise SpecRLError(f"weight sync: version {version} is older than the live version {self.version}; "
                               "versions never go back")
-        self.backend.load_weights("policy", policy, version)
+        refit(self.backend, "policy", policy, version)
         if drafter is not None:
-            self.backend.load_weights("drafter", drafter, version)
+            refit(self.backend, "drafter", drafter, version)
         self.version = version
         self.pushes += 1
 

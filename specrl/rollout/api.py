@@ -8,7 +8,9 @@ without importing the native engine. A trainer reaches a backend only through th
   no side channel: everything a caller learns about a call is in its result.
 * `load_weights(which, named_tensors, version)` — `which` is "policy" or "drafter"; names are HF checkpoint
   names (`model.layers.0.self_attn.q_proj.weight`, ...; a drafter's are the names in its own checkpoint file).
-  Each backend maps them to its internal names. `version` tags every output generated afterwards.
+  Each backend maps them to its internal names. `version` tags every output generated afterwards. It returns
+  the acknowledgement: `specrl.rollout.digest.weights_digest` of the tensors it holds after the load, under the
+  names it was sent (after its renaming, casts and fused layouts); the publisher checks it (`check_refit`).
 * `capabilities` — a `BackendCapabilities`: verify modes (seed_exact is native-only), drafter kinds, the
   largest k, whether per-request seeds reproduce exactly. `BackendCapabilities.require` turns a request for
   something undeclared into a config error naming both what was asked and what the backend offers.
@@ -128,8 +130,9 @@ class RolloutBackend(Protocol):
         """Generate one continuation per request; plain token lists get request id = their index."""
 
     def load_weights(self, which: Literal["policy", "drafter"], named_tensors: Mapping[str, Tensor],
-                     version: int) -> None:
-        """Replace the policy's or the drafter's weights (HF checkpoint names) and tag them with `version`."""
+                     version: int) -> dict[str, str]:
+        """Replace the policy's or the drafter's weights (HF checkpoint names) and tag them with `version`; return
+        `weights_digest` of what the backend now holds under the sent names."""
 
 
 def token_id_list(ids, where: str) -> list[int]:

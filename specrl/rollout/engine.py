@@ -26,7 +26,7 @@ from torch import Tensor
 
 from specrl.cpu import tick
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import copy_state, load_state_into
+from specrl.model.checkpoint import copy_state, hf_named_tensors, load_state_into
 from specrl.model.packed import pack_for_inference
 from specrl.rollout.adaptive import DraftLengthController
 from specrl.rollout.api import (
@@ -38,6 +38,7 @@ from specrl.rollout.api import (
     check_weight_kind,
     normalize_requests,
 )
+from specrl.rollout.digest import weights_digest
 from specrl.rollout.drafter import BindContext, DraftBatch, Proposal
 from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import (
@@ -51,7 +52,7 @@ from specrl.rollout.sampling import (
     scaled_logits,
     uniform,
 )
-from specrl.rollout.verify import VERIFY_MODES, VerifyResult, verify
+from specrl.rollout.verify import VERIFY_MODES, VerifyResult, check_draft_ids, verify
 
 
 @dataclass
@@ -119,7 +120,17 @@ class RolloutEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         # k_max + 1 positions of margin: a verify forward may write up to k positions past the last
         # token a sequence can keep.
-        self.cache = model.new_cache(max_batch_size, max_seq_len + k_max + 1)
+        try:
+            self.cache = model.new_cache(max_batch_size, max_seq_len + k_max + 1)
+        except (RuntimeError, MemoryError) as e:
+            if "alloc" not in str(e) and not isinstance(e, MemoryError):
+                raise
+            a = model.args
+            need = 2 * a.num_layers * max_batch_size * (max_seq_len + k_max + 1) * a.num_kv_heads * a.head_dim * \
+                model.embed_tokens.weight.element_size()
+            raise SpecRLError(f"the KV cache for max_batch_size={max_batch_size} x max_seq_len={max_seq_len} needs "
+                              f"{need / 2**30:.1f} GiB, more than this machine can allocate; lower max_batch_size "
+                              "or max_seq_len (generation.max_batch_size, model.max_seq_len in a config)") from None
         self.drafter = drafter
         self.device = model.embed_tokens.weight.device
         if drafter is not None:
@@ -185,20 +196,35 @@ class RolloutEngine:
                               s.versions) for s in seqs]
         return GenerationResult(outs, metrics.as_dict())
 
-    def load_weights(self, which: str, named_tensors: dict[str, Tensor], version: int) -> None:
-        """Weight sync: copy HF-named policy tensors (or the drafter's own checkpoint names) in place."""
+    def load_weights(self, which: str, named_tensors: dict[str, Tensor], version: int) -> dict[str, str]:
+        """Weight sync: copy HF-named policy tensors (or the drafter's own checkpoint names) in place; returns the
+        acknowledgement `weights_digest` of what this engine now holds (`specrl.rollout.digest`)."""
         check_weight_kind(which)
         if not isinstance(version, int) or version < 0:
             raise SpecRLError(f"load_weights: version must be an integer >= 0, got {version!r}")
         if which == "policy":
             load_state_into(self.model, dict(named_tensors), "load_weights(policy)")
             self.policy_version = version
-            return
+            return self.weights_digest("policy")
         if self.drafter is None or not isinstance(self.drafter, torch.nn.Module):
             raise SpecRLError("load_weights(drafter): this engine has no drafter with weights (configure an "
                               "eagle:, mtp: or draft-model: drafter)")
         copy_state(self.drafter, dict(named_tensors), "load_weights(drafter)")
         self.drafter_version = version
+        return self.weights_digest("drafter")
+
+    def weights_digest(self, which: str) -> dict[str, str]:
+        """`weights_digest` of the policy (HF names; a tied LM head under its own name too) or the drafter (its
+        checkpoint names) as this engine holds them now."""
+        check_weight_kind(which)
+        if which == "policy":
+            held = hf_named_tensors(self.model)
+            if self.model.args.tie_word_embeddings:
+                held["lm_head.weight"] = self.model.embed_tokens.weight.detach()
+            return weights_digest(held)
+        if self.drafter is None or not isinstance(self.drafter, torch.nn.Module):
+            return {}
+        return weights_digest(self.drafter.state_dict())
 
     # ------------------------------------------------------------------ validation
     def _validate(self, requests, params) -> list[_Seq]:
@@ -325,7 +351,10 @@ class RolloutEngine:
         t0 = time.perf_counter()  # like _ar_step, the step's clock includes building its batch
         n = len(active)
         batch = self._draft_batch(active)
-        proposal = _trim(self.drafter.propose(batch, k))
+        proposal = self.drafter.propose(batch, k)
+        ids, nd = check_draft_ids(proposal.tokens, proposal.num_drafts, self.model.args.vocab_size)
+        proposal = _trim(proposal if ids is proposal.tokens and nd is proposal.num_drafts
+                         else Proposal(ids, proposal.probs, nd))
         kv = proposal.tokens.shape[1]  # verified columns: k, or the longest real draft of a ragged proposal
         t1 = time.perf_counter()
         last = torch.tensor([[s.out[-1]] for s in active], dtype=torch.long)
@@ -361,7 +390,7 @@ class RolloutEngine:
         """Policy logits [n, k+1, V] of a verify forward -> the verify decision and the behaviour log-probs of the
         emitted tokens ([sum(num_emitted)], row by row). A batch of greedy requests only is verified by argmax
         (no softmax or inverse CDF); log-probs are computed at emitted positions only."""
-        n, k1, _ = logits.shape
+        n, k1, v = logits.shape
         k = k1 - 1
         out_pos = batch.positions[:, None] + torch.arange(k1)[None, :]
         u = uniform(batch.seeds[:, None, None], batch.request_ids[:, None, None], out_pos[:, None, :],
@@ -373,7 +402,7 @@ class RolloutEngine:
             scaled = scaled_logits(logits, temp, batch.top_p[:, None].expand(n, k1), batch.top_k[:, None].expand(n, k1))
             probs, argmax = probs_from_scaled(logits, scaled, temp), None
         res = verify(self.verify_mode, probs, proposal.tokens, proposal.probs, u[:, 0], u[:, 1, :k], u[:, 2, :k],
-                     proposal.num_drafts, argmax)
+                     proposal.num_drafts, argmax, v)
         sel = torch.arange(k1)[None, :] < res.num_emitted[:, None]
         return res, behaviour_logprobs(logits[sel], scaled[sel], res.tokens[sel], temp[sel])
 

@@ -21,6 +21,7 @@ STREAM_SAMPLE = 0  # the policy's own sample at a position (AR sampling, bonus t
 STREAM_ACCEPT = 1  # rejection sampling: the accept/reject test
 STREAM_RESIDUAL = 2  # rejection sampling: the replacement drawn from norm(max(0, p - q))
 STREAM_DRAFT = 3  # drafters sampling their proposal from q in rejection mode
+MAX_SEED = 2**63 - 1  # seeds travel as int64 tensors
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class SamplingParams:
             raise SpecRLError(f"top_k must be an integer >= 0 (0 disables top-k), got {self.top_k!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise SpecRLError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise SpecRLError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise SpecRLError(f"seed must be an integer in 0..{MAX_SEED} (2**63 - 1), got {self.seed!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

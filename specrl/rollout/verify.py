@@ -38,7 +38,7 @@ class VerifyResult:
 
 def verify(mode: str, target_probs: Tensor | None, draft_tokens: Tensor, draft_probs: Tensor | None,
            u_sample: Tensor, u_accept: Tensor, u_residual: Tensor, num_drafts: Tensor | None = None,
-           target_argmax: Tensor | None = None) -> VerifyResult:
+           target_argmax: Tensor | None = None, vocab_size: int | None = None) -> VerifyResult:
     """Decide the emitted tokens of one speculative step for n sequences.
 
     target_probs [n, k+1, V]: processed policy probabilities at the k+1 positions.
@@ -51,25 +51,33 @@ def verify(mode: str, target_probs: Tensor | None, draft_tokens: Tensor, draft_p
     greedy (T = 0, p one-hot at the argmax): a draft is accepted iff it equals the argmax, in both modes (what the
     general rules give for one-hot p), with no vocabulary-wide work.
 
-    Shapes are checked first (a [n, k-1] draft_tokens would otherwise broadcast and emit a token never checked at
-    its position). In `rejection` mode with draft_probs given, a draft x with q(x) <= 0 is an error naming the
-    row: rejection sampling is exact only for drafts drawn from q, and a draft of probability 0 under q was not,
-    so no rule could be exact for it (accepting, as min(1, p/0) would, emits x whenever p(x) > 0; rejecting
-    leaves norm(max(0, p - q)), which also differs from p). A sampling drafter draws from the q it returns (the
-    inverse-CDF sampler never lands on a zero-probability token), so this never fires on valid input. The check
-    runs on every rejection path with draft_probs (the greedy fast path and k = 0 too); padding columns are
-    exempt, as they were not drawn from q and are never accepted.
+    vocab_size (optional): V for the greedy fast path without draft_probs, where no tensor carries it.
+
+    Inputs are checked first, the same way in both modes (`_check_inputs`): shapes (a [n, k-1] draft_tokens would
+    otherwise broadcast and emit a token never checked at its position); token ids and counts of any integer dtype
+    (int32, int16, uint8, ...) are taken as int64, float or bool ones are an error; a real draft id outside
+    0..V-1 is an error naming the row (padding columns may hold any id: one outside 0..V-1 is read as token 0;
+    padding is never accepted nor emitted).
+
+    In `rejection` mode with draft_probs given, a draft x with q(x) <= 0 is an error naming the row: rejection
+    sampling is exact only for drafts drawn from q, and a draft of probability 0 under q was not, so no rule could
+    be exact for it (accepting, as min(1, p/0) would, emits x whenever p(x) > 0; rejecting leaves norm(max(0, p -
+    q)), which also differs from p). A sampling drafter draws from the q it returns (the inverse-CDF sampler never
+    lands on a zero-probability token), so this never fires on valid input. The check runs on every rejection path
+    with draft_probs (the greedy fast path and k = 0 too); padding columns are exempt, as they were not drawn from q
+    and are never accepted.
 
     Work per row is one inverse-CDF draw per emitted policy token: seed_exact samples position i only for rows
     whose drafts 0..i-1 were all accepted, and rejection draws either the bonus or the replacement, not both. A
     row's draw is computed exactly as `sample_inverse_cdf` computes it in a batch (row by row), so the tokens are
     bit-identical to drawing at every position.
     """
-    n, k1, k = _check_shapes(target_probs, draft_tokens, draft_probs, u_sample, u_accept, u_residual, num_drafts,
-                             target_argmax)
-    rows = torch.arange(n)
     if mode not in VERIFY_MODES:
-        raise ValueError(f"verify mode {mode!r} unknown; use one of {VERIFY_MODES}")
+        raise SpecRLError(f"verify mode {mode!r} unknown; use one of {VERIFY_MODES}")
+    n, k1, k, draft_tokens, num_drafts, target_argmax = _check_inputs(
+        target_probs, draft_tokens, draft_probs, u_sample, u_accept, u_residual, num_drafts, target_argmax,
+        vocab_size)
+    rows = torch.arange(n)
     if mode == "rejection" and draft_probs is not None and k > 0:
         q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
         _check_drafts_have_mass(q_x if num_drafts is None else q_x.masked_fill(~_real(num_drafts, k), 1.0),
@@ -127,18 +135,67 @@ def _seed_exact(target_probs: Tensor, draft_tokens: Tensor, u_sample: Tensor, nu
     return VerifyResult(out, num_acc + 1, num_acc)
 
 
-def _check_shapes(target_probs: Tensor | None, draft_tokens: Tensor, draft_probs: Tensor | None, u_sample: Tensor,
+def _as_ids(name: str, t: Tensor) -> Tensor:
+    """`t` as int64 if it holds integers of any width; a clear error for float, bool or complex tensors."""
+    if not isinstance(t, Tensor):
+        raise SpecRLError(f"verify: {name} must be a tensor of integer token ids, got {type(t).__name__}")
+    if t.dtype == torch.long:
+        return t
+    if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
+        raise SpecRLError(f"verify: {name} must hold integer token ids (any integer dtype: int64, int32, ...), got "
+                          f"dtype {t.dtype}")
+    return t.long()
+
+
+def check_draft_ids(draft_tokens: Tensor, num_drafts: Tensor | None, vocab_size: int | None
+                    ) -> tuple[Tensor, Tensor | None]:
+    """The draft checks of both verify modes (the engine runs them before its verify forward too): draft_tokens
+    [n, k] and num_drafts [n] of any integer dtype as int64; num_drafts in 0..k; every real draft id in 0..V-1
+    (only >= 0 where V is unknown); padding columns holding ids outside it set to token 0. A SpecRLError naming
+    the row otherwise."""
+    draft_tokens = _as_ids("draft_tokens", draft_tokens)
+    if draft_tokens.dim() != 2:
+        raise SpecRLError(f"verify: draft_tokens must have shape [n, k], got {tuple(draft_tokens.shape)}")
+    k = draft_tokens.shape[1]
+    real = None
+    if num_drafts is not None:
+        num_drafts = _as_ids("num_drafts", num_drafts)
+        if bool(((num_drafts < 0) | (num_drafts > k)).any()):
+            raise SpecRLError(f"verify: num_drafts must be integer counts in 0..{k}, got {num_drafts.tolist()}")
+        real = _real(num_drafts, k)
+    if k == 0:
+        return draft_tokens, num_drafts
+    outside = (draft_tokens < 0) if vocab_size is None else (draft_tokens < 0) | (draft_tokens >= vocab_size)
+    bad = outside if real is None else outside & real
+    if bool(bad.any()):
+        b, i = (int(j) for j in bad.nonzero()[0])
+        within = "0 or more" if vocab_size is None else f"in 0..{vocab_size - 1} (V={vocab_size})"
+        raise SpecRLError(f"verify: row {b} drafted token id {int(draft_tokens[b, i])} at draft position {i}, but "
+                          f"token ids must be {within} ({int(bad.sum())} such drafts in this step); the drafter's "
+                          "vocabulary or id mapping does not match the policy's")
+    if real is not None and bool(outside.any()):
+        draft_tokens = draft_tokens.masked_fill(~real, 0)  # padding: never accepted, read as token 0
+    return draft_tokens, num_drafts
+
+
+def _check_inputs(target_probs: Tensor | None, draft_tokens: Tensor, draft_probs: Tensor | None, u_sample: Tensor,
                   u_accept: Tensor, u_residual: Tensor, num_drafts: Tensor | None = None,
-                  target_argmax: Tensor | None = None) -> tuple[int, int, int]:
-    """(n, k+1, k) from target_probs [n, k+1, V] (or target_argmax [n, k+1]); a clear error for any other argument
-    of the wrong shape."""
+                  target_argmax: Tensor | None = None, vocab_size: int | None = None
+                  ) -> tuple[int, int, int, Tensor, Tensor | None, Tensor | None]:
+    """(n, k+1, k, draft_tokens, num_drafts, target_argmax) for both verify modes: shapes checked against
+    target_probs [n, k+1, V] (or target_argmax [n, k+1]); id and count tensors of any integer dtype returned as
+    int64; real draft ids (and target_argmax) checked to lie in 0..V-1 where V is known (`check_draft_ids`). A
+    clear error naming the argument for anything else."""
     if (target_probs is None) == (target_argmax is None):
         raise SpecRLError("verify: give exactly one of target_probs and target_argmax (the greedy fast path)")
+    draft_tokens = _as_ids("draft_tokens", draft_tokens)
+    num_drafts = None if num_drafts is None else _as_ids("num_drafts", num_drafts)
     if target_probs is None:
-        if target_argmax.dim() != 2 or target_argmax.shape[1] < 1 or target_argmax.dtype != torch.long:
-            raise SpecRLError(f"verify: target_argmax must be int64 token ids of shape [n, k+1], got "
-                              f"{tuple(target_argmax.shape)} {target_argmax.dtype}")
-        (n, k1), v = target_argmax.shape, draft_probs.shape[-1] if draft_probs is not None else None
+        target_argmax = _as_ids("target_argmax", target_argmax)
+        if target_argmax.dim() != 2 or target_argmax.shape[1] < 1:
+            raise SpecRLError(f"verify: target_argmax must be token ids of shape [n, k+1], got "
+                              f"{tuple(target_argmax.shape)}")
+        (n, k1), v = target_argmax.shape, draft_probs.shape[-1] if draft_probs is not None else vocab_size
         target = f"target_argmax of shape {tuple(target_argmax.shape)}"
     else:
         if target_probs.dim() != 3 or target_probs.shape[1] < 1:
@@ -156,11 +213,12 @@ def _check_shapes(target_probs: Tensor | None, draft_tokens: Tensor, draft_probs
         if tuple(t.shape) != shape:
             raise SpecRLError(f"verify: {name} has shape {tuple(t.shape)}, but {target} "
                               f"(n={n}, k={k}, V={v}) needs {shape}")
-    if draft_tokens.dtype != torch.long:
-        raise SpecRLError(f"verify: draft_tokens must be int64 token ids, got dtype {draft_tokens.dtype}")
-    if num_drafts is not None and (num_drafts.dtype != torch.long or bool(((num_drafts < 0) | (num_drafts > k)).any())):
-        raise SpecRLError(f"verify: num_drafts must be int64 counts in 0..{k}, got {num_drafts.tolist()}")
-    return n, k1, k
+    if vocab_size is not None and v is not None and vocab_size != v:
+        raise SpecRLError(f"verify: vocab_size={vocab_size} but {target} (or draft_probs) has V={v}")
+    draft_tokens, num_drafts = check_draft_ids(draft_tokens, num_drafts, v)
+    if target_argmax is not None and v is not None and bool(((target_argmax < 0) | (target_argmax >= v)).any()):
+        raise SpecRLError(f"verify: target_argmax holds token ids outside 0..{v - 1} (V={v})")
+    return n, k1, k, draft_tokens, num_drafts, target_argmax
 
 
 def _check_drafts_have_mass(q_x: Tensor, draft_tokens: Tensor) -> None:

@@ -1,0 +1,66 @@
+"""Refit acknowledgement in the async pipeline: a rollout worker whose refit is dropped (drafter), partial,
+loaded under the wrong layer name or left at the old weights under the new version stops the step it happens in
+with a RefitError naming the tensors, the backend and the worker (`RolloutWorker.inject_refit_fault`)."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+from specrl.rl.config import validate_config
+from specrl.rollout.digest import RefitError
+from tests.test_async import async_cfg
+from tests.tiny import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=0)
+
+
+@pytest.fixture(scope="module")
+def eagle(tiny, tmp_path_factory):
+    from specrl import load_model
+    from specrl.drafters import EagleDrafter
+    from specrl.drafters.io import save_drafter
+
+    model, _ = load_model(tiny, dtype=torch.float32)
+    torch.manual_seed(1)
+    return save_drafter(EagleDrafter(model), tmp_path_factory.mktemp("eagle") / "head")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             _node_ip_address="127.0.0.1", configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("fault,which,match", [
+    ("drop-drafter", "drafter", r"tensor\(s\) hold other values than were sent: (layer_norms|fc)\."),
+    ("partial-policy", "policy", r"tensor\(s\) hold other values than were sent: model\."),
+    ("wrong-name", "policy", r"2 tensor\(s\) hold other values than were sent: model\.layers\.[01]\."),
+    ("stale", "policy", r"tensor\(s\) hold other values than were sent"),
+])
+def test_worker_refit_faults_stop_the_step_they_happen_in(tiny, eagle, tmp_path, local_ray, fault, which, match):
+    from specrl.distributed.async_trainer import AsyncGRPOTrainer
+
+    cfg = validate_config(async_cfg(tiny, lag=0, speculative__drafter=f"eagle:{eagle}", drafter__online=True,
+                                    drafter__learning_rate=1e-2))
+    a = AsyncGRPOTrainer(cfg, tmp_path / "run")
+    try:
+        a.step()
+        parts = ray.get(a.learner.state_parts.remote())  # make sure step 2's policy differs from step 1's
+        parts["policy"] = {k: v + 0.01 for k, v in parts["policy"].items()}
+        st = parts.pop("learner")
+        ray.get(a.learner.load_parts.remote(parts, st, ray.get(a.learner.data_state.remote())))
+        a._published = a._publish()
+        ray.get(a.workers[0].inject_refit_fault.remote(fault))
+        with pytest.raises(RefitError, match=rf"load_weights\({which}, version 1\) the native \(rollout worker 0\) "
+                                             rf"backend does not hold what was sent \(.*{match}"):
+            a.step()
+        assert a.step_count == 1  # step 2 was never trained
+    finally:
+        a.close()
