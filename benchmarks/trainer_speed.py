@@ -41,9 +41,11 @@ def main() -> None:
 
     from specrl import load_model
     from specrl.model.presets import prepare
+    from specrl.rl.batch import chunks as _chunks
+    from specrl.rl.batch import micro
     from specrl.rl.config import validate_config
     from specrl.rl.grpo import clipped_surrogate_loss
-    from specrl.rl.learner import Learner, _chunks
+    from specrl.rl.learner import Learner
     from specrl.rl.producer import Rollouts
 
     n = a.prompts * a.group
@@ -76,13 +78,13 @@ def main() -> None:
         with torch.no_grad():
             old = torch.zeros_like(batch.gen_logp)
             for idx in _chunks(n, a.micro):
-                toks, m = learner._micro(batch, idx)
+                toks, m = micro(batch, idx)
                 old[idx, : m.shape[1]] = hf_logp(toks, m)
         t1 = time.perf_counter()
         hf_opt.zero_grad(set_to_none=True)
         total = float(batch.mask.sum())
         for idx in _chunks(n, a.micro):
-            toks, m = learner._micro(batch, idx)
+            toks, m = micro(batch, idx)
             w = m.shape[1]
             out = clipped_surrogate_loss(hf_logp(toks, m), old[idx, :w], batch.advantages[idx], m, 0.2, 0.28, None,
                                          0.0, normalizer=total)

@@ -144,12 +144,12 @@ def test_is_ratio_against_the_generating_version(tiny):
     learner = Learner(cfg, b, max_policy_lag=1)
     learner.step_count = 1  # B is version 1: the rollouts are one version behind
     batch = learner.stage_logprob(r)
-    from specrl.rl.learner import response_logprobs
+    from specrl.rl.batch import micro, response_logprobs
 
     ref_a = torch.zeros_like(batch.gen_logp)
     with torch.no_grad():
         for i in range(len(r.prompts)):
-            toks, m = learner._micro(batch, [i])
+            toks, m = micro(batch, [i])
             lp, _ = response_logprobs(a, toks, m, 1.0)
             ref_a[i, : lp.shape[1]] = lp
     m = batch.mask

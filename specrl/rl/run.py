@@ -38,10 +38,10 @@ from specrl.errors import SpecRLError
 from specrl.model.presets import pid_alive
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
 from specrl.rl.config import TrainConfig, load_config, validate_config
-from specrl.rl.learner import NonFiniteError, check_weights
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
 from specrl.rl.trainer import GRPOTrainer, seed_everything
+from specrl.rl.weight_check import NonFiniteError, check_weights
 
 LOCK_FILE = ".specrl.lock"
 
