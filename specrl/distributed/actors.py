@@ -212,6 +212,10 @@ class LearnerActor:
         before = self.data.state_dict()
         return self.data.stage_data(), before
 
+    def train_size(self) -> int:
+        """Prompts in the train split (dynamic sampling's extra draws come from it)."""
+        return len(self.data.train_data)
+
     def data_state(self) -> dict:
         return self.data.state_dict()
 

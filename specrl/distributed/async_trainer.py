@@ -34,7 +34,7 @@ import ray
 
 from specrl.errors import SpecRLError
 from specrl.rl.config import TrainConfig
-from specrl.rl.producer import Rollouts, merge_rollouts
+from specrl.rl.producer import Rollouts, fill_groups, merge_rollouts
 
 WORKER_RESTARTS = 3
 CONNECT_TIMEOUT_SECONDS = 3.0
@@ -153,6 +153,7 @@ class AsyncGRPOTrainer:
         self.cursor_before: dict[int, dict] = {}  # step index -> data cursor before its prompts were drawn
         self.prompts: dict[int, list[int]] = {}
         self.dropped_total = 0
+        self.train_size: int | None = None  # the learner's train split size (dynamic sampling draws from it)
         self.last_rollouts: Rollouts | None = None
         self.log = lambda msg: print(msg, flush=True)
         self.timeline = self.run_dir / "timeline.jsonl"
@@ -186,6 +187,18 @@ class AsyncGRPOTrainer:
         return [self.workers[w % len(self.workers)].generate.remote(index, first, share, min_version)
                 for w, (first, share) in enumerate(self._shares(self.prompts[index]))]
 
+    def _generate_now(self, index: int, prompt_idx: list[int], first_group: int, events: list) -> Rollouts:
+        """Groups `first_group`.. of step `index` for `prompt_idx`, generated now over the workers (dynamic
+        sampling's extra groups); their events join `events`."""
+        refs = [self.workers[w % len(self.workers)].generate.remote(index, first_group + first, share,
+                                                                     max(0, index - self.lag))
+                for w, (first, share) in enumerate(self._shares(prompt_idx))]
+        parts = []
+        for r, ev in ray.get(refs):
+            parts.append(r)
+            events += ev
+        return merge_rollouts(sorted(parts, key=lambda p: p.request_ids[0]))
+
     def _fill(self) -> None:
         """Keep the groups of steps step_count .. step_count + lag in flight (never past the run's end)."""
         last = min(self.step_count + self.lag, self.cfg.run.steps - 1)
@@ -215,6 +228,13 @@ class AsyncGRPOTrainer:
         gen_windows = [e for e in events if e["kind"] == "gen"]
         wall_gen = max(e["end"] for e in gen_windows) - min(e["start"] for e in gen_windows)
         rollouts = merge_rollouts(sorted(parts, key=lambda p: p.request_ids[0]), wall_seconds=wall_gen)
+        if self.cfg.grpo.filter_zero_advantage_groups:  # dynamic sampling: extra groups on the workers, at once
+            if self.train_size is None:
+                self.train_size = ray.get(self.learner.train_size.remote())
+            rollouts = fill_groups(self.cfg, self.train_size, index, rollouts,
+                                   lambda idx, first: self._generate_now(index, idx, first, events))
+            t2 = time.perf_counter()
+            gen_windows = [e for e in events if e["kind"] == "gen"]
         if os.environ.get(LEARNER_KILL_ENV) == str(index + 1):
             os.kill(os.getpid(), 9)  # the resume test: the whole run dies mid-step
         _signal_hook(index + 1)
