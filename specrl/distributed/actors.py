@@ -5,7 +5,7 @@ newest published weights (refit, timed), waiting until at least the version the 
 producer's `gen` stage on its share of a step's groups; with `pipeline.in_flight_updates` it also picks up a
 newer version between engine steps inside the share (the backend's `between_steps`), so a sequence may span
 two versions, each token tagged with its own. `LearnerActor` owns the `Learner` and the data cursor (the
-producer's `data` stage, without a backend) and publishes its weights once per optimizer step: one `ray.put` of
+producer's `data` stage, without a backend) and publishes its weights once per RL step: one `ray.put` of
 the policy (cast to the rollout dtype) and trainable drafter, registered with a version in the `WeightStore`.
 `RayWeightSync` is that publication behind the `WeightSync` protocol. Everything a worker and the learner do is
 the same producer and learner code the sync trainer runs; the actors only place it in processes. Each actor sets
