@@ -61,8 +61,9 @@ def chunks(n: int, size: int, start: int = 0) -> list[list[int]]:
 
 def update_plan(n: int, mini_batches: int, micro_size: int) -> list[list[list[int]]]:
     """`mini_batches` contiguous mini-batches of n sequences, as even as possible (the first n % mini_batches
-    get one more: a batch that dynamic sampling left short still takes every optimizer step), each split into
-    micro-batches of micro_size. With one mini-batch this is the whole batch in micro-batches."""
+    get one more, so a batch that dynamic sampling left short still takes every optimizer step; at most n
+    mini-batches), each split into micro-batches of micro_size. With one mini-batch this is the whole batch in
+    micro-batches."""
     m = max(1, min(mini_batches, n))
     sizes = [n // m + (1 if i < n % m else 0) for i in range(m)]
     plan, start = [], 0
