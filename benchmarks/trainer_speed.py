@@ -6,8 +6,10 @@ fp32 weights, --precision as `make run` trains (auto: bf16-mixed on CPUs with bf
 clipped surrogate, grad clip, AdamW). Theirs: the HF `LlamaForCausalLM` of the same checkpoint, full-sequence
 logits, the same loss function (`specrl.rl.grpo.clipped_surrogate_loss`) and micro-batches, torch AdamW (foreach,
 torch's default; ours is fused). Also times one AdamW step over the policy's parameters, foreach vs fused. tokens/s
-counts every token of the batch (prompt + response). The output names the processor class, cores, threads and
-precision.
+counts every token of the batch (prompt + response). --one-update: the step a batch with one optimizer step takes
+(what `Learner.learn` runs at the defaults and TRL runs with one update per batch): no logprob forward on either
+side, old log-probs are the train forward's own, detached; the logprob row then times collation only. The output
+names the processor class, cores, threads and precision.
 
     .venv/bin/python benchmarks/trainer_speed.py --threads 1 --repeats 3
 """
@@ -34,6 +36,8 @@ def main() -> None:
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16-mixed"],
                     help="policy.precision for ours; bf16-mixed also runs transformers under the same autocast "
                     "(auto: bf16-mixed where the CPU has bf16 units, else fp32)")
+    ap.add_argument("--one-update", action="store_true",
+                    help="no logprob forward on either side: old log-probs from the train forward (detached)")
     a = ap.parse_args()
     import torch
 
@@ -48,9 +52,11 @@ def main() -> None:
 
     from specrl import load_model
     from specrl.model.presets import prepare
+    from specrl.rl.batch import chunks as _chunks
+    from specrl.rl.batch import micro
     from specrl.rl.config import validate_config
     from specrl.rl.grpo import clipped_surrogate_loss
-    from specrl.rl.learner import Learner, _chunks
+    from specrl.rl.learner import Learner
     from specrl.rl.producer import Rollouts
 
     n = a.prompts * a.group
@@ -80,18 +86,22 @@ def main() -> None:
 
     def hf_stages(batch):
         t = time.perf_counter()
-        with torch.no_grad():
-            old = torch.zeros_like(batch.gen_logp)
-            for idx in _chunks(n, a.micro):
-                toks, m = learner._micro(batch, idx)
-                old[idx, : m.shape[1]] = hf_logp(toks, m)
+        old = None
+        if not a.one_update:
+            with torch.no_grad():
+                old = torch.zeros_like(batch.gen_logp)
+                for idx in _chunks(n, a.micro):
+                    toks, m = micro(batch, idx)
+                    old[idx, : m.shape[1]] = hf_logp(toks, m)
         t1 = time.perf_counter()
         hf_opt.zero_grad(set_to_none=True)
         total = float(batch.mask.sum())
         for idx in _chunks(n, a.micro):
-            toks, m = learner._micro(batch, idx)
+            toks, m = micro(batch, idx)
             w = m.shape[1]
-            out = clipped_surrogate_loss(hf_logp(toks, m), old[idx, :w], batch.advantages[idx], m, 0.2, 0.28, None,
+            lp = hf_logp(toks, m)
+            out = clipped_surrogate_loss(lp, lp.detach() if old is None else old[idx, :w], batch.advantages[idx], m,
+                                         0.2, 0.28, None,
                                          0.0, normalizer=total)
             out.loss.backward()
         torch.nn.utils.clip_grad_norm_(list(hf.parameters()), 1.0)
@@ -100,7 +110,7 @@ def main() -> None:
 
     def ours():
         t = time.perf_counter()
-        batch = learner.stage_logprob(roll)
+        batch = learner.collate(roll) if a.one_update else learner.stage_logprob(roll)
         t1 = time.perf_counter()
         learner.stage_train(batch)
         return t1 - t, time.perf_counter() - t1, batch

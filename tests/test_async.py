@@ -97,6 +97,37 @@ def test_async_lag0_equals_sync(tiny, tmp_path, local_ray, workers):
         a.close()
 
 
+def test_async_dynamic_sampling_and_two_iterations_equal_sync(tiny, tmp_path, local_ray):
+    """Dynamic sampling on the async driver (extra groups split over 2 workers) and mu = 2: at lag 0 the run is
+    the sync run, extra prompts, ids, counts and weights included."""
+    from specrl.distributed.async_trainer import AsyncGRPOTrainer
+
+    fn = tmp_path / "reward.py"
+    fn.write_text("def reward(prompt, completion, row):\n"  # constant for half the prompts
+                  "    if sum(map(ord, prompt)) % 2:\n"
+                  "        return 0.5\n"
+                  "    return float(sum(map(ord, completion)) % 3 == 0)\n")
+    over = {"reward__functions": [f"{fn}:reward"], "grpo__filter_zero_advantage_groups": True,
+            "grpo__max_extra_prompt_draws": 4, "grpo__num_iterations": 2}
+    sync = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, speculative__drafter="ngram",
+                                                            speculative__num_draft_tokens=2, **over)))
+    a = AsyncGRPOTrainer(validate_config(async_cfg(tiny, lag=0, workers=2, **over)), tmp_path / "run")
+    try:
+        drawn = 0
+        for step in range(1, 3):
+            rs, ra = sync.step(), a.step()
+            assert a.last_rollouts.request_ids == sync.last_rollouts.request_ids, step
+            assert a.last_rollouts.responses == sync.last_rollouts.responses, step
+            for k in ("groups_trained", "groups_filtered", "extra_prompts_drawn", "optimizer_steps"):
+                assert ra[k] == rs[k], (step, k)
+            pol = learner_policy(a)
+            assert all(torch.equal(pol[k], v) for k, v in sync.policy.state_dict().items()), step
+            drawn += ra["extra_prompts_drawn"]
+        assert drawn > 0
+    finally:
+        a.close()
+
+
 def test_async_lag1_overlaps_and_records(tiny, tmp_path, local_ray):
     from specrl.distributed.async_trainer import AsyncGRPOTrainer
 
@@ -144,12 +175,12 @@ def test_is_ratio_against_the_generating_version(tiny):
     learner = Learner(cfg, b, max_policy_lag=1)
     learner.step_count = 1  # B is version 1: the rollouts are one version behind
     batch = learner.stage_logprob(r)
-    from specrl.rl.learner import response_logprobs
+    from specrl.rl.batch import micro, response_logprobs
 
     ref_a = torch.zeros_like(batch.gen_logp)
     with torch.no_grad():
         for i in range(len(r.prompts)):
-            toks, m = learner._micro(batch, [i])
+            toks, m = micro(batch, [i])
             lp, _ = response_logprobs(a, toks, m, 1.0)
             ref_a[i, : lp.shape[1]] = lp
     m = batch.mask

@@ -158,10 +158,10 @@ def test_nonfinite_weights_after_an_update_are_never_checkpointed(tiny, tmp_path
 def test_huge_learning_rate_leaves_only_really_good_checkpoints(tiny, tmp_path, monkeypatch):
     """A huge lr (the issue's 1e10 on the 30-layer model; 1e20 overflows this small one): the weights stay
     finite but the next forward overflows. Before, that state was checkpointed and called "last good"."""
-    from specrl.rl import learner as learner_mod
+    from specrl.rl import batch as batch_mod
 
     # the random tiny model never earns a reward: give the group non-zero advantages so the update is real
-    monkeypatch.setattr(learner_mod, "group_advantages", lambda r, n, norm: torch.tensor([1.0, -1.0] * (len(r) // 2)))
+    monkeypatch.setattr(batch_mod, "group_advantages", lambda r, n, norm: torch.tensor([1.0, -1.0] * (len(r) // 2)))
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, policy__learning_rate=1e20))
     with pytest.raises(SpecRLError, match=r"step 1: after the update the policy gives non-finite (gradients|logits)"
                                           r".*blew the weights up.*last good checkpoint is none"):

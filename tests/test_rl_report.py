@@ -85,6 +85,20 @@ def test_report_without_drafter(tmp_path):
     assert "rollout_shape" not in text  # records without lengths (older runs): no empty picture
 
 
+def test_report_says_why_logprob_reads_zero(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    folded = [{**record(s), "stage_seconds": {**record(s)["stage_seconds"], "logprob": 0.001},
+               "logprob_skipped": True} for s in (1, 2)]
+    assert "logprob: folded into train (one update per batch)" in write_report(tmp_path, folded).read_text()
+    assert "folded into train" not in write_report(tmp_path / "b", [record(1), record(2)]).read_text()
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(ProgressDisplay(total_steps=5, enabled=True, live=False)._renderable(folded[0]))
+    assert "logprob in train" in buf.getvalue()
+
+
 def test_amdahl_bound():
     assert amdahl_bound(0.5, 2.0) == pytest.approx(1 / 0.75)
     assert amdahl_bound(1.0, 3.0) == pytest.approx(3.0)

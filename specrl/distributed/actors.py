@@ -5,7 +5,7 @@ newest published weights (refit, timed), waiting until at least the version the 
 producer's `gen` stage on its share of a step's groups; with `pipeline.in_flight_updates` it also picks up a
 newer version between engine steps inside the share (the backend's `between_steps`), so a sequence may span
 two versions, each token tagged with its own. `LearnerActor` owns the `Learner` and the data cursor (the
-producer's `data` stage, without a backend) and publishes its weights once per optimizer step: one `ray.put` of
+producer's `data` stage, without a backend) and publishes its weights once per RL step: one `ray.put` of
 the policy (cast to the rollout dtype) and trainable drafter, registered with a version in the `WeightStore`.
 `RayWeightSync` is that publication behind the `WeightSync` protocol. Everything a worker and the learner do is
 the same producer and learner code the sync trainer runs; the actors only place it in processes. Each actor sets
@@ -252,6 +252,10 @@ class LearnerActor:
         """The data stage: the next step's prompt indices, and the cursor state before drawing them."""
         before = self.data.state_dict()
         return self.data.stage_data(), before
+
+    def train_size(self) -> int:
+        """Prompts in the train split (dynamic sampling's extra draws come from it)."""
+        return len(self.data.train_data)
 
     def data_state(self) -> dict:
         return self.data.state_dict()

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specrl.errors import SpecRLError
+from specrl.rl.losses import LOSSES
 from specrl.rollout.api import DRAFTER_KINDS
 
 _NEEDS_ARG = ("eagle", "mtp", "draft-model")
@@ -42,6 +43,11 @@ SYNONYMS = {
     "num_speculative_tokens": "num_draft_tokens",
     "k": "num_draft_tokens",
     "max_steps": "steps",
+    "ppo_epochs": "num_iterations",
+    "num_ppo_epochs": "num_iterations",
+    "num_mini_batches": "mini_batches",
+    "loss": "loss_type",
+    "dynamic_sampling": "filter_zero_advantage_groups",
     "num_steps": "steps",
 }
 
@@ -103,8 +109,26 @@ class GRPOConfig(_Section):
     num_prompts_per_step: int = Field(8, ge=1)
     num_generations: int = 8
     """Samples per prompt (the group size); GRPO needs at least 2."""
-    normalize_rewards: bool = True
-    """Divide group-centred rewards by the group std (False = Dr. GRPO style, mean-centring only)."""
+    normalize_rewards: bool | None = None
+    """Divide group-centred rewards by the group std (False = Dr. GRPO style, mean-centring only). None: what
+    the loss_type expects (true for dapo, grpo, gspo; false for dr_grpo)."""
+    loss_type: str = "dapo"
+    """The policy loss by name (specrl.rl.losses): dapo (token-level mean over the optimizer step's tokens),
+    grpo (each sequence's token mean, then the mean over sequences), dr_grpo (summed tokens over sequences x
+    generation.max_new_tokens, advantages not divided by the std), gspo (sequence-level importance ratio)."""
+    num_iterations: int = 1
+    """Updates per batch (mu in the GRPO paper): passes over the step's rollouts. With one optimizer step per
+    batch the proximal log-probs are the train forward's own (no logprob forward); with more, the logprob stage
+    computes them from the weights at the start of the step and the clip bounds how far the updates go."""
+    mini_batches: int = 1
+    """Optimizer steps per iteration: the step's sequences are split into this many contiguous mini-batches
+    (must divide num_prompts_per_step * num_generations)."""
+    filter_zero_advantage_groups: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage, no gradient) and
+    generate more prompts until the step has num_prompts_per_step groups or max_extra_prompt_draws is spent."""
+    max_extra_prompt_draws: int = Field(16, ge=0)
+    """Cap on the extra prompts one step may draw to replace filtered groups; when it is spent the step trains
+    on the groups it has (groups_trained < num_prompts_per_step in metrics.jsonl)."""
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.28, ge=0.0)
     kl_coef: float = Field(0.0, ge=0.0)
@@ -123,6 +147,42 @@ class GRPOConfig(_Section):
         if v < 2:
             raise ValueError(f"must be >= 2 (GRPO normalises rewards within a group of samples), got {v}")
         return v
+
+    @field_validator("num_iterations", "mini_batches", mode="before")
+    @classmethod
+    def _updates(cls, v: Any, info) -> Any:
+        what = {"num_iterations": "passes over each batch", "mini_batches": "optimizer steps per pass"}
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"must be an integer >= 1 ({what[info.field_name]}; 1 = one), got {v!r}")
+        return v
+
+    @field_validator("loss_type")
+    @classmethod
+    def _loss(cls, v: str) -> str:
+        if v not in LOSSES:
+            raise ValueError(f"unknown loss {v!r}; allowed: {', '.join(sorted(LOSSES))} (more with "
+                             "specrl.rl.losses.register_loss)")
+        return v
+
+    @model_validator(mode="after")
+    def _std(self) -> GRPOConfig:
+        if self.normalize_rewards and not LOSSES[self.loss_type].scale_by_std:
+            raise ValueError(f"loss_type={self.loss_type} does not divide advantages by the group std, but "
+                             "normalize_rewards=true asks for it; leave normalize_rewards unset (or false), or "
+                             "choose a loss_type that scales by the std (dapo, grpo, gspo)")
+        return self
+
+    @property
+    def scale_advantages_by_std(self) -> bool:
+        """Whether advantages are divided by the group std: normalize_rewards, or the loss's own default."""
+        if self.normalize_rewards is not None:
+            return self.normalize_rewards
+        return LOSSES[self.loss_type].scale_by_std
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per batch: num_iterations x mini_batches."""
+        return self.num_iterations * self.mini_batches
 
 
 class PolicyConfig(_Section):
@@ -200,6 +260,10 @@ class SpeculativeConfig(_Section):
 class DrafterConfig(_Section):
     online: bool = False
     """Train the drafter during RL on the policy's hidden states (captured in the logprob stage)."""
+    online_mode: Literal["every_step", "on_stale"] = "every_step"
+    """every_step: the drafter loss joins every policy update (hidden states captured every step). on_stale: no
+    per-step drafter loss and no capture; the drafter trains only in the `refresh_steps` updates of a step the
+    staleness loop finds stale (acceptance length below staleness_fraction x the reference)."""
     loss_weight: float = Field(0.1, ge=0.0)
     learning_rate: float | None = None
     """Drafter learning rate; None uses policy.learning_rate * 100 (drafters are small and start far off)."""
@@ -406,6 +470,14 @@ class TrainConfig(_Section):
                 f"policy.train_micro_batch_size ({mb}) must divide grpo.num_prompts_per_step * "
                 f"grpo.num_generations = {batch}; valid values: {divisors}"
             )
+        mbs = self.grpo.mini_batches
+        if batch % mbs != 0:
+            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+            raise ValueError(
+                f"grpo.mini_batches ({mbs}) must divide grpo.num_prompts_per_step * grpo.num_generations = "
+                f"{batch} (each optimizer step takes an equal share of the step's sequences); valid values: "
+                f"{divisors}"
+            )
         if self.generation.max_new_tokens >= self.model.max_seq_len:
             raise ValueError(
                 f"generation.max_new_tokens ({self.generation.max_new_tokens}) leaves no room for the prompt "
@@ -416,6 +488,13 @@ class TrainConfig(_Section):
                 f"drafter.online trains a learned drafter, but speculative.drafter is "
                 f"{self.speculative.drafter!r}; use eagle:PATH / eagle:default / mtp:PATH "
                 "or drafter.online=false"
+            )
+        d = self.drafter
+        if d.online_mode == "on_stale" and not (d.online and d.refresh_steps >= 1):
+            raise ValueError(
+                "drafter.online_mode=on_stale trains the online drafter only in its staleness refreshes, which needs "
+                f"drafter.online=true (now {str(d.online).lower()}) and drafter.refresh_steps >= 1 (now "
+                f"{d.refresh_steps}); set those, or drafter.online_mode=every_step"
             )
         ro = self.rollout
         if ro.backend == "vllm":

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import hf_named_tensors
+from specrl.rl.batch import update_plan
 from specrl.rl.config import TrainConfig
 from specrl.rl.learner import Batch, Learner, NonFiniteError, check_weights
 from specrl.rl.producer import Rollouts
@@ -119,8 +120,15 @@ class ShardedLearner(Learner):
         share = n // self.world_size
         rows = slice(self.rank * share, (self.rank + 1) * share)
         batch = Batch(full.tokens[rows], full.mask[rows], full.gen_logp[rows], full.advantages[rows])
-        batch.loss_tokens = max(float(full.mask.sum()), 1.0) / self.world_size
+        batch.plan = update_plan(share, self.cfg.grpo.mini_batches, self.cfg.policy.train_micro_batch_size)
         return batch
+
+    def _global_normalizer(self, local: float) -> float:
+        """The ranks' normalisers summed (each optimizer step's mini-batch j is the union of the ranks' mini-batches
+        j), over world size: FSDP averages the ranks' gradients, so the result equals one process's gradient."""
+        t = torch.tensor([local], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t) / self.world_size
 
     def stage_train(self, batch: Batch) -> dict[str, float]:
         out = super().stage_train(batch)

@@ -1,10 +1,12 @@
-"""Online drafter training inside the RL step: turn the logprob stage's captures into a drafter loss.
+"""Online drafter training inside the RL step: turn the policy forward's captures into a drafter loss.
 
-During `logprob` the trainer already runs the policy over every rollout; with `drafter.online` it also keeps
-the hidden states the drafter reads (EAGLE: its three fused layers; MTP: the final-norm output) and the
-policy's top-K next-token distribution at the response positions. `draft_batch` packs them in the padded
-layout of `specrl.drafters.training.batch_loss` (the same loss offline drafter training uses), and `draft_loss`
-evaluates it in `train`. Everything is detached from the policy graph, so the draft loss moves only the
+The learner already runs the policy over every rollout (the train forward when a batch takes one optimizer
+step, else the logprob stage); with `drafter.online` that forward also keeps the hidden states the drafter
+reads (EAGLE: its three fused layers; MTP: the final-norm output) and the policy's top-K next-token
+distribution at the response positions. `draft_batch` packs them, detached, in the padded layout of
+`specrl.drafters.training.batch_loss` (the same loss offline drafter training uses), and `draft_loss` evaluates
+it in `train` (`drafter.online_mode=every_step`) or only in the refresh updates of a stale step (`on_stale`,
+which captures nothing on other steps). Nothing reaches the policy graph, so the draft loss moves only the
 drafter's weights; the trainer then pushes them to the engine's drafter in the next `prepare`. `DrafterHealth`
 is the staleness control loop's bookkeeping: it compares each step's acceptance length with a reference AL to
 decide when the trainer spends `drafter.refresh_steps` extra drafter-only updates, and flags a collapsed
@@ -74,7 +76,7 @@ class DrafterHealth:
             self.cause = {"step": step, "version": step - 1, "before": self.prev_al,
                           "refresh": self.last_refresh == step - 1}
         self.prev_al = al
-        stale = self.reference is not None and al < self.fraction * self.reference
+        stale = self.is_stale(al)
         if self.reference is None:
             self.reference = self.ema = al
         else:
@@ -82,6 +84,10 @@ class DrafterHealth:
             self.reference = max(self.reference, self.ema)
         self.streak = self.streak + 1 if al <= self.collapse_threshold else 0
         return stale, self.streak >= self.collapse_patience
+
+    def is_stale(self, al: float | None) -> bool:
+        """Whether a step with this AL is stale (what `observe` will say), without recording it."""
+        return al is not None and self.reference is not None and al < self.fraction * self.reference
 
     def refreshed(self, step: int | None = None) -> None:
         self.reference = self.ema = None
@@ -125,6 +131,7 @@ def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict, respon
     [mask.sum(), V] are the policy's logits at those positions (in mask order).
     """
     b, t = toks.shape
+    captured = {k: v.detach() for k, v in captured.items()}  # a train forward's captures carry the policy graph
     kind = drafter.kind
     if kind == "eagle":
         feats = torch.cat([captured[i] for i in drafter.fuse_layers], dim=-1).float()

@@ -88,6 +88,98 @@ class LossOutput:
     is_clipped_tokens: float = 0.0  # tokens whose weight was truncated at the cap
 
 
+@dataclass
+class SurrogateTerms:
+    """Per-token pieces of the clipped surrogate, before any normalisation (see `surrogate_terms`)."""
+
+    per_token: torch.Tensor  # pg (* IS weight) + kl_coef * kl, [B,T], with gradient
+    mask: torch.Tensor  # the mask in logp's dtype
+    ratio: torch.Tensor
+    surr1: torch.Tensor
+    surr2: torch.Tensor
+    pg: torch.Tensor
+    kl_sum: float
+    is_stats: dict
+
+    def output(self, loss: torch.Tensor) -> LossOutput:
+        """The LossOutput of `loss` with this batch's token-level statistics."""
+        m = self.mask
+        with torch.no_grad():
+            was_clipped = (self.surr2 < self.surr1).to(m.dtype)
+        return LossOutput(
+            loss=loss,
+            num_tokens=float(m.sum().item()),
+            clipped_tokens=float(masked_sum(was_clipped, m).item()),
+            kl_sum=self.kl_sum,
+            ratio_sum=float(masked_sum(self.ratio.detach(), m).item()),
+            pg_loss_sum=float(masked_sum(self.pg.detach(), m).item()),
+            **self.is_stats,
+        )
+
+
+def check_loss_inputs(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, clip_low: float,
+                      clip_high: float, ref_logp: torch.Tensor | None, kl_coef: float,
+                      behavior_logp: torch.Tensor | None, is_cap: float) -> None:
+    """The shape and range checks every loss of `specrl.rl.losses` shares (SpecRLError naming the input)."""
+    if clip_low < 0 or clip_high < 0:
+        raise SpecRLError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise SpecRLError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} "
+            "must have the same [batch, tokens] shape"
+        )
+    if kl_coef > 0 and ref_logp is None:
+        raise SpecRLError("kl_coef > 0 needs ref_logp (reference-policy log-probabilities)")
+    if behavior_logp is not None:
+        if behavior_logp.shape != logp.shape:
+            raise SpecRLError(f"behavior_logp {tuple(behavior_logp.shape)} must have the shape of logp "
+                              f"{tuple(logp.shape)}")
+        if not is_cap >= 1.0:
+            raise SpecRLError(f"is_cap must be >= 1 (a truncation cap on importance weights), got {is_cap}")
+
+
+def surrogate_terms(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    behavior_logp: torch.Tensor | None = None,
+    is_cap: float = 2.0,
+) -> SurrogateTerms:
+    """Per token: ratio = exp(logp - old_logp); pg = -min(ratio*A, clip(ratio, 1-clip_low, 1+clip_high)*A),
+    times the truncated IS weight min(exp(old_logp - behavior_logp), is_cap) when `behavior_logp` is given, plus
+    kl_coef * k3(logp, ref_logp). The token-level losses reduce `per_token` with their own normaliser."""
+    check_loss_inputs(logp, old_logp, mask, clip_low, clip_high, ref_logp, kl_coef, behavior_logp, is_cap)
+    adv = advantages.to(logp.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(1).expand_as(logp)
+    m = mask.to(logp.dtype)
+    ratio = torch.exp(logp - old_logp.detach())
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    surr1 = ratio * adv
+    surr2 = clipped_ratio * adv
+    pg = -torch.minimum(surr1, surr2)
+    is_stats = {}
+    if behavior_logp is not None:
+        raw_w = torch.exp(old_logp.detach() - behavior_logp.detach())
+        is_w = raw_w.clamp(max=is_cap)
+        pg = pg * is_w
+        is_stats = {"is_weight_sum": float(masked_sum(is_w, m).item()),
+                    "is_weight_max": float(is_w[mask.bool()].max().item()) if bool(mask.any()) else 0.0,
+                    "is_clipped_tokens": float(masked_sum((raw_w > is_cap).to(logp.dtype), m).item())}
+    per_token = pg
+    kl_sum = 0.0
+    if ref_logp is not None and kl_coef > 0:
+        kl = kl_k3(logp, ref_logp.detach())
+        per_token = per_token + kl_coef * kl
+        kl_sum = float(masked_sum(kl.detach(), m).item())
+    return SurrogateTerms(per_token, m, ratio, surr1, surr2, pg, kl_sum, is_stats)
+
+
 def clipped_surrogate_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -115,61 +207,13 @@ def clipped_surrogate_loss(
     w = min(exp(old_logp - behavior_logp), is_cap), detached, so the gradient estimates the expectation under
     pi_old. With `behavior_logp=None` the loss is bit-identical to the uncorrected one.
     """
-    if clip_low < 0 or clip_high < 0:
-        raise SpecRLError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
-    if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise SpecRLError(
-            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} "
-            "must have the same [batch, tokens] shape"
-        )
-    if kl_coef > 0 and ref_logp is None:
-        raise SpecRLError("kl_coef > 0 needs ref_logp (reference-policy log-probabilities)")
-    adv = advantages.to(logp.dtype)
-    if adv.dim() == 1:
-        adv = adv.unsqueeze(1).expand_as(logp)
-    m = mask.to(logp.dtype)
-    n_tokens = float(m.sum().item())
+    t = surrogate_terms(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_coef, behavior_logp,
+                        is_cap)
+    n_tokens = float(t.mask.sum().item())
     norm = float(normalizer) if normalizer is not None else max(n_tokens, 1.0)
     if norm <= 0:
         raise SpecRLError(f"normalizer must be > 0, got {normalizer}")
-    if behavior_logp is not None:
-        if behavior_logp.shape != logp.shape:
-            raise SpecRLError(f"behavior_logp {tuple(behavior_logp.shape)} must have the shape of logp "
-                              f"{tuple(logp.shape)}")
-        if not is_cap >= 1.0:
-            raise SpecRLError(f"is_cap must be >= 1 (a truncation cap on importance weights), got {is_cap}")
-
-    ratio = torch.exp(logp - old_logp.detach())
-    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    surr1 = ratio * adv
-    surr2 = clipped_ratio * adv
-    pg = -torch.minimum(surr1, surr2)
-    is_stats = {}
-    if behavior_logp is not None:
-        raw_w = torch.exp(old_logp.detach() - behavior_logp.detach())
-        is_w = raw_w.clamp(max=is_cap)
-        pg = pg * is_w
-        is_stats = {"is_weight_sum": float(masked_sum(is_w, m).item()),
-                    "is_weight_max": float(is_w[mask.bool()].max().item()) if bool(mask.any()) else 0.0,
-                    "is_clipped_tokens": float(masked_sum((raw_w > is_cap).to(logp.dtype), m).item())}
-    per_token = pg
-    kl_sum = 0.0
-    if ref_logp is not None and kl_coef > 0:
-        kl = kl_k3(logp, ref_logp.detach())
-        per_token = per_token + kl_coef * kl
-        kl_sum = float(masked_sum(kl.detach(), m).item())
-    loss = (per_token * m).sum() / norm
-    with torch.no_grad():
-        was_clipped = (surr2 < surr1).to(logp.dtype)
-    return LossOutput(
-        loss=loss,
-        num_tokens=n_tokens,
-        clipped_tokens=float(masked_sum(was_clipped, m).item()),
-        kl_sum=kl_sum,
-        ratio_sum=float(masked_sum(ratio.detach(), m).item()),
-        pg_loss_sum=float(masked_sum(pg.detach(), m).item()),
-        **is_stats,
-    )
+    return t.output((t.per_token * t.mask).sum() / norm)
 
 
 def token_mult_prob_error(gen_logp: torch.Tensor, train_logp: torch.Tensor, mask: torch.Tensor) -> float:

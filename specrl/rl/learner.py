@@ -1,14 +1,22 @@
-"""The learner side of an RL step: logprob + train (+ online drafter training) -> the step's metrics record.
+"""The learner side of an RL step: (logprob +) train (+ online drafter training) -> the step's metrics record.
 
 `Learner` owns the policy, the optional trainable drafter, the optimizer and schedule, the reference model and
-the drafter's staleness loop (`DrafterHealth`). `learn(rollouts, seconds)` runs the `logprob` and `train`
-stages on one step's `Rollouts` and returns the `metrics.jsonl` record; `named_weights()` is what a weight sync
-publishes (policy tensors under HF checkpoint names, the drafter under its own checkpoint names, and the
-version = the number of optimizer steps applied). Log-probabilities for the loss are recomputed here; the
-rollouts' behaviour log-probs feed the optional truncated importance-sampling correction and the
-`token_mult_prob_error` diagnostic. `check_weights` (a NaN/inf scan, then a 16-token probe forward + backward
-that must stay finite) runs before every checkpoint. The sync trainer composes it with the producer in one
-process; the async pipeline runs the same learner, and the same check, in its learner actor.
+the drafter's staleness loop (`DrafterHealth`). `learn(rollouts, seconds)` trains on one step's `Rollouts` and
+returns the `metrics.jsonl` record; `named_weights()` is what a weight sync publishes (policy tensors under HF
+checkpoint names, the drafter under its own checkpoint names, and the version = the number of RL steps (batches)
+trained; the schedule also advances once per batch). A batch takes `grpo.num_iterations` x `grpo.mini_batches`
+optimizer steps with the loss `grpo.loss_type` (`specrl.rl.losses`). Three policies meet in a step: the
+behaviour policy that generated the rollouts (its log-probs come with them; in the async pipeline it may be up to
+`pipeline.max_trajectory_age_steps` versions old), the proximal policy (the weights at the start of this learner
+step, whose log-probs are `old_logp`) and the current policy (after each optimizer step). The optional truncated
+importance-sampling weight min(pi_prox / pi_behaviour, cap) corrects for rollouts from a lagging or numerically
+different sampler; the clip keeps each update within [1 - clip_low, 1 + clip_high] of the proximal policy.
+With one optimizer step per batch the proximal and current policies coincide at the forward, so `old_logp`
+is the train forward's own detached output and no `logprob` forward runs (`logprob_skipped` in the record,
+its stage time ~0): the hidden states for the online drafter, the reference forward (kl_coef > 0) and
+`token_mult_prob_error` come from that forward too. With more, the `logprob` stage computes them first.
+`check_weights` (`specrl.rl.weight_check`) runs before every checkpoint. The sync trainer composes it with the
+producer in one process; the async pipeline runs the same learner, and the same check, in its learner actor.
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ import signal
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,96 +38,27 @@ from torch import Tensor
 
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import hf_named_tensors
+from specrl.rl.batch import Batch, collate, micro, response_logprobs, update_plan
 from specrl.rl.config import TrainConfig
 from specrl.rl.draft_online import DrafterCollapseWarning, DrafterHealth, check_trainable, draft_batch, draft_loss
-from specrl.rl.grpo import clipped_surrogate_loss, group_advantages, token_logprobs, token_mult_prob_error
+from specrl.rl.grpo import token_mult_prob_error
 from specrl.rl.hardware import hardware_fields, resolve_hardware
+from specrl.rl.losses import get_loss, loss_normalizer
 from specrl.rl.metrics import STAGES
 from specrl.rl.producer import Rollouts
+from specrl.rl.weight_check import DrafterNonFiniteError, NonFiniteError, check_weights
+
+__all__ = ["Batch", "DrafterNonFiniteError", "Learner", "NonFiniteError", "check_weights", "lr_factor",
+           "response_logprobs"]
 
 # Test hook: SIGKILL this process at the start of the train stage of this step (resume tests).
 KILL_ENV = "SPECRL_TEST_SIGKILL_AT_STEP"
 MIN_DRAFTS_FOR_HEALTH = 32  # drafted tokens a step needs before its acceptance length counts for staleness/collapse
-
-
-class NonFiniteError(SpecRLError):
-    """Loss, logits or gradients became NaN/inf; the step's update was not applied."""
-
-    component = "policy"
-
-
-class DrafterNonFiniteError(NonFiniteError):
-    """The online drafter's loss or weights became NaN/inf (the policy is not the cause)."""
-
-    component = "drafter"
-
-
-@dataclass
-class Batch:
-    """Right-padded training tensors; position t of `mask`/`*_logp` scores token t+1 of `tokens`."""
-
-    tokens: Tensor  # [N, T]
-    mask: Tensor  # [N, T-1] bool: target token is a response token
-    gen_logp: Tensor  # [N, T-1] behaviour log-probs from the rollout backend
-    advantages: Tensor  # [N]
-    old_logp: Tensor | None = None
-    ref_logp: Tensor | None = None
-    captured: list[dict] = field(default_factory=list)  # per micro-batch, detached hidden states
-    # the GRPO normaliser's token count when these rows are a share of the step (a data-parallel rank): the
-    # whole step's response tokens, scaled for the gradient reduction (specrl.rl.data_parallel); None: mask.sum()
-    loss_tokens: float | None = None
-
-
-def _nonfinite(state: dict[str, Any]) -> tuple[str, int, int] | None:
-    """(name, non-finite count, numel) of the first floating tensor holding NaN/inf, else None."""
-    for name, t in state.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-            if bool(torch.isfinite(t.amax()) & torch.isfinite(t.amin())):  # NaN propagates, +-inf shows
-                continue
-            bad = int((~torch.isfinite(t)).sum())
-            if bad:
-                return name, bad, t.numel()
-    return None
-
-
-def check_weights(parts: dict[str, Any], policy: torch.nn.Module | None, step: int) -> None:
-    """Refuse to checkpoint weights that are not usable: NaN/inf in the policy or drafter, or a policy whose
-    forward pass gives non-finite logits (weights blown up to ~1e10 by a huge learning rate are finite, yet
-    the next step's forward overflows). Raises NonFiniteError naming the part, so no checkpoint holds them."""
-    for part, err in (("policy", NonFiniteError), ("drafter", DrafterNonFiniteError)):
-        state = parts.get(part)
-        hit = _nonfinite(state) if isinstance(state, dict) else None
-        if hit:
-            name, bad, n = hit
-            raise err(f"step {step}: after the update, the {part}'s tensor {name!r} holds {bad} NaN/inf values "
-                      f"(of {n}); the step-{step} checkpoint was not written")
-    if policy is not None and hasattr(policy, "forward_hidden") and hasattr(policy, "logits"):
-        # A probe forward + backward on 16 tokens: the next step must be able to train from these weights.
-        vocab = policy.args.vocab_size
-        toks = (torch.arange(16) * 7919 % vocab).unsqueeze(0)
-        params = [p for p in policy.parameters() if p.requires_grad]
-        with torch.enable_grad():
-            logits = policy.logits(policy.forward_hidden(toks)[0][:, :-1])
-            what = "logits in a forward pass"
-            ok = bool(torch.isfinite(logits).all())
-            if ok and params:
-                lp = torch.log_softmax(logits.float(), -1).gather(-1, toks[:, 1:, None]).sum()
-                grads = [g for g in torch.autograd.grad(lp, params, allow_unused=True) if g is not None]
-                what = "gradients"
-                ok = bool(torch.isfinite(torch.linalg.vector_norm(
-                    torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))) if grads else True
-        if not ok:
-            raise NonFiniteError(f"step {step}: after the update the policy gives non-finite {what} (largest "
-                                 f"weight magnitude {_max_abs(policy):.3g}: the update blew the weights up, e.g. "
-                                 f"a learning rate far too high); the step-{step} checkpoint was not written")
-
-
-def _max_abs(m: torch.nn.Module) -> float:
-    return max(float(p.detach().abs().max()) for p in m.parameters())
+_SUMS = ("tokens", "clipped", "kl", "ratio", "loss", "draft", "is_sum", "is_clipped", "grad_norm")
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the base learning rate for optimizer step `step` (0-based)."""
+    """Multiplier of the base learning rate for RL step `step` (0-based)."""
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     if schedule == "constant" or total <= warmup:
@@ -129,31 +67,6 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * progress
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def response_logprobs(model: Any, toks: Tensor, mask: Tensor, temperature: float,
-                      capture: tuple = (), keep_logits: bool = False) -> tuple[Tensor, dict]:
-    """Log-probabilities [B, T-1] of toks[:, 1:] (0 where mask is false) and the captured hidden states.
-
-    The LM head (a large share of a small model's FLOPs) runs only on the response positions of `mask`;
-    with keep_logits those logits [mask.sum(), V] are returned as captured["response_logits"].
-    """
-    if hasattr(model, "forward_hidden") and hasattr(model, "logits"):
-        hidden, captured = model.forward_hidden(toks, capture=capture)
-        captured["final"] = hidden
-        logits = model.logits(hidden[:, :-1][mask])
-        flat = token_logprobs(logits.unsqueeze(0), toks[:, 1:][mask].unsqueeze(0), temperature)[0]
-        if keep_logits:
-            captured["response_logits"] = logits.detach()
-        return torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat), captured
-    logits, captured = model(toks, capture=capture)
-    if keep_logits:
-        captured["response_logits"] = logits[:, :-1][mask].detach()
-    return token_logprobs(logits[:, :-1], toks[:, 1:], temperature) * mask, captured
-
-
-def _chunks(n: int, size: int) -> list[list[int]]:
-    return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
 
 
 class Learner:
@@ -169,6 +82,7 @@ class Learner:
         self.drafter = drafter if cfg.drafter.online else None
         if cfg.drafter.online:
             check_trainable(self.drafter)
+        self.loss = get_loss(cfg.grpo.loss_type)
         self.ref = self._make_ref(policy) if cfg.grpo.kl_coef > 0 else None
         pc = cfg.policy
         groups = [{"params": [p for p in policy.parameters() if p.requires_grad], "lr": pc.learning_rate}]
@@ -181,12 +95,18 @@ class Learner:
         total = cfg.run.steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, pc.warmup_steps, total, pc.lr_schedule, pc.min_lr_ratio))
-        self.step_count = 0  # optimizer steps applied = the version of the weights `named_weights` returns
+        self.step_count = 0  # RL steps (batches) trained = the version of the weights `named_weights` returns
         self._capture = tuple(getattr(self.drafter, "target_layers", ()) or ()) if self.drafter else ()
         d = cfg.drafter
+        # whether this step's policy forward keeps the drafter's inputs (on_stale: only a step about to refresh)
+        self.capture_drafter = self.drafter is not None and d.online_mode == "every_step"
         self.health = DrafterHealth(d.staleness_fraction, d.collapse_threshold, d.collapse_patience)
         # where the learner's event lines go; the run loop points it at its progress display
         self.log: Callable[[str], None] = lambda msg: print(msg, flush=True)
+
+    @property
+    def version(self) -> int:
+        return self.step_count
 
     def _make_ref(self, policy: torch.nn.Module) -> torch.nn.Module:
         """The frozen reference model (kl_coef > 0): a copy of the initial policy."""
@@ -195,9 +115,10 @@ class Learner:
             p.requires_grad_(False)
         return ref
 
-    @property
-    def version(self) -> int:
-        return self.step_count
+    def _global_normalizer(self, local: float) -> float:
+        """The loss normaliser of an optimizer step from this learner's share of it (one process: all of it; a
+        data-parallel rank sums the ranks' shares and scales for the gradient average)."""
+        return local
 
     def check_weights(self, step: int) -> None:
         """Before checkpoint `step`: `check_weights` on this learner's policy and drafter (NaN/inf scan, then the
@@ -221,111 +142,137 @@ class Learner:
 
     # ------------------------------------------------------------------ stages
     def collate(self, r: Rollouts) -> Batch:
-        n = len(r.prompts)
-        lengths = [len(p) + len(x) for p, x in zip(r.prompts, r.responses, strict=True)]
-        t = max(lengths)
-        tokens = torch.zeros(n, t, dtype=torch.long)
-        mask = torch.zeros(n, t - 1, dtype=torch.bool)
-        gen_logp = torch.zeros(n, t - 1, dtype=torch.float32)
-        for b, (p, x, lp) in enumerate(zip(r.prompts, r.responses, r.gen_logprobs, strict=True)):
-            tokens[b, : len(p) + len(x)] = torch.tensor(p + x, dtype=torch.long)
-            mask[b, len(p) - 1: len(p) - 1 + len(x)] = True
-            gen_logp[b, len(p) - 1: len(p) - 1 + len(x)] = torch.tensor(lp, dtype=torch.float32)
-        adv = group_advantages(r.rewards, self.cfg.grpo.num_generations, self.cfg.grpo.normalize_rewards)
-        d = self.device
-        return Batch(tokens.to(d), mask.to(d), gen_logp.to(d), adv.to(d))
+        g = self.cfg.grpo
+        batch = collate(r, g.num_generations, g.scale_advantages_by_std).to(self.device)
+        batch.plan = update_plan(len(r.prompts), g.mini_batches, self.cfg.policy.train_micro_batch_size)
+        return batch
 
-    def _micro(self, batch: Batch, idx: list[int]) -> tuple[Tensor, Tensor]:
-        """Tokens and mask of a micro-batch, trimmed to its longest sequence."""
-        m = batch.mask[idx]
-        last = int(m.any(0).nonzero().max()) + 2 if bool(m.any()) else 2
-        return batch.tokens[idx, :last], m[:, : last - 1]
+    @property
+    def skips_logprob(self) -> bool:
+        """One optimizer step per batch: the proximal log-probs come from the train forward itself."""
+        return self.cfg.grpo.optimizer_steps == 1
+
+    @torch.no_grad()
+    def _proximal(self, batch: Batch, idx: list[int], toks: Tensor, m: Tensor, lp: Tensor, captured: dict,
+                  where: str) -> None:
+        """Record micro-batch `idx`'s proximal log-probs `lp` (detached), its reference log-probs and drafter
+        inputs; `lp` and `captured` come from the current weights' forward (logprob stage or fused train)."""
+        if not bool(torch.isfinite(lp[m]).all()):
+            raise NonFiniteError(f"step {self.step_count + 1}: the policy produced non-finite logits in the {where}")
+        w = lp.shape[1]
+        batch.old_logp[idx, :w] = lp.detach()
+        if batch.ref_logp is not None:
+            with self._autocast():
+                batch.ref_logp[idx, :w] = response_logprobs(self.ref, toks, m, self.cfg.generation.temperature)[0]
+        if self.capture_drafter:
+            batch.captured.append(draft_batch(self.drafter, toks, m, captured, captured["response_logits"]))
+
+    def _start_proximal(self, batch: Batch) -> None:
+        batch.old_logp = torch.zeros_like(batch.gen_logp)
+        batch.ref_logp = torch.zeros_like(batch.gen_logp) if self.ref is not None else None
+        batch.captured = []
 
     @torch.no_grad()
     def stage_logprob(self, r: Rollouts) -> Batch:
-        """Recompute the policy's (and reference's) log-probabilities; capture hidden states for the drafter."""
+        """Collate; the proximal (current) policy's and the reference's log-probabilities in a no-grad forward;
+        the drafter's inputs when this step captures them."""
         batch = self.collate(r)
-        temp = self.cfg.generation.temperature
-        old = torch.zeros_like(batch.gen_logp)
-        ref = torch.zeros_like(batch.gen_logp) if self.ref is not None else None
-        for idx in _chunks(batch.tokens.shape[0], self.cfg.policy.train_micro_batch_size):
-            toks, m = self._micro(batch, idx)
+        self._start_proximal(batch)
+        for idx in batch.micro_batches:
+            toks, m = micro(batch, idx)
             with self._autocast():
-                lp, captured = response_logprobs(self.policy, toks, m, temp, self._capture,
-                                                 keep_logits=self.drafter is not None)
-            if not bool(torch.isfinite(lp[m]).all()):
-                raise NonFiniteError(f"step {self.step_count + 1}: the policy produced non-finite logits in the "
-                                     "logprob stage")
-            old[idx, : lp.shape[1]] = lp
-            if ref is not None:
-                with self._autocast():
-                    ref[idx, : lp.shape[1]] = response_logprobs(self.ref, toks, m, temp)[0]
-            if self.drafter is not None:
-                batch.captured.append(draft_batch(self.drafter, toks, m, captured, captured["response_logits"]))
-        batch.old_logp, batch.ref_logp = old, ref
+                lp, captured = response_logprobs(self.policy, toks, m, self.cfg.generation.temperature,
+                                                 self._capture if self.capture_drafter else (),
+                                                 keep_logits=self.capture_drafter)
+            self._proximal(batch, idx, toks, m, lp, captured, "logprob stage")
         return batch
 
-    def stage_train(self, batch: Batch) -> dict[str, float]:
-        """GRPO loss (+ loss_weight * draft loss) over micro-batches, one clipped AdamW step."""
+    def stage_train(self, batch: Batch) -> dict[str, Any]:
+        """`grpo.num_iterations` passes over the batch's mini-batches, one clipped AdamW step each (loss
+        `grpo.loss_type`, + loss_weight * draft loss with drafter.online_mode=every_step); the schedule then
+        advances once. Without `batch.old_logp` (one optimizer step per batch) the train forward supplies it."""
+        g = self.cfg.grpo
+        fused = batch.old_logp is None
+        if fused:
+            if g.optimizer_steps != 1:
+                raise SpecRLError(f"the batch has no proximal log-probs but takes {g.optimizer_steps} optimizer "
+                                  "steps (grpo.num_iterations x grpo.mini_batches); run stage_logprob first")
+            self._start_proximal(batch)
+        stats = dict.fromkeys(_SUMS, 0.0)
+        stats["is_max"] = 0.0
+        lr = self.optimizer.param_groups[0]["lr"]
+        n_steps = draft_updates = 0
+        for _ in range(g.num_iterations):
+            c = 0
+            for mini in batch.plan:
+                n_steps += 1
+                draft_updates += self._optimizer_step(batch, mini, c, fused, stats, n_steps)
+                c += len(mini)
+        self.scheduler.step()
+        ntok = max(stats["tokens"], 1.0)
+        is_on = g.importance_sampling_correction
+        return {"loss": stats["loss"] / n_steps, "grad_norm": stats["grad_norm"] / n_steps, "lr": lr,
+                "clip_fraction": stats["clipped"] / ntok,
+                "kl": stats["kl"] / ntok if self.ref is not None else None, "ratio_mean": stats["ratio"] / ntok,
+                "draft_loss": stats["draft"] / draft_updates if draft_updates else None,
+                "draft_updates": draft_updates, "optimizer_steps": n_steps,
+                "is_ratio_mean": stats["is_sum"] / ntok if is_on else None,
+                "is_ratio_max": stats["is_max"] if is_on else None,
+                "is_clipped_fraction": stats["is_clipped"] / ntok if is_on else None}
+
+    def _optimizer_step(self, batch: Batch, mini: list[list[int]], c0: int, fused: bool, stats: dict,
+                        k: int) -> int:
+        """One AdamW step on mini-batch `mini` (micro-batches c0.. of the plan); 1 if the drafter trained."""
         g, temp = self.cfg.grpo, self.cfg.generation.temperature
         step_no = self.step_count + 1
+        of = f" (optimizer step {k} of {g.optimizer_steps}; earlier ones were applied)" if k > 1 else ""
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = float(batch.mask.sum()) if batch.loss_tokens is None else batch.loss_tokens
-        stats = {"tokens": 0.0, "clipped": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "draft": 0.0,
-                 "is_sum": 0.0, "is_max": 0.0, "is_clipped": 0.0}
-        chunks = _chunks(batch.tokens.shape[0], self.cfg.policy.train_micro_batch_size)
-        for c, idx in enumerate(chunks):
-            toks, m = self._micro(batch, idx)
+        mask = batch.mask if len(batch.plan) == 1 else batch.mask[[i for idx in mini for i in idx]]
+        norm = self._global_normalizer(loss_normalizer(self.loss.normalizer, mask, self.cfg.generation.max_new_tokens))
+        train_drafter = self.drafter is not None and self.cfg.drafter.online_mode == "every_step"
+        for j, idx in enumerate(mini):
+            toks, m = micro(batch, idx)
             w = m.shape[1]
+            keep = fused and self.capture_drafter
             with self._autocast():
-                logp, _ = response_logprobs(self.policy, toks, m, temp)
-            out = clipped_surrogate_loss(
-                logp, batch.old_logp[idx, :w], batch.advantages[idx], m, g.clip_low, g.clip_high,
-                None if batch.ref_logp is None else batch.ref_logp[idx, :w], g.kl_coef,
-                normalizer=max(total_tokens, 1.0),
-                behavior_logp=batch.gen_logp[idx, :w] if g.importance_sampling_correction else None,
-                is_cap=g.importance_sampling_cap)
+                logp, captured = response_logprobs(self.policy, toks, m, temp, self._capture if keep else (),
+                                                   keep_logits=keep)
+            if fused:
+                self._proximal(batch, idx, toks, m, logp, captured, "train forward")
+            out = self.loss(
+                logp, batch.old_logp[idx, :w], batch.advantages[idx], m, normalizer=norm, clip_low=g.clip_low,
+                clip_high=g.clip_high, ref_logp=None if batch.ref_logp is None else batch.ref_logp[idx, :w],
+                kl_coef=g.kl_coef, behavior_logp=batch.gen_logp[idx, :w] if g.importance_sampling_correction
+                else None, is_cap=g.importance_sampling_cap)
             if not torch.isfinite(out.loss):
                 self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteError(f"step {step_no}: non-finite GRPO loss ({out.loss.item()}); update skipped")
+                raise NonFiniteError(f"step {step_no}: non-finite GRPO loss ({out.loss.item()}); update skipped{of}")
             out.loss.backward()
-            stats["tokens"] += out.num_tokens
-            stats["clipped"] += out.clipped_tokens
-            stats["kl"] += out.kl_sum
-            stats["ratio"] += out.ratio_sum
-            stats["loss"] += float(out.loss.detach())
-            stats["is_sum"] += out.is_weight_sum
+            for key, v in (("tokens", out.num_tokens), ("clipped", out.clipped_tokens), ("kl", out.kl_sum),
+                           ("ratio", out.ratio_sum), ("loss", float(out.loss.detach())),
+                           ("is_sum", out.is_weight_sum), ("is_clipped", out.is_clipped_tokens)):
+                stats[key] += v
             stats["is_max"] = max(stats["is_max"], out.is_weight_max)
-            stats["is_clipped"] += out.is_clipped_tokens
-            if self.drafter is not None:
-                dl = draft_loss(self.drafter, batch.captured[c])
+            if train_drafter:
+                dl = draft_loss(self.drafter, batch.captured[c0 + j])
                 if not torch.isfinite(dl):
                     self.optimizer.zero_grad(set_to_none=True)
                     raise DrafterNonFiniteError(
                         f"step {step_no}: non-finite drafter loss of the online drafter "
                         f"{self.cfg.speculative.drafter!r} (drafter learning rate "
-                        f"{self.optimizer.param_groups[1]['lr']:g}; the policy is not the cause); update skipped")
-                (self.cfg.drafter.loss_weight * dl / len(chunks)).backward()
-                stats["draft"] += float(dl.detach()) / len(chunks)
+                        f"{self.optimizer.param_groups[1]['lr']:g}; the policy is not the cause); update skipped{of}")
+                (self.cfg.drafter.loss_weight * dl / len(mini)).backward()
+                stats["draft"] += float(dl.detach()) / len(mini)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.policy.max_grad_norm)
         if not torch.isfinite(gn):
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"step {step_no}: non-finite gradient norm; update skipped")
-        if self.drafter is not None:
+            raise NonFiniteError(f"step {step_no}: non-finite gradient norm; update skipped{of}")
+        if train_drafter:
             torch.nn.utils.clip_grad_norm_(list(self.drafter.parameters()), self.cfg.policy.max_grad_norm)
-        lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
-        self.scheduler.step()
-        ntok = max(stats["tokens"], 1.0)
-        is_on = g.importance_sampling_correction
-        return {"loss": stats["loss"], "grad_norm": float(gn), "lr": lr, "clip_fraction": stats["clipped"] / ntok,
-                "kl": stats["kl"] / ntok if self.ref is not None else None, "ratio_mean": stats["ratio"] / ntok,
-                "draft_loss": stats["draft"] if self.drafter is not None else None,
-                "is_ratio_mean": stats["is_sum"] / ntok if is_on else None,
-                "is_ratio_max": stats["is_max"] if is_on else None,
-                "is_clipped_fraction": stats["is_clipped"] / ntok if is_on else None}
-
+        stats["grad_norm"] += float(gn)
+        return int(train_drafter)
     def refresh_drafter(self, batch: Batch) -> int:
         """`drafter.refresh_steps` drafter-only AdamW updates on this step's captured batches; returns the count.
 
@@ -356,12 +303,12 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         return self.cfg.drafter.refresh_steps
 
-    def drafter_control(self, batch: Batch, al: float | None) -> dict[str, Any]:
-        """The staleness loop and collapse check after `train`; the step record's drafter fields."""
+    def drafter_control(self, batch: Batch, al: float | None, updates: int = 0) -> dict[str, Any]:
+        """The staleness loop and collapse check after `train` (which gave the drafter `updates` updates); the
+        step record's drafter fields."""
         step_no, d = self.step_count + 1, self.cfg.drafter
-        stale, collapsed = self.health.observe(al, step_no, refit=self.drafter is not None)
+        stale, collapsed = self.health.observe(al, step_no, refit=updates > 0)
         reference = self.health.reference
-        updates = 1 if self.drafter is not None else 0
         refreshed = False
         if stale and self.drafter is not None and d.refresh_steps > 0:
             updates += self.refresh_drafter(batch)
@@ -385,25 +332,30 @@ class Learner:
 
     # ------------------------------------------------------------------ one step
     def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[dict[str, Any], Batch]:
-        """logprob + train (+ drafter control) on one step's rollouts; `seconds` holds the producer-side stage
+        """(logprob +) train (+ drafter control) on one step's rollouts; `seconds` holds the producer-side stage
         times (data, prepare, gen) and gains logprob and train. Returns the step's record and its batch."""
         lag = self.version - r.policy_version
         if not 0 <= lag <= self.max_policy_lag:
             raise SpecRLError(f"step {self.step_count + 1}: rollouts of policy version {r.policy_version} for a "
                               f"learner at version {self.version} (lag {lag}; this pipeline allows 0.."
                               f"{self.max_policy_lag}): the weight sync did not deliver the learner's weights")
-        t3 = time.perf_counter()
-        batch = self.stage_logprob(r)
-        t4 = time.perf_counter()
-        if os.environ.get(KILL_ENV) == str(self.step_count + 1):
-            os.kill(os.getpid(), signal.SIGKILL)
-        train = self.stage_train(batch)
         em = r.engine_metrics
         spec = self.cfg.speculative.enabled
         # AL from a handful of drafts (auto k probing once at a large batch) is noise, not drafter health
         spec_on = spec and em.get("acceptance_length") is not None and em.get("verify_steps", 0) > 0 and \
             em.get("draft_tokens", 0) >= MIN_DRAFTS_FOR_HEALTH
-        control = self.drafter_control(batch, em["acceptance_length"] if spec_on else None)
+        al = em["acceptance_length"] if spec_on else None
+        d = self.cfg.drafter
+        self.capture_drafter = self.drafter is not None and (
+            d.online_mode == "every_step" or (d.refresh_steps > 0 and self.health.is_stale(al)))
+        t3 = time.perf_counter()
+        skipped = self.skips_logprob
+        batch = self.collate(r) if skipped else self.stage_logprob(r)
+        t4 = time.perf_counter()
+        if os.environ.get(KILL_ENV) == str(self.step_count + 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+        train = self.stage_train(batch)
+        control = self.drafter_control(batch, al, train.pop("draft_updates"))
         t5 = time.perf_counter()
         times = {**seconds, "logprob": t4 - t3, "train": t5 - t4}
         times = {s: times[s] for s in STAGES}
@@ -411,6 +363,7 @@ class Learner:
         total = sum(times.values())
         gen_tokens = int(em.get("generated_tokens", sum(len(x) for x in r.responses)))
         lengths = [len(x) for x in r.responses]
+        ds = r.dynamic_sampling
         rec = {
             "step": self.step_count,
             "reward_mean": float(r.rewards.mean()),
@@ -422,6 +375,7 @@ class Learner:
             "stage_seconds": times,
             "step_seconds": total,
             "gen_share": times["gen"] / total if total > 0 else None,
+            "logprob_skipped": skipped,
             "acceptance_length": em.get("acceptance_length") if spec else None,
             "acceptance_rate": em.get("acceptance_rate") if spec else None,
             "acceptance_rate_per_position": em.get("acceptance_rate_per_position", []) if spec else [],
@@ -438,6 +392,8 @@ class Learner:
             "policy_version": r.policy_version,
             "policy_lag": lag,
             **self.hardware,
+            **{k: ds.get(k) for k in ("groups_trained", "groups_filtered", "extra_prompts_drawn",
+                                      "reward_mean_generated")},
             **{k: v for k, v in train.items() if k != "draft_loss"},
         }
         return rec, batch

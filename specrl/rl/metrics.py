@@ -228,7 +228,9 @@ class ProgressDisplay:
         for s in STAGES:
             sec = r["stage_seconds"].get(s, 0.0)
             bar.append("█" * round(40 * sec / total), style=_STAGE_STYLE[s])
-        legend = " ".join(f"[{_STAGE_STYLE[s]}]{s}[/] {r['stage_seconds'].get(s, 0):.1f}s" for s in STAGES)
+        legend = " ".join(f"[{_STAGE_STYLE[s]}]{s}[/] " + ("in train" if s == "logprob" and r.get("logprob_skipped")
+                                                            else f"{r['stage_seconds'].get(s, 0):.1f}s")
+                          for s in STAGES)
         t.add_row("stages", bar, "step s", f"{r['step_seconds']:.1f}", "gen share",
                   _fmt(r.get("gen_share"), ".2f"))
         t.add_row("", Text.from_markup(legend), "accept len", _fmt(r.get("acceptance_length"), ".2f"),

@@ -7,10 +7,20 @@ step. The sync trainer
 composes it with the learner in one process; the async pipeline runs the same producer in each rollout worker.
 Request ids are derived from the step index, so a step's samples replay exactly whatever ran before them.
 Each sample carries its policy version (the oldest among its tokens) and each token its own (`token_versions`).
+
+Dynamic sampling (`grpo.filter_zero_advantage_groups`, DAPO): `fill_groups` drops the groups whose rewards are
+all equal (zero advantage: no policy gradient) and generates groups for extra prompts until the step has
+`grpo.num_prompts_per_step` groups or `grpo.max_extra_prompt_draws` extra prompts were drawn; then it trains on
+what it has. Extra prompts are a pure function of (run seed, step, round) (`extra_prompts`), not of the data
+cursor, so the sync trainer and the async driver draw the same ones and a resumed run draws them again; their
+request and group ids live in their own range (`request_ids`). Speculation cannot change which groups are kept:
+a group's rewards depend only on its tokens, which speculative decoding leaves distributed (or, with
+seed_exact, identical) as plain decoding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +45,7 @@ from specrl.rollout.metrics import merge_metrics
 from specrl.rollout.sampling import SamplingParams
 
 VAL_REQUEST_BASE = 10**12  # validation request ids: far from any training step's ids
+EXTRA_REQUEST_BASE = 5 * 10**11  # dynamic sampling's extra groups: their own id range (see `request_ids`)
 
 
 @dataclass
@@ -57,6 +68,9 @@ class Rollouts:
     # per sample, per response token: the policy version that produced it (with in-flight updates a sample may
     # span two versions; policy_versions holds each sample's oldest)
     token_versions: list[list[int]] = field(default_factory=list)
+    # dynamic sampling's counts for the step (`fill_groups`): groups_trained, groups_filtered, extra_prompts_drawn,
+    # reward_mean_generated; empty when it is off
+    dynamic_sampling: dict = field(default_factory=dict)
 
     @property
     def policy_version(self) -> int:
@@ -80,6 +94,71 @@ def merge_rollouts(parts: list[Rollouts], wall_seconds: float | None = None) -> 
                     parts[0].step_index, cat("request_ids"),
                     {k: [x for p in parts for x in p.reward_components[k]] for k in parts[0].reward_components},
                     cat("token_versions"))
+
+
+def select_groups(r: Rollouts, groups: list[int], group_size: int) -> Rollouts:
+    """The samples of `groups` (indices of r's groups, in that order); generation metrics are kept whole."""
+    rows = [g * group_size + j for g in groups for j in range(group_size)]
+
+    def pick(xs: list) -> list:
+        return [xs[i] for i in rows] if xs else xs
+
+    return Rollouts(pick(r.problem_indices), pick(r.prompts), pick(r.responses), pick(r.gen_logprobs),
+                    pick(r.finish_reasons), r.rewards[rows], pick(r.correct), pick(r.formatted), r.engine_metrics,
+                    pick(r.policy_versions), r.step_index, pick(r.request_ids),
+                    {k: pick(v) for k, v in r.reward_components.items()}, pick(r.token_versions))
+
+
+def informative_groups(rewards: Tensor, group_size: int) -> list[int]:
+    """Indices of the groups whose rewards are not all equal (the ones with a non-zero advantage)."""
+    grouped = rewards.view(-1, group_size)
+    return [g for g in range(grouped.shape[0]) if bool((grouped[g] != grouped[g, 0]).any())]
+
+
+def extra_prompts(seed: int, train_size: int, step_index: int, round_: int, count: int,
+                  exclude: set[int]) -> list[int]:
+    """`count` train prompt indices for dynamic sampling's round `round_` of a step: drawn from a generator seeded
+    with (run seed, step, round), skipping `exclude` (the step's prompts so far) while others remain."""
+    rng = np.random.default_rng([seed % 2**32, 0x5EED, step_index, round_])
+    out: list[int] = []
+    while len(out) < count:
+        i = int(rng.integers(train_size))
+        if (i in exclude or i in out) and len(exclude) + len(out) < train_size:
+            continue
+        out.append(i)
+    return out
+
+
+def fill_groups(cfg: TrainConfig, train_size: int, step_index: int, r: Rollouts,
+                generate: Callable[[list[int], int], Rollouts]) -> Rollouts:
+    """Dynamic sampling (a no-op unless grpo.filter_zero_advantage_groups): keep r's groups whose rewards are not
+    all equal and call `generate(prompt_indices, first_group)` (-> their Rollouts, scored) for extra prompts until
+    the step has num_prompts_per_step such groups or max_extra_prompt_draws prompts were drawn; surplus groups of
+    the last round are dropped. When no group is informative, the step's own groups are trained as they are (zero
+    advantage: only a KL term moves the weights). The counts go into `Rollouts.dynamic_sampling`; generation
+    metrics cover every group generated."""
+    g = cfg.grpo
+    if not g.filter_zero_advantage_groups:
+        return r
+    n, want = g.num_generations, g.num_prompts_per_step
+    parts, kept = [r], [(0, k) for k in informative_groups(r.rewards, n)]
+    used, drawn, round_ = set(r.problem_indices), 0, 0
+    while len(kept) < want and drawn < g.max_extra_prompt_draws:
+        idx = extra_prompts(cfg.run.seed, train_size, step_index, round_,
+                            min(want - len(kept), g.max_extra_prompt_draws - drawn), used)
+        extra = generate(idx, want + drawn)
+        parts.append(extra)
+        kept += [(len(parts) - 1, k) for k in informative_groups(extra.rewards, n)][: want - len(kept)]
+        used.update(idx)
+        drawn += len(idx)
+        round_ += 1
+    generated = merge_rollouts(parts)
+    offsets = np.cumsum([0] + [len(p.prompts) // n for p in parts])
+    groups = [int(offsets[part]) + k for part, k in kept] or list(range(len(r.prompts) // n))
+    out = select_groups(generated, groups, n)
+    out.dynamic_sampling = {"groups_trained": len(kept), "groups_filtered": len(generated.prompts) // n - len(kept),
+                            "extra_prompts_drawn": drawn, "reward_mean_generated": float(generated.rewards.mean())}
+    return out
 
 
 class RolloutProducer:
@@ -158,8 +237,7 @@ class RolloutProducer:
         share): request and group ids are the step's global ones, so the parts merge into the whole step."""
         n = self.cfg.grpo.num_generations
         problems = [i for i in prompt_indices for _ in range(n)]
-        base = step_index * self.num_samples + first_group * n
-        group0 = step_index * self.cfg.grpo.num_prompts_per_step + first_group
+        base, group0 = self.request_ids(step_index, first_group)
         requests = [RolloutRequest(self.prompt("train", i), base + j, group0 + j // n)
                     for j, i in enumerate(problems)]
         result = self.backend.generate(requests, self.sampling())
@@ -170,6 +248,21 @@ class RolloutProducer:
                         result.policy_versions, step_index, [r.request_id for r in requests], components,
                         [list(o.token_versions) if o.token_versions is not None else
                          [o.policy_version] * len(o.token_ids) for o in result])
+
+    def request_ids(self, step_index: int, group: int) -> tuple[int, int]:
+        """(first request id, group id) of group `group` of a step. Groups 0 .. num_prompts_per_step - 1 are the
+        step's own; higher ones are dynamic sampling's extra groups, numbered in a range of their own (up to
+        max_extra_prompt_draws per step), so no id is shared with another step's or a validation request."""
+        g = self.cfg.grpo
+        n, p = g.num_generations, g.num_prompts_per_step
+        if group < p:
+            return step_index * self.num_samples + group * n, step_index * p + group
+        extra = step_index * max(1, g.max_extra_prompt_draws) + group - p
+        return EXTRA_REQUEST_BASE + extra * n, EXTRA_REQUEST_BASE + extra
+
+    def fill_groups(self, step_index: int, r: Rollouts, generate: Callable[[list[int], int], Rollouts]) -> Rollouts:
+        """`fill_groups` with this producer's config and train split."""
+        return fill_groups(self.cfg, len(self.train_data), step_index, r, generate)
 
     def _score(self, split: str, problems: list[int], outputs) -> tuple[list, list, list, dict]:
         """Rewards (weighted totals), correct, formatted and per-function values of each output."""

@@ -259,6 +259,9 @@ def async_summary(records: list[dict]) -> dict[str, Any] | None:
             "publish_seconds_mean": mean("publish_seconds")}
 
 
+LOGPROB_FOLDED = "logprob: folded into train (one update per batch)"
+
+
 def summarize(records: list[dict]) -> dict[str, Any]:
     """Run-level numbers for report.md and compare.json."""
     if not records:
@@ -335,6 +338,7 @@ def write_report(run_dir: str | Path, records: list[dict], config_text: str = ""
         "## Stage time per step (data → prepare → gen → logprob → train)",
         "![stages](stages.png)",
         "",
+        *([LOGPROB_FOLDED, ""] if records and all(r.get("logprob_skipped") for r in records) else []),
         "## Acceptance length (tokens emitted per policy forward during generation)",
         "![acceptance](acceptance.png)",
         "",

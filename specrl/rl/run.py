@@ -40,10 +40,10 @@ from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, 
 from specrl.rl.config import TrainConfig, apply_override, load_config, validate_config
 from specrl.rl.data_parallel import LearnerRankError
 from specrl.rl.hardware import hardware_fields, resolve_hardware
-from specrl.rl.learner import NonFiniteError, check_weights
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
 from specrl.rl.trainer import GRPOTrainer, seed_everything
+from specrl.rl.weight_check import NonFiniteError, check_weights
 
 LOCK_FILE = ".specrl.lock"
 

@@ -23,12 +23,14 @@ from specrl.errors import SpecRLError
 from specrl.model.checkpoint import parse_dtype
 from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
+from specrl.rl.batch import Batch, response_logprobs
 from specrl.rl.config import TrainConfig
 from specrl.rl.default_drafter import default_head_spec, resolve_drafter
 from specrl.rl.hardware import resolve_hardware
-from specrl.rl.learner import Batch, Learner, NonFiniteError, response_logprobs
+from specrl.rl.learner import Learner
 from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
+from specrl.rl.weight_check import NonFiniteError
 from specrl.rl.weight_sync import LocalWeightSync, WeightSync
 from specrl.rollout.api import RolloutBackend
 from specrl.rollout.engine import RolloutEngine
@@ -179,7 +181,10 @@ class GRPOTrainer:
         self.weight_sync.push(*self.learner.named_weights())
 
     def stage_gen(self, prompt_indices: list[int]) -> Rollouts:
-        return self.producer.stage_gen(self.learner.step_count, prompt_indices)
+        """The step's groups, then dynamic sampling's extra groups (when grpo.filter_zero_advantage_groups)."""
+        step = self.learner.step_count
+        r = self.producer.stage_gen(step, prompt_indices)
+        return self.producer.fill_groups(step, r, lambda idx, first: self.producer.stage_gen(step, idx, first))
 
     def step(self) -> dict[str, Any]:
         """data → prepare → gen (producer) → logprob → train (learner); return the step's metrics record."""

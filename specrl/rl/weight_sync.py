@@ -1,13 +1,14 @@
 """Versioned weight sync: the one way the learner's weights reach a rollout backend.
 
-The learner publishes `push(version, policy, drafter=None)` once per optimizer step: policy tensors under HF
-checkpoint names, the trainable drafter (if any) under its checkpoint names, and the version (optimizer steps
-applied). The rollout side picks the newest version up between generate calls and tags every output with it;
-`wait_for(version)` blocks until at least that version is live and returns the live one. `LocalWeightSync` is
-the in-process case (sync training): a direct copy into the backend through its protocol `load_weights`, so
-`wait_for` never has anything to wait for. The async pipeline publishes through Ray's object store instead,
-behind the same two methods. Every load is acknowledged: `refit` checks the backend's digest of what it holds
-against what was sent (`specrl.rollout.digest`), so a dropped, partial or misnamed load stops the step.
+The learner publishes `push(version, policy, drafter=None)` once per RL step: policy tensors under HF checkpoint
+names, the trainable drafter (if any) under its checkpoint names, and the version (RL steps, i.e. batches, trained;
+a batch may take several optimizer steps, see docs/algorithms.md). The rollout side picks the newest version up
+between generate calls and tags every output with it; `wait_for(version)` blocks until at least that version is
+live and returns the live one. `LocalWeightSync` is the in-process case (sync training): a direct copy into the
+backend through its protocol `load_weights`, so `wait_for` never has anything to wait for. The async pipeline
+publishes through Ray's object store instead, behind the same two methods. Every load is acknowledged: `refit`
+checks the backend's digest of what it holds against what was sent (`specrl.rollout.digest`), so a dropped,
+partial or misnamed load stops the step.
 """
 
 from __future__ import annotations

@@ -179,6 +179,7 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
                      train_precision=prec.get(train_dtype, "fp32"),
                      max_num_seqs=int(_get(run_cfg, "generation.max_batch_size", 64)),
                      train_micro_batch=int(_get(run_cfg, "policy.train_micro_batch_size", 16)),
+                     logprob_forward=not all(r.get("logprob_skipped") for r in steady),
                      workload=wl, efficiency=efficiency or cpu_efficiency(), cpu_profile=cpu_profile, **pipe)
 
 
@@ -420,7 +421,11 @@ def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None 
         mfu_att = min(1.0, 1.0 / y)
         eff = replace(eff, mfu_train=min(1.0, 1.0 / x), mfu_attention=mfu_att)
     r0 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_train=1.0, prepare_fixed_s=0.0, data_s=0.0), arm)
-    if len(runs) == 2:  # logprob: its GEMM MFU from run A, at the attention rate the train fit found
+    if r0["logprob"] == 0:  # run A had no logprob forward (logprob_skipped): price one at the train MFU
+        if len(runs) == 1:
+            eff = replace(eff, mfu_train=min(1.0, r0["train"] / meas["train"]) if meas["train"] > 0 else 1.0)
+        mfu_lp = eff.mfu_train
+    elif len(runs) == 2:  # logprob: its GEMM MFU from run A, at the attention rate the train fit found
         l1 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_attention=1.0), arm)["logprob"]
         l2 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_attention=0.5), arm)["logprob"]
         g, a = 2 * l1 - l2, l2 - l1

@@ -1,15 +1,15 @@
 """One RL step end to end: the five stages, the sync and async pipelines, and the simulator's public entry.
 
-`SimConfig` is everything a user can set (model, hardware, GPUs, drafter, k, acceptance, pipeline mode,
-workload, efficiencies). `simulate(config)` validates it, lays the model out (GPUs per engine, memory
-checks), runs the generation event simulation twice — plain decoding and with the drafter — prices the other
-stages (`data` fixed; `prepare` = weight-sync bytes / bandwidth + fixed; `logprob` = a forward over all step
-tokens; `train` = ≈6·N_active·tokens / achieved FLOP/s + data-parallel gradient all-reduce) and combines them:
-`sync` runs the stages in sequence on all GPUs; `async` splits GPUs between generation and training and
-overlaps them within the policy lag, so the effective step time is max(P, C, (P+C)/(L+1)) with P = prepare +
-gen on the generation side and C = data + logprob + train on the training side. Under a lag L the generators
-also run ahead continuously: up to L+1 steps' rollouts share the engines, so the end-of-batch drain (the long
-tail) is paid once per L+1 steps (`generation.simulate_generation` with L+1 streams).
+`SimConfig` is everything a user can set (model, hardware, GPUs, drafter, k, acceptance, pipeline mode, workload,
+efficiencies). `simulate(config)` validates it, lays the model out (GPUs per engine, memory checks), runs the
+generation event simulation twice — plain decoding and with the drafter — prices the other stages (`data` fixed;
+`prepare` = weight-sync bytes / bandwidth + fixed; `logprob` = a forward over all step tokens, or nothing when the
+train forward supplies the old log-probs (`logprob_forward`); `train` = ≈6·N_active·tokens / achieved FLOP/s +
+data-parallel gradient all-reduce) and combines them: `sync` runs the stages in sequence on all GPUs; `async`
+splits GPUs between generation and training and overlaps them within the policy lag, so the effective step time is
+max(P, C, (P+C)/(L+1)) with P = prepare + gen on the generation side and C = data + logprob + train on the training
+side. Under a lag L the generators also run ahead continuously: up to L+1 steps' rollouts share the engines, so the
+end-of-batch drain (the long tail) is paid once per L+1 steps (`generation.simulate_generation` with L+1 streams).
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ class SimConfig:
     # 0: the trainer packs sequences (Megatron / NeMo-RL). N: specrl's trainer — micro-batches of N rollouts in
     # rollout order, right-padded to their longest sequence; the LM head runs on response tokens only.
     train_micro_batch: int = 0
+    # a separate logprob forward over the step's tokens (a trainer that takes several optimizer steps per batch, or
+    # recomputes old log-probs anyway); False: they come from the train forward (specrl's learner with one optimizer
+    # step per batch), and the logprob stage costs nothing
+    logprob_forward: bool = True
 
     def with_(self, **kw) -> SimConfig:
         wl = {k: kw.pop(k) for k in list(kw) if k in Workload.__dataclass_fields__}
@@ -308,8 +312,10 @@ def other_stages(ctx: Context, speculative: bool) -> dict[str, float]:
     # attention priced apart (mfu_attention > 0: specrl's CPU trainer, whose SDPA runs at ~3 % of peak FLOP/s) is
     # bandwidth-bound: on a device carved out of a cpu profile it scales with the device's bandwidth, not its cores
     attn_peak = peak / hw.flops_scale * hw.bandwidth_scale if eff.mfu_attention else peak
-    attn_lp = attn / (attn_peak * eff.mfu_attention) if eff.mfu_attention else attn / (peak * eff.mfu_logprob)
-    logprob = gemm / (peak * eff.mfu_logprob) + attn_lp + ep_a2a
+    logprob = 0.0
+    if cfg.logprob_forward:
+        attn_lp = attn / (attn_peak * eff.mfu_attention) if eff.mfu_attention else attn / (peak * eff.mfu_logprob)
+        logprob = gemm / (peak * eff.mfu_logprob) + attn_lp + ep_a2a
     grad_bytes = m.total_params() * 2.0 / mp
     grad_sync = 0.0
     if dp > 1:

@@ -168,6 +168,18 @@ def test_cpu_fit_prices_a_drafter_forward_by_its_share_of_layers(tmp_path):
     assert eff.draft_overhead_s == pytest.approx(eff.step_overhead_s / get_model("smollm2-135m").layers)
 
 
+def test_a_run_without_logprob_forward_is_simulated_and_fitted_without_one(tmp_path):
+    """A run whose learner folded the logprob forward into train (`logprob_skipped`) is simulated with a free
+    logprob stage, and the fit prices a logprob forward (for other configs) at the train MFU, not at 0."""
+    st = {"data": 0.001, "prepare": 0.03, "gen": 1.5, "logprob": 0.0005, "train": 4.0}
+    run, prof = _run(tmp_path, "lean", stages=st, extra={"logprob_skipped": True})
+    old, _ = _run(tmp_path, "old")
+    assert predict_run(run, cpu_profile=prof)["simulation"]["ar"]["stages"]["logprob"] == 0.0
+    assert predict_run(old, cpu_profile=prof)["simulation"]["ar"]["stages"]["logprob"] > 0.0
+    eff = fit_cpu_efficiency(run, cpu_profile=prof, prompt_tokens=57)["efficiency"]
+    assert 0 < eff.mfu_logprob == eff.mfu_train <= 1.0
+
+
 def test_one_core_gets_its_measured_bandwidth_and_bandwidth_bound_attention_follows_it(tmp_path):
     """With the profile's one-thread bandwidth, a 1-core device streams that (not half of the 2-thread figure),
     and the trainer's separately priced attention (bandwidth-bound) slows by the bandwidth ratio, its GEMMs by

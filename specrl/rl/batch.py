@@ -1,0 +1,107 @@
+"""One step's training tensors: collation, the split into mini- and micro-batches, and the scoring forward.
+
+`collate` turns a step's `Rollouts` into a right-padded `Batch` (tokens, response mask, behaviour log-probs,
+group advantages). `update_plan` splits the batch's sequences into `grpo.mini_batches` contiguous mini-batches
+(one optimizer step each) and each mini-batch into micro-batches of `policy.train_micro_batch_size` sequences
+(one forward/backward each); every stage walks the same plan, so the drafter captures of micro-batch c line up
+with micro-batch c of every update. `micro` trims a micro-batch to its longest sequence, and
+`response_logprobs` is the policy forward that scores the response tokens (the LM head only on those positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specrl.rl.grpo import group_advantages, token_logprobs
+from specrl.rl.producer import Rollouts
+
+
+@dataclass
+class Batch:
+    """Right-padded training tensors; position t of `mask`/`*_logp` scores token t+1 of `tokens`."""
+
+    tokens: Tensor  # [N, T]
+    mask: Tensor  # [N, T-1] bool: target token is a response token
+    gen_logp: Tensor  # [N, T-1] behaviour log-probs from the rollout backend
+    advantages: Tensor  # [N]
+    old_logp: Tensor | None = None  # proximal log-probs: the weights at the start of the step
+    ref_logp: Tensor | None = None
+    captured: list[dict] = field(default_factory=list)  # per micro-batch of the plan, detached drafter inputs
+    plan: list[list[list[int]]] = field(default_factory=list)  # mini-batches of micro-batches of sequence indices
+
+    def to(self, device: torch.device) -> Batch:
+        """The collated tensors on `device` (the policy's: run.device); returns self."""
+        self.tokens, self.mask = self.tokens.to(device), self.mask.to(device)
+        self.gen_logp, self.advantages = self.gen_logp.to(device), self.advantages.to(device)
+        return self
+
+    @property
+    def micro_batches(self) -> list[list[int]]:
+        """Every micro-batch of the plan, in order (the order of `captured`)."""
+        return [idx for mini in self.plan for idx in mini]
+
+
+def collate(r: Rollouts, group_size: int, scale_by_std: bool) -> Batch:
+    """A right-padded `Batch` of the step's samples, with group advantages (std-scaled when asked)."""
+    n = len(r.prompts)
+    lengths = [len(p) + len(x) for p, x in zip(r.prompts, r.responses, strict=True)]
+    t = max(lengths)
+    tokens = torch.zeros(n, t, dtype=torch.long)
+    mask = torch.zeros(n, t - 1, dtype=torch.bool)
+    gen_logp = torch.zeros(n, t - 1, dtype=torch.float32)
+    for b, (p, x, lp) in enumerate(zip(r.prompts, r.responses, r.gen_logprobs, strict=True)):
+        tokens[b, : len(p) + len(x)] = torch.tensor(p + x, dtype=torch.long)
+        mask[b, len(p) - 1: len(p) - 1 + len(x)] = True
+        gen_logp[b, len(p) - 1: len(p) - 1 + len(x)] = torch.tensor(lp, dtype=torch.float32)
+    return Batch(tokens, mask, gen_logp, group_advantages(r.rewards, group_size, scale_by_std))
+
+
+def chunks(n: int, size: int, start: int = 0) -> list[list[int]]:
+    """Consecutive index lists of `size` (the last one shorter) covering start .. start + n - 1."""
+    return [list(range(start + i, start + min(n, i + size))) for i in range(0, n, size)]
+
+
+def update_plan(n: int, mini_batches: int, micro_size: int) -> list[list[list[int]]]:
+    """`mini_batches` contiguous mini-batches of n sequences, as even as possible (the first n % mini_batches
+    get one more, so a batch that dynamic sampling left short still takes every optimizer step; at most n
+    mini-batches), each split into micro-batches of micro_size. With one mini-batch this is the whole batch in
+    micro-batches."""
+    m = max(1, min(mini_batches, n))
+    sizes = [n // m + (1 if i < n % m else 0) for i in range(m)]
+    plan, start = [], 0
+    for s in sizes:
+        plan.append(chunks(s, micro_size, start))
+        start += s
+    return plan
+
+
+def micro(batch: Batch, idx: list[int]) -> tuple[Tensor, Tensor]:
+    """Tokens and mask of a micro-batch, trimmed to its longest sequence."""
+    m = batch.mask[idx]
+    last = int(m.any(0).nonzero().max()) + 2 if bool(m.any()) else 2
+    return batch.tokens[idx, :last], m[:, : last - 1]
+
+
+def response_logprobs(model: Any, toks: Tensor, mask: Tensor, temperature: float,
+                      capture: tuple = (), keep_logits: bool = False) -> tuple[Tensor, dict]:
+    """Log-probabilities [B, T-1] of toks[:, 1:] (0 where mask is false) and the captured hidden states.
+
+    The LM head (a large share of a small model's FLOPs) runs only on the response positions of `mask`;
+    with keep_logits those logits [mask.sum(), V] are returned (detached) as captured["response_logits"].
+    """
+    if hasattr(model, "forward_hidden") and hasattr(model, "logits"):
+        hidden, captured = model.forward_hidden(toks, capture=capture)
+        captured["final"] = hidden
+        logits = model.logits(hidden[:, :-1][mask])
+        flat = token_logprobs(logits.unsqueeze(0), toks[:, 1:][mask].unsqueeze(0), temperature)[0]
+        if keep_logits:
+            captured["response_logits"] = logits.detach()
+        return torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat), captured
+    logits, captured = model(toks, capture=capture)
+    if keep_logits:
+        captured["response_logits"] = logits[:, :-1][mask].detach()
+    return token_logprobs(logits[:, :-1], toks[:, 1:], temperature) * mask, captured
