@@ -179,8 +179,10 @@ class EagleDrafter(nn.Module, Drafter):
         """Each target id's draft-vocabulary index (-1 outside it); None when drafting over the full vocabulary."""
         return None if self.full_vocab else target_to_draft(self.d2t, self.target_args.vocab_size)
 
-    def forward_train(self, fused: Tensor, tokens: Tensor, steps: int = 1) -> list[Tensor]:
-        """Training forward with `steps` of training-time test: reduced logits [B,T,Vd] per step.
+    def forward_train(self, fused: Tensor, tokens: Tensor, steps: int = 1, logits: bool = True) -> list[Tensor]:
+        """Training forward with `steps` of training-time test: reduced logits [B,T,Vd] per step (with
+        logits=False the output hidden states [B,T,H] instead, for a caller that runs `head` only where a loss
+        is counted: the steps feed each other hidden states, never logits).
 
         fused [B,T,H] = g_t, tokens [B,T] = x_t. Step s at index t is the entry at position t with token
         x_{t+1} whose feature is the step s-1 output at t-1 (the target's g_t for s = 1); it attends to
@@ -202,7 +204,7 @@ class EagleDrafter(nn.Module, Drafter):
             blocks += [idx[None, :] == idx[:, None] - (s - j) for j in range(2, s + 1)]
             mask = torch.cat(blocks, dim=1)  # [T, s*T]
             o = self.block(x, cos, sin, mask, 0, None, None, t, prefix)
-            outs.append(self.head(o))
+            outs.append(self.head(o) if logits else o)
             feature = torch.cat([o.new_zeros(b, 1, o.shape[-1]), o[:, :-1]], dim=1)
         return outs
 

@@ -194,23 +194,26 @@ def batch_loss(drafter, batch: dict, ttt_steps: int = TTT_STEPS) -> tuple[Tensor
     total = torch.zeros((), device=tok.device)
     stats = {"positions": 0, "top1": 0}
     if kind == "eagle":
-        steps = drafter.forward_train(drafter.fuse_concat(batch["feats"]), tok, steps=ttt_steps)
+        # hidden states per step; the head (norm + draft-vocabulary projection, most of the drafter's FLOPs) runs
+        # only on the positions whose loss counts (responses, not prompts)
+        steps = drafter.forward_train(drafter.fuse_concat(batch["feats"]), tok, steps=ttt_steps, logits=False)
         # step s, index t predicts x_{t+2} with the target's distribution at t+1
         tgt_i = torch.cat([batch["top_idx"][:, 1:], batch["top_idx"][:, -1:]], 1)
         tgt_p = torch.cat([batch["top_p"][:, 1:], torch.zeros_like(batch["top_p"][:, -1:])], 1)
         top1 = torch.cat([batch["top1"][:, 1:], batch["top1"][:, -1:]], 1)
         weight_sum = 0.0
-        for s, logits in enumerate(steps, start=1):
+        for s, hidden in enumerate(steps, start=1):
             valid = (pos <= lens[:, None] - 2) & (pos >= s - 1) & (pos + 2 >= loss_from[:, None])
-            ce = _soft_ce(logits, tgt_i, tgt_p)
+            logits = drafter.head(hidden[valid])
+            ce = _soft_ce(logits, tgt_i[valid], tgt_p[valid])
             w = TTT_STEP_WEIGHT ** (s - 1)
-            total = total + w * (ce * valid).sum() / valid.sum().clamp_min(1)
+            total = total + w * ce.sum() / valid.sum().clamp_min(1)
             weight_sum += w
             if s == 1:
                 pred = logits.argmax(-1)
                 pred = pred if drafter.full_vocab else drafter.d2t[pred]
                 stats["positions"] = int(valid.sum())
-                stats["top1"] = int(((pred == top1) & valid).sum())
+                stats["top1"] = int((pred == top1[valid]).sum())
         return total / weight_sum, stats
     if kind == "draft-model":
         # index t (tokens x_0..x_t) predicts x_{t+1} with the target's distribution at t; logits only where counted
