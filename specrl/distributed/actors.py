@@ -34,6 +34,7 @@ from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
 from specrl.rl.trainer import build_backend, build_drafter, seed_everything
 from specrl.rollout.digest import check_refit
+from specrl.step_record import StepRecord
 
 # Test hook: a rollout worker kills its own process (SIGKILL) in the middle of generating this step (1-based),
 # once per run (a marker file next to the run records that it happened), so Ray's restart + retry is exercised.
@@ -268,13 +269,13 @@ class LearnerActor:
         return self.learner.version, t1 - t0, {"lane": "learner", "kind": "publish", "start": t0, "end": t1,
                                                "step": self.learner.version}
 
-    def learn(self, rollouts: Rollouts, seconds: dict) -> tuple[dict, list[dict], list[str]]:
+    def learn(self, rollouts: Rollouts, seconds: dict) -> tuple[StepRecord, list[dict], list[str]]:
         t0 = time.time()
         rec, _ = self.learner.learn(rollouts, seconds)
         t1 = time.time()
-        lp = rec["stage_seconds"]["logprob"]
-        events = [{"lane": "learner", "kind": "logprob", "start": t0, "end": t0 + lp, "step": rec["step"]},
-                  {"lane": "learner", "kind": "train", "start": t0 + lp, "end": t1, "step": rec["step"]}]
+        lp = rec.stage_seconds["logprob"]
+        events = [{"lane": "learner", "kind": "logprob", "start": t0, "end": t0 + lp, "step": rec.step},
+                  {"lane": "learner", "kind": "train", "start": t0 + lp, "end": t1, "step": rec.step}]
         lines, self.lines[:] = list(self.lines), []
         return rec, events, lines
 

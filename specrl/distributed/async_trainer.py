@@ -45,6 +45,7 @@ import ray
 from specrl.errors import SpecRLError
 from specrl.rl.config import TrainConfig
 from specrl.rl.producer import Rollouts, fill_groups, merge_rollouts
+from specrl.step_record import AsyncStepFields, StepRecord
 
 WORKER_RESTARTS = 3
 CONNECT_TIMEOUT_SECONDS = 3.0
@@ -221,7 +222,7 @@ class AsyncGRPOTrainer:
             self.dispatched += 1
 
     # ------------------------------------------------------------------ one step
-    def step(self) -> dict[str, Any]:
+    def step(self) -> StepRecord:
         t0 = time.perf_counter()
         index = self.step_count
         self._fill()
@@ -263,31 +264,31 @@ class AsyncGRPOTrainer:
         self.cursor_before.pop(index, None)
         self.dropped_total += dropped
         self._events(events + learn_events)
-        train_s = rec["stage_seconds"]["logprob"] + rec["stage_seconds"]["train"]
+        train_s = rec.stage_seconds["logprob"] + rec.stage_seconds["train"]
         wall = t3 - t0
         n = self.cfg.grpo.num_generations
         versions = [min(rollouts.policy_versions[g * n: (g + 1) * n]) for g in range(len(rollouts.prompts) // n)]
         ages = [index - v for v in versions]
         refit = [e["end"] - e["start"] for e in events if e["kind"] == "refit"]
-        rec.update({
-            "step_seconds": wall,
-            "gen_share": (t2 - t1) / wall if wall > 0 else None,
-            "exposed_gen_seconds": t2 - t1,
-            "gen_seconds_workers": sum(e["end"] - e["start"] for e in gen_windows),
-            "learner_idle_ratio": max(0.0, 1.0 - train_s / wall) if wall > 0 else None,
-            "trajectory_age_mean": sum(ages) / len(ages),
-            "trajectory_age_max": max(ages),
-            "group_policy_versions": versions,
-            "dropped_stale_groups": dropped,
-            "max_trajectory_age_steps": self.lag,
-            "refit_seconds": max(refit) if refit else 0.0,
-            "publish_seconds": self._published[1],
-            "trained_samples": len(rollouts.request_ids),
-            "trained_request_id_range": [min(rollouts.request_ids), max(rollouts.request_ids)],
-            "trained_prompt_indices": rollouts.problem_indices[::n],  # one per group, in group order
+        rec.step_seconds = wall
+        rec.gen_share = (t2 - t1) / wall if wall > 0 else None
+        rec.async_fields = AsyncStepFields(
+            exposed_gen_seconds=t2 - t1,
+            gen_seconds_workers=sum(e["end"] - e["start"] for e in gen_windows),
+            learner_idle_ratio=max(0.0, 1.0 - train_s / wall) if wall > 0 else None,
+            trajectory_age_mean=sum(ages) / len(ages),
+            trajectory_age_max=max(ages),
+            group_policy_versions=versions,
+            dropped_stale_groups=dropped,
+            max_trajectory_age_steps=self.lag,
+            refit_seconds=max(refit) if refit else 0.0,
+            publish_seconds=self._published[1],
+            trained_samples=len(rollouts.request_ids),
+            trained_request_id_range=[min(rollouts.request_ids), max(rollouts.request_ids)],
+            trained_prompt_indices=rollouts.problem_indices[::n],  # one per group, in group order
             # in-flight updates: samples whose tokens span more than one policy version
-            "mixed_version_samples": sum(len(set(v)) > 1 for v in rollouts.token_versions),
-        })
+            mixed_version_samples=sum(len(set(v)) > 1 for v in rollouts.token_versions),
+        )
         self.last_rollouts = rollouts
         return rec
 

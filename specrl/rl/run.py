@@ -44,6 +44,7 @@ from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
 from specrl.rl.report import write_compare, write_report
 from specrl.rl.trainer import GRPOTrainer, seed_everything
 from specrl.rl.weight_check import NonFiniteError, check_weights
+from specrl.step_record import StepRecord, read_records, to_record
 
 LOCK_FILE = ".specrl.lock"
 
@@ -370,10 +371,11 @@ class _Run:
         _append_jsonl(self.val_path, {"step": step, **v})
         return v
 
-    def after_step(self, rec: dict[str, Any], label: str = "") -> None:
-        s, c = rec["step"], self.cfg
+    def after_step(self, rec: StepRecord | dict[str, Any], label: str = "") -> None:
+        rec = to_record(rec, require=True)
+        s, c = rec.step, self.cfg
         if _due(s, c.grpo.val_every, c.run.steps):
-            rec.update(self.validate(s))
+            rec.add_validation(self.validate(s))
         self.writer.write(rec)
         self.display.update(rec, label)
         if _due(s, c.run.checkpoint_every, c.run.steps):
@@ -421,9 +423,9 @@ class _Run:
                               f"the checkpoints in {self.ckpt_root} are intact: free space or fix the "
                               f"permissions, then rerun with --resume {self.run_dir}") from None
         replace_dir(tmp, final)
-        return write_report(self.run_dir, read_metrics(self.writer.path), self.cfg.to_yaml(),
+        return write_report(self.run_dir, read_records(self.writer.path), self.cfg.to_yaml(),
                             extra={"final policy (load_model path)": f"`{final}`"},
-                            validation=read_metrics(self.val_path),
+                            validation=read_records(self.val_path),
                             max_new_tokens=self.cfg.generation.max_new_tokens)
 
 
@@ -453,7 +455,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
                 threads = governor.update() if governor else None
                 rec = run.trainer.step()
                 if threads is not None:
-                    rec["torch_threads"] = threads
+                    rec.torch_threads = threads
                 run.after_step(rec)
             if stop.received is not None:
                 s = run.trainer.step_count
@@ -523,7 +525,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
             threads = governor.update()  # once per pair: both arms of a step run on the same thread count
             for name, r in runs.items():
                 rec = r.trainer.step()
-                rec["torch_threads"] = threads
+                rec.torch_threads = threads
                 r.after_step(rec, label="[ar]   " if name == "autoregressive" else "[spec] ")
             if exact:
                 same_rollouts.append(ar.trainer.last_rollouts.responses == sd.trainer.last_rollouts.responses)
@@ -541,7 +543,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
         checks = {"verify": cfg.speculative.verify, "rollouts_identical": None, "weights_identical": None,
                   "identity_note": "not checked: rejection sampling gives the same distribution, not the same "
                                    "tokens; use speculative.verify=seed_exact for token-identical rollouts"}
-    jpath, mpath = write_compare(run_dir, read_metrics(ar.writer.path), read_metrics(sd.writer.path), checks)
+    jpath, mpath = write_compare(run_dir, read_records(ar.writer.path), read_records(sd.writer.path), checks)
     summary = json.loads(jpath.read_text())
 
     def f(v: Any) -> str:
