@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import time
 import uuid
@@ -49,10 +48,6 @@ from specrl.step_record import AsyncStepFields, StepRecord
 
 WORKER_RESTARTS = 3
 CONNECT_TIMEOUT_SECONDS = 3.0
-LEARNER_KILL_ENV = "SPECRL_TEST_SIGKILL_AT_STEP"  # the learner's hook (specrl.rl.learner.KILL_ENV) kills the driver
-# Test hook "STEP:SIGNAL[:COUNT]": in step STEP (1-based), with the next steps' groups in flight and this step's
-# collected, the driver sends itself SIGNAL (TERM or INT) COUNT times (default 1), as a user or a scheduler would.
-SIGNAL_ENV = "SPECRL_TEST_SIGNAL_AT_STEP"
 
 
 def start_ray(cfg: TrainConfig) -> bool:
@@ -118,17 +113,6 @@ def _get(ref):
         raise
 
 
-def _signal_hook(step: int) -> None:
-    """The `SIGNAL_ENV` test hook (a no-op unless it names this step)."""
-    at, _, rest = os.environ.get(SIGNAL_ENV, "").partition(":")
-    if at != str(step):
-        return
-    name, _, count = rest.partition(":")
-    for _ in range(int(count or 1)):
-        os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
-        time.sleep(0.05)  # the handler runs here, as it would while the driver waits on Ray
-
-
 class AsyncGRPOTrainer:
     """Driver of the async pipeline: N `RolloutWorker`s, one `LearnerActor`, one `WeightStore`."""
 
@@ -152,7 +136,7 @@ class AsyncGRPOTrainer:
                 data, pl.learner_threads, self.store)
             self.workers = [RolloutWorker.options(num_cpus=pl.worker_threads, num_gpus=gpus,
                                                   max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS)
-                            .remote(data, w, pl.worker_threads, store_name, str(self.run_dir))
+                            .remote(data, w, pl.worker_threads, store_name)
                             for w in range(pl.num_rollout_workers)]
             names = ["learner", *[f"rollout worker {w}" for w in range(len(self.workers))]]
             states = ray.get([self.learner.ready.remote(), *[w.ready.remote() for w in self.workers]])
@@ -250,9 +234,6 @@ class AsyncGRPOTrainer:
                                    lambda idx, first: self._generate_now(index, idx, first, events))
             t2 = time.perf_counter()
             gen_windows = [e for e in events if e["kind"] == "gen"]
-        if os.environ.get(LEARNER_KILL_ENV) == str(index + 1):
-            os.kill(os.getpid(), 9)  # the resume test: the whole run dies mid-step
-        _signal_hook(index + 1)
         seconds = {"data": t1 - t0, "prepare": self._published[1], "gen": t2 - t1}
         rec, learn_events, lines = _get(self.learner.learn.remote(rollouts, seconds))
         for line in lines:

@@ -24,9 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import random
-import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -52,8 +50,6 @@ from specrl.step_record import StepRecord
 __all__ = ["Batch", "DrafterNonFiniteError", "Learner", "NonFiniteError", "check_weights", "lr_factor",
            "response_logprobs"]
 
-# Test hook: SIGKILL this process at the start of the train stage of this step (resume tests).
-KILL_ENV = "SPECRL_TEST_SIGKILL_AT_STEP"
 MIN_DRAFTS_FOR_HEALTH = 32  # drafted tokens a step needs before its acceptance length counts for staleness/collapse
 _SUMS = ("tokens", "clipped", "kl", "ratio", "loss", "draft", "is_sum", "is_clipped", "grad_norm")
 
@@ -353,8 +349,6 @@ class Learner:
         skipped = self.skips_logprob
         batch = self.collate(r) if skipped else self.stage_logprob(r)
         t4 = time.perf_counter()
-        if os.environ.get(KILL_ENV) == str(self.step_count + 1):
-            os.kill(os.getpid(), signal.SIGKILL)
         train = self.stage_train(batch)
         control = self.drafter_control(batch, al, train.pop("draft_updates"))
         t5 = time.perf_counter()
