@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import config_dtypes, hardware_line, run_header  # noqa: E402
 
+from specrl.step_record import StepRecord, read_records  # noqa: E402
+
 PYTHONS = {"native": ROOT / ".venv" / "bin" / "python", "vllm": ROOT / ".venv-vllm" / "bin" / "python"}
 
 
@@ -49,22 +51,21 @@ def run_arm(arm: str, a, out: Path) -> float:
     return time.time() - t0
 
 
-def load(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    read = lambda f: [json.loads(x) for x in (run_dir / f).read_text().splitlines() if x.strip()]  # noqa: E731
-    return read("metrics.jsonl"), read("validation.jsonl")
+def load(run_dir: Path) -> tuple[list[StepRecord], list[StepRecord]]:
+    return read_records(run_dir / "metrics.jsonl"), read_records(run_dir / "validation.jsonl")
 
 
-def summary(recs: list[dict], val: list[dict]) -> dict:
+def summary(recs: list[StepRecord], val: list[StepRecord]) -> dict:
     tail = recs[1:] or recs
-    als = [r["acceptance_length"] for r in tail if r.get("acceptance_length") is not None]
-    tmpe = [r["token_mult_prob_error"] for r in recs if r.get("token_mult_prob_error") is not None]
-    return {"step_seconds_median": statistics.median(r["step_seconds"] for r in tail),
-            "gen_share_median": statistics.median(r["gen_share"] for r in tail),
+    als = [r.acceptance_length for r in tail if r.acceptance_length is not None]
+    tmpe = [r.token_mult_prob_error for r in recs if r.token_mult_prob_error is not None]
+    return {"step_seconds_median": statistics.median(r.step_seconds for r in tail),
+            "gen_share_median": statistics.median(r.gen_share for r in tail),
             "acceptance_length_mean": statistics.mean(als) if als else None,
             "token_mult_prob_error_mean": statistics.mean(tmpe) if tmpe else None,
-            "reward_first_quarter": statistics.mean(r["reward_mean"] for r in recs[: max(1, len(recs) // 4)]),
-            "reward_last_quarter": statistics.mean(r["reward_mean"] for r in recs[-max(1, len(recs) // 4):]),
-            "validation": [(v["step"], v["accuracy"]) for v in val]}
+            "reward_first_quarter": statistics.mean(r.reward_mean for r in recs[: max(1, len(recs) // 4)]),
+            "reward_last_quarter": statistics.mean(r.reward_mean for r in recs[-max(1, len(recs) // 4):]),
+            "validation": [(v.step, v.accuracy) for v in val]}
 
 
 def plot(runs: dict, path: Path) -> None:
@@ -75,12 +76,12 @@ def plot(runs: dict, path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for arm, (recs, val) in runs.items():
-        steps = [r["step"] for r in recs]
-        wall = [sum(x["step_seconds"] for x in recs[: i + 1]) for i in range(len(recs))]
-        line = ax1.plot(steps, [r["reward_mean"] for r in recs], label=f"{arm}: train reward")[0]
-        ax1.plot([v["step"] for v in val], [v["accuracy"] for v in val], "o--", color=line.get_color(),
+        steps = [r.step for r in recs]
+        wall = [sum(x.step_seconds for x in recs[: i + 1]) for i in range(len(recs))]
+        line = ax1.plot(steps, [r.reward_mean for r in recs], label=f"{arm}: train reward")[0]
+        ax1.plot([v.step for v in val], [v.accuracy for v in val], "o--", color=line.get_color(),
                  label=f"{arm}: validation accuracy")
-        ax2.plot(wall, [r["reward_mean"] for r in recs], color=line.get_color(), label=arm)
+        ax2.plot(wall, [r.reward_mean for r in recs], color=line.get_color(), label=arm)
     ax1.set_xlabel("step")
     ax1.set_ylabel("reward / accuracy")
     ax1.legend(fontsize=8)

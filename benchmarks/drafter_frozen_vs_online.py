@@ -28,12 +28,13 @@ from common import config_dtypes, hardware_line, run_header  # noqa: E402
 ARMS = {"frozen": False, "online": True}
 
 
-def run_arm(cfg, arm_dir: Path, label: str) -> list[dict]:
+def run_arm(cfg, arm_dir: Path, label: str) -> list:
     """Train cfg for cfg.run.steps in arm_dir; return the step records."""
     from specrl.drafters.io import save_drafter
-    from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
+    from specrl.rl.metrics import MetricsWriter, ProgressDisplay
     from specrl.rl.report import write_report
     from specrl.rl.trainer import GRPOTrainer, seed_everything
+    from specrl.step_record import read_records
 
     arm_dir.mkdir(parents=True, exist_ok=True)
     (arm_dir / "config.yaml").write_text(cfg.to_yaml())
@@ -54,7 +55,7 @@ def run_arm(cfg, arm_dir: Path, label: str) -> list[dict]:
     final = trainer.drafter if trainer.drafter is not None else getattr(trainer.backend, "drafter", None)
     if final is not None and hasattr(final, "state_dict"):
         save_drafter(final, arm_dir / "drafter_final")
-    records = read_metrics(writer.path)
+    records = read_records(writer.path)
     write_report(arm_dir, records, cfg.to_yaml())
     return records
 

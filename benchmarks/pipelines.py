@@ -35,6 +35,8 @@ ARMS = ("sync-ar", "sync-spec", "async-ar", "async-spec")
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import config_dtypes, hardware_line, run_header  # noqa: E402
 
+from specrl.step_record import read_records  # noqa: E402
+
 
 def arm_sets(arm: str, threads: int, lag: int) -> list[str]:
     sets = []
@@ -63,31 +65,32 @@ def run_arm(config: str, arm: str, steps: int, threads: int, lag: int, out: Path
 
 
 def summarize(run_dir: Path) -> dict:
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    recs = read_records(run_dir / "metrics.jsonl")
     tail = recs[1:] or recs
-    step = statistics.median(r["step_seconds"] for r in tail)
-    exposed = statistics.median(r.get("exposed_gen_seconds", r["stage_seconds"]["gen"]) for r in tail)
-    val = [json.loads(line) for line in (run_dir / "validation.jsonl").read_text().splitlines() if line.strip()]
-    als = [r["acceptance_length"] for r in tail if r.get("acceptance_length") is not None]
+    step = statistics.median(r.step_seconds for r in tail)
+    exposed = statistics.median(r.async_fields.exposed_gen_seconds if r.async_fields else r.stage_seconds["gen"]
+                                for r in tail)
+    val = read_records(run_dir / "validation.jsonl")
+    als = [r.acceptance_length for r in tail if r.acceptance_length is not None]
     predicted = None
-    if "gen_seconds_workers" in tail[0]:  # async: the simulator's pipeline rule on this run's measured stage costs
+    if tail[0].async_fields is not None:  # async: the simulator's pipeline rule on this run's measured stage costs
         from specrl.sim.pipeline import combine
 
-        lag = int(tail[0]["max_trajectory_age_steps"])
+        lag = int(tail[0].async_fields.max_trajectory_age_steps)
         preds = []
         for r in tail:
-            st = dict(r["stage_seconds"])
-            st["gen"] = r["gen_seconds_workers"] + r["refit_seconds"]  # the generation side's own busy time
-            st["prepare"] = r["publish_seconds"]
+            st = dict(r.stage_seconds)
+            st["gen"] = r.async_fields.gen_seconds_workers + r.async_fields.refit_seconds  # the generation side
+            st["prepare"] = r.async_fields.publish_seconds
             preds.append(combine(st, "async", lag)[0])
         predicted = statistics.median(preds)
     return {"steps": len(recs), "step_seconds_median": step, "steps_per_hour": 3600.0 / step,
             "exposed_gen_seconds_median": exposed, "gen_share": exposed / step,
             "sim_pipeline_step_seconds": predicted,
             "acceptance_length_mean": statistics.mean(als) if als else None,
-            "accuracy_first": val[0]["accuracy"] if val else None,
-            "accuracy_last": val[-1]["accuracy"] if val else None,
-            "reward_curve": [(sum(x["step_seconds"] for x in recs[: i + 1]), r["reward_mean"])
+            "accuracy_first": val[0].accuracy if val else None,
+            "accuracy_last": val[-1].accuracy if val else None,
+            "reward_curve": [(sum(x.step_seconds for x in recs[: i + 1]), r.reward_mean)
                              for i, r in enumerate(recs)]}
 
 

@@ -54,10 +54,10 @@ def measured(run: Path) -> dict:
     def med(get) -> float:
         return statistics.median(float(get(r) or 0.0) for r in steady)
 
-    st = {s: med(lambda r, s=s: r["stage_seconds"].get(s, 0.0)) for s in ("data", "prepare", "gen", "logprob", "train")}
-    out = {"step": med(lambda r: r.get("step_seconds")), "exposed": st["gen"], "stages": st,
-           "producer_gen": med(lambda r: r.get("gen_seconds_workers")) or st["gen"],
-           "refit": med(lambda r: r.get("refit_seconds"))}
+    st = {s: med(lambda r, s=s: r.stage_seconds.get(s, 0.0)) for s in ("data", "prepare", "gen", "logprob", "train")}
+    out = {"step": med(lambda r: r.step_seconds), "exposed": st["gen"], "stages": st,
+           "producer_gen": med(lambda r: r.async_fields and r.async_fields.gen_seconds_workers) or st["gen"],
+           "refit": med(lambda r: r.async_fields and r.async_fields.refit_seconds)}
     out["P"] = out["refit"] + out["producer_gen"]
     out["C"] = st["data"] + st["prepare"] + st["logprob"] + st["train"]
     return out

@@ -18,6 +18,7 @@ from specrl.rl.config import validate_config
 from specrl.rl.metrics import read_metrics
 from specrl.rl.run import train_main
 from specrl.rl.trainer import GRPOTrainer
+from tests.faults import subprocess_code
 from tests.test_rl_trainer import cfg_dict
 from tests.tiny import make_tiny_checkpoint
 
@@ -199,9 +200,12 @@ def test_worker_killed_mid_generation_nothing_lost_or_twice(tiny, tmp_path):
     and every (step, prompt, sample) id is trained exactly once."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(async_cfg(tiny, lag=1, run__checkpoint_every=0, grpo__val_every=0)))
-    env = {**os.environ, "SPECRL_TEST_KILL_WORKER_AT_STEP": "2", "PYTHONPATH": str(ROOT)}
-    code = ("from specrl.rl.run import train_main; from specrl.distributed import make_trainer; "
-            f"train_main({str(cfg)!r}, [], None, {str(tmp_path / 'run')!r}, False, make_trainer=make_trainer)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    (tmp_path / "run").mkdir()
+    code = subprocess_code({"kill_worker_at_step": (2, str(tmp_path / "run" / ".worker-killed-2"))},
+                           "from specrl.rl.run import train_main; from specrl.distributed import make_trainer; "
+                           f"train_main({str(cfg)!r}, [], None, {str(tmp_path / 'run')!r}, False, "
+                           "make_trainer=make_trainer)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / ".worker-killed-2").exists()  # the kill happened
@@ -216,13 +220,13 @@ def test_driver_killed_and_resumed(tiny, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(async_cfg(tiny, lag=1, run__steps=4, grpo__val_every=0)))
     run = tmp_path / "run"
-    env = {**os.environ, "SPECRL_TEST_SIGKILL_AT_STEP": "3", "PYTHONPATH": str(ROOT)}
-    code = ("from specrl.rl.run import train_main; from specrl.distributed import make_trainer; "
-            f"train_main({str(cfg)!r}, [], None, {str(run)!r}, False, make_trainer=make_trainer)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = subprocess_code({"kill_driver_at_step": 3},
+                           "from specrl.rl.run import train_main; from specrl.distributed import make_trainer; "
+                           f"train_main({str(cfg)!r}, [], None, {str(run)!r}, False, make_trainer=make_trainer)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
-    env.pop("SPECRL_TEST_SIGKILL_AT_STEP")
     code = ("from specrl.rl.run import train_main; from specrl.distributed import make_trainer; "
             f"train_main(None, [], {str(run)!r}, None, False, make_trainer=make_trainer)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
@@ -236,13 +240,11 @@ def test_driver_killed_and_resumed(tiny, tmp_path):
 def test_pipelines_benchmark_runs_all_four_arms(tiny, tmp_path):
     """benchmarks/pipelines.py end to end on the tiny model (through `specrl train`, async included): its table,
     JSON and plot; no speed is asserted."""
-    import importlib.util
+    from tests.bench import load_benchmark
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)))
-    spec = importlib.util.spec_from_file_location("pipelines", ROOT / "benchmarks" / "pipelines.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("pipelines")
     out = mod.main(["--config", str(cfg), "--steps", "2", "--out", str(tmp_path / "p")])
     table = (out / "pipelines.md").read_text()
     for arm in ("sync-ar", "sync-spec", "async-ar", "async-spec"):
@@ -273,10 +275,12 @@ def _tagged_processes(tag: str) -> list[str]:
     return found
 
 
-def _cli(args: list[str], env: dict, seen: list | None = None) -> subprocess.CompletedProcess:
-    """`specrl train ARGS` in a subprocess; with `seen`, the tagged processes are sampled while it runs (so a test
-    can show that the leftover check does see the run's Ray processes while they exist)."""
-    code = "from specrl.cli import main; main()"
+def _cli(args: list[str], env: dict, seen: list | None = None,
+         faults: dict | None = None) -> subprocess.CompletedProcess:
+    """`specrl train ARGS` in a subprocess with `faults` installed (tests/faults.py); with `seen`, the tagged
+    processes are sampled while it runs (so a test can show that the leftover check does see the run's Ray
+    processes while they exist)."""
+    code = subprocess_code(faults or {}, "from specrl.cli import main; main()")
     with subprocess.Popen([sys.executable, "-c", code, "train", *args], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as p:
         if seen is not None:
@@ -318,9 +322,10 @@ def test_async_signal_finishes_the_step_checkpoints_and_resumes(tiny, tmp_path):
     d = async_cfg(tiny, lag=1, run__steps=4, run__checkpoint_every=0, grpo__val_every=0)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
     run, tag = tmp_path / "run", f"sig-{os.getpid()}-{time.monotonic_ns()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag, "SPECRL_TEST_SIGNAL_AT_STEP": "2:TERM"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag}
     seen: list[str] = []
-    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env, seen)
+    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env, seen,
+                faults={"signal_at_step": (2, "TERM", 1)})
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert any("raylet" in c for c in seen) and any("RolloutWorker" in c for c in seen)  # the check sees them
     assert "SIGTERM: finishing the current step" in proc.stderr
@@ -332,7 +337,6 @@ def test_async_signal_finishes_the_step_checkpoints_and_resumes(tiny, tmp_path):
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
     ck = torch.load(run / "checkpoints" / "step_000002" / "trainer.pt", weights_only=False)
     assert ck["step"] == 2 and ck["sampler"]["cursor"] == 2 * 2  # before step 3's prompts, though they were drawn
-    env.pop("SPECRL_TEST_SIGNAL_AT_STEP")
     proc = _cli(["--resume", str(run)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _no_ray_left(tag)
@@ -347,8 +351,9 @@ def test_async_second_signal_aborts_at_once(tiny, tmp_path):
     d = async_cfg(tiny, lag=1, run__steps=3, run__checkpoint_every=1, run__keep_checkpoints=3, grpo__val_every=0)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
     run, tag = tmp_path / "run", f"sig2-{os.getpid()}-{time.monotonic_ns()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag, "SPECRL_TEST_SIGNAL_AT_STEP": "2:INT:2"}
-    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag}
+    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env,
+                faults={"signal_at_step": (2, "INT", 2)})
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr.replace("\n", "")
     assert "second SIGINT: aborted at once after 1 of 3 steps" in err
@@ -357,7 +362,6 @@ def test_async_second_signal_aborts_at_once(tiny, tmp_path):
     _no_ray_left(tag)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1]
-    env.pop("SPECRL_TEST_SIGNAL_AT_STEP")
     proc = _cli(["--resume", str(run)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _no_ray_left(tag)
@@ -393,8 +397,8 @@ def test_async_in_flight_updates_span_versions_within_the_lag_bound(tiny, tmp_pa
                   pipeline__in_flight_updates=True, speculative__verify="rejection", generation__max_new_tokens=16)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
     run, tag = tmp_path / "run", f"inflight-{os.getpid()}-{time.monotonic_ns()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag, "SPECRL_TEST_IN_FLIGHT_DELAY_S": "0.1"}
-    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECRL_TEST_TAG": tag}
+    proc = _cli(["--config", str(tmp_path / "c.yaml"), "--out", str(run)], env, faults={"in_flight_delay": 0.1})
     assert proc.returncode == 0, proc.stderr[-3000:]
     _no_ray_left(tag)
     _assert_each_id_once(run, d, 4)

@@ -3,15 +3,13 @@ dtypes), and a static check that each script in benchmarks/ calls it once and st
 JSON it writes."""
 
 import ast
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from specrl import device as dv
+from tests.bench import BENCH, load_benchmark
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "common.py")
 # scripts that write (or print) a JSON result document: each puts run_header's record under "hardware"
 JSON_WRITERS = {"backend_overlay.py", "drafter_budget.py", "drafter_frozen_vs_online.py",
@@ -22,10 +20,7 @@ KEYS = {"processor_class", "cpu_cores", "torch_cpu_capability", "device", "torch
 
 @pytest.fixture(scope="module")
 def common():
-    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("common", "bench_common")
 
 
 def test_run_header_records_processor_cores_threads_and_dtypes(common, capsys):

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "specrl"
 LAYERS = {
     "specrl.errors": 0,
     "specrl.fileio": 0,
+    "specrl.step_record": 0,
     "specrl.cpu": 1,
     "specrl.device": 1,
     "specrl.model": 2,

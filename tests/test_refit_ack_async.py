@@ -1,6 +1,6 @@
 """Refit acknowledgement in the async pipeline: a rollout worker whose refit is dropped (drafter), partial,
 loaded under the wrong layer name or left at the old weights under the new version stops the step it happens in
-with a RefitError naming the tensors, the backend and the worker (`RolloutWorker.inject_refit_fault`)."""
+with a RefitError naming the tensors, the backend and the worker (the faults come from `tests.faults.faulty_worker`)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,13 @@ def local_ray():
     ("wrong-name", "policy", r"2 tensor\(s\) hold other values than were sent: model\.layers\.[01]\."),
     ("stale", "policy", r"tensor\(s\) hold other values than were sent"),
 ])
-def test_worker_refit_faults_stop_the_step_they_happen_in(tiny, eagle, tmp_path, local_ray, fault, which, match):
+def test_worker_refit_faults_stop_the_step_they_happen_in(tiny, eagle, tmp_path, local_ray, fault, which, match,
+                                                          monkeypatch):
+    import specrl.distributed.actors as actors
     from specrl.distributed.async_trainer import AsyncGRPOTrainer
+    from tests.faults import faulty_worker
+
+    monkeypatch.setattr(actors, "RolloutWorker", faulty_worker())
 
     cfg = validate_config(async_cfg(tiny, lag=0, speculative__drafter=f"eagle:{eagle}", drafter__online=True,
                                     drafter__learning_rate=1e-2))

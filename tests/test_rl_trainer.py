@@ -12,13 +12,14 @@ import yaml
 
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
 from specrl.errors import SpecRLError
-from specrl.rl import learner as learner_mod
 from specrl.rl import trainer as trainer_mod
 from specrl.rl.config import validate_config
 from specrl.rl.learner import Learner, NonFiniteError
 from specrl.rl.metrics import STAGES, STEP_FIELDS, read_metrics
 from specrl.rl.run import train_main
 from specrl.rl.trainer import GRPOTrainer
+from tests.bench import load_benchmark
+from tests.faults import subprocess_code
 from tests.tiny import make_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,8 +158,9 @@ def test_sigkill_resume_matches_uninterrupted(tiny, tmp_path):
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
     clean = train_main(str(cfg), [], None, str(tmp_path / "clean"), False)
     killed = tmp_path / "killed"
-    env = {**os.environ, learner_mod.KILL_ENV: "3", "PYTHONPATH": str(ROOT)}
-    code = f"from specrl.rl.run import train_main; train_main({str(cfg)!r}, [], None, {str(killed)!r}, False)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = subprocess_code({"kill_learner_at_step": 3}, "from specrl.rl.run import train_main; "
+                           f"train_main({str(cfg)!r}, [], None, {str(killed)!r}, False)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
@@ -448,8 +450,6 @@ def test_zeroed_drafter_collapses(tiny, monkeypatch):
 def test_frozen_vs_online_benchmark(tiny, tmp_path):
     """benchmarks/drafter_frozen_vs_online.py on the tiny model: both arms, the plot and table; only the online
     arm's drafter changes."""
-    import importlib.util
-
     from safetensors.torch import load_file
 
     from specrl import load_model
@@ -461,10 +461,7 @@ def test_frozen_vs_online_benchmark(tiny, tmp_path):
     ddir = save_drafter(EagleDrafter(model), tmp_path / "eagle")
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__num_draft_tokens=2,
                                                   drafter__learning_rate=1e-2))
-    path = ROOT / "benchmarks" / "drafter_frozen_vs_online.py"
-    spec = importlib.util.spec_from_file_location("drafter_frozen_vs_online", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("drafter_frozen_vs_online")
     out = mod.main(["--config", str(cfg), "--steps", "2", "--out", str(tmp_path / "fvo"),
                     "--drafter", f"eagle:{ddir}"])
     for name in ("acceptance_frozen_vs_online.png", "acceptance_frozen_vs_online.md",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -34,18 +33,11 @@ from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
 from specrl.rl.trainer import build_backend, build_drafter, seed_everything
 from specrl.rollout.digest import check_refit
+from specrl.step_record import StepRecord
 
-# Test hook: a rollout worker kills its own process (SIGKILL) in the middle of generating this step (1-based),
-# once per run (a marker file next to the run records that it happened), so Ray's restart + retry is exercised.
-KILL_WORKER_ENV = "SPECRL_TEST_KILL_WORKER_AT_STEP"
 WAIT_POLL_SECONDS = 0.02
 IN_FLIGHT_POLL_SECONDS = 0.01  # in-flight updates: the weight store is asked at most this often during a share
-# Test hook: with in-flight updates, sleep this many seconds between engine steps, so a share spans a publish.
-IN_FLIGHT_DELAY_ENV = "SPECRL_TEST_IN_FLIGHT_DELAY_S"
 WAIT_TIMEOUT_SECONDS = 600.0
-# Test hook (`RolloutWorker.inject_refit_fault`): the failures seen in other frameworks' weight syncs, each of
-# which the refit acknowledgement must stop in the step it happens.
-REFIT_FAULTS = ("drop-drafter", "partial-policy", "wrong-name", "stale")
 
 
 def _config(data: dict) -> TrainConfig:
@@ -95,14 +87,13 @@ class RayWeightSync:
 
 @ray.remote
 class RolloutWorker:
-    def __init__(self, cfg_data: dict, index: int, threads: int, store_name: str, marker_dir: str):
+    def __init__(self, cfg_data: dict, index: int, threads: int, store_name: str):
         torch.set_num_threads(threads)
         if not cfg_data.get("run", {}).get("device", "cpu").startswith("cuda"):
             keep_large_allocations()  # a CPU generation-only process: reuse each step's [B, V] temporaries
         self.cfg = cfg = _config(cfg_data)
         self.index = index
         self.store = ray.get_actor(store_name)  # by name: a restarted worker finds it without object-store args
-        self.marker = Path(marker_dir) / f".worker-killed-{os.environ.get(KILL_WORKER_ENV, '')}"
         self.version = -1  # nothing published loaded yet: the first call always refits
         self.init_error: str | None = None
         try:  # a config the worker cannot honour is reported by `ready`, as a clear error, not an actor death
@@ -117,8 +108,6 @@ class RolloutWorker:
             self.init_error = str(e)
         self._last_poll = 0.0
         self._events: list[dict] = []  # in-flight refits of the share being generated
-        self._fault: str | None = None
-        self._sent: dict = {}  # the last published tensors this worker loaded
 
     def ready(self) -> tuple[int, str | None]:
         """(pid, the construction error or None)."""
@@ -130,42 +119,23 @@ class RolloutWorker:
         live, refs = ray.get(self.store.latest.remote())
         if live is not None and live > self.version:
             policy, drafter = ray.get(refs[0])
-            fault, self._fault = self._fault, None
-            self._load("policy", policy, live, fault)
+            self._load("policy", policy, live)
             if drafter is not None:
-                self._load("drafter", drafter, live, fault)
-            self._sent = {"policy": policy, "drafter": drafter}
+                self._load("drafter", drafter, live)
             self.version = live
         return live
 
-    def inject_refit_fault(self, kind: str) -> None:
-        """Test hook: the next refit goes wrong the way `REFIT_FAULTS` names (the check must stop it)."""
-        if kind not in REFIT_FAULTS:
-            raise SpecRLError(f"refit fault {kind!r} unknown; use one of {REFIT_FAULTS}")
-        self._fault = kind
-
-    def _load(self, which: str, sent: dict, version: int, fault: str | None) -> None:
+    def _where(self) -> str:
         backend = getattr(getattr(self.backend, "capabilities", None), "name", type(self.backend).__name__)
-        where = f"{backend} (rollout worker {self.index})"
-        if fault == "stale" or (fault == "drop-drafter" and which == "drafter"):
-            ack = self.backend.weights_digest(which)  # nothing loaded, yet the version moves on
-            check_refit(sent, ack, which, where, version)
-            return
-        loaded = sent
-        if fault == "partial-policy" and which == "policy" and self._sent.get("policy"):
-            old = self._sent["policy"]  # every other tensor keeps the previous version's values
-            loaded = {k: (old[k] if i % 2 else v) for i, (k, v) in enumerate(sent.items())}
-        elif fault == "wrong-name" and which == "policy":
-            a = next(k for k in sent if ".layers.0." in k)
-            b = a.replace(".layers.0.", ".layers.1.")
-            loaded = {**sent, a: sent[b], b: sent[a]}  # layer 0's tensor goes into layer 1 and back
-        check_refit(sent, self.backend.load_weights(which, loaded, version), which, where, version)
+        return f"{backend} (rollout worker {self.index})"
+
+    def _load(self, which: str, sent: dict, version: int) -> None:
+        """Load `sent` into the backend and check its acknowledgement (a RefitError when it does not match)."""
+        check_refit(sent, self.backend.load_weights(which, sent, version), which, self._where(), version)
 
     def _in_flight(self) -> None:
         """`between_steps` of the backend (pipeline.in_flight_updates): between engine steps, at most every
         IN_FLIGHT_POLL_SECONDS, pick up a newer published version; the time spent loading is a refit event."""
-        if IN_FLIGHT_DELAY_ENV in os.environ:
-            time.sleep(float(os.environ[IN_FLIGHT_DELAY_ENV]))
         now = time.monotonic()
         if now - self._last_poll < IN_FLIGHT_POLL_SECONDS:
             return
@@ -193,9 +163,6 @@ class RolloutWorker:
         t0 = time.time()
         self._refit(min_version)
         t1 = time.time()
-        if os.environ.get(KILL_WORKER_ENV) == str(step_index + 1) and not self.marker.exists():
-            self.marker.touch()
-            os.kill(os.getpid(), 9)
         self._events = []
         version0 = self.version
         r = self.producer.stage_gen(step_index, prompt_indices, first_group)
@@ -268,13 +235,13 @@ class LearnerActor:
         return self.learner.version, t1 - t0, {"lane": "learner", "kind": "publish", "start": t0, "end": t1,
                                                "step": self.learner.version}
 
-    def learn(self, rollouts: Rollouts, seconds: dict) -> tuple[dict, list[dict], list[str]]:
+    def learn(self, rollouts: Rollouts, seconds: dict) -> tuple[StepRecord, list[dict], list[str]]:
         t0 = time.time()
         rec, _ = self.learner.learn(rollouts, seconds)
         t1 = time.time()
-        lp = rec["stage_seconds"]["logprob"]
-        events = [{"lane": "learner", "kind": "logprob", "start": t0, "end": t0 + lp, "step": rec["step"]},
-                  {"lane": "learner", "kind": "train", "start": t0 + lp, "end": t1, "step": rec["step"]}]
+        lp = rec.stage_seconds["logprob"]
+        events = [{"lane": "learner", "kind": "logprob", "start": t0, "end": t0 + lp, "step": rec.step},
+                  {"lane": "learner", "kind": "train", "start": t0 + lp, "end": t1, "step": rec.step}]
         lines, self.lines[:] = list(self.lines), []
         return rec, events, lines
 

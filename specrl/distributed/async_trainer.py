@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import time
 import uuid
@@ -45,13 +44,10 @@ import ray
 from specrl.errors import SpecRLError
 from specrl.rl.config import TrainConfig
 from specrl.rl.producer import Rollouts, fill_groups, merge_rollouts
+from specrl.step_record import AsyncStepFields, StepRecord
 
 WORKER_RESTARTS = 3
 CONNECT_TIMEOUT_SECONDS = 3.0
-LEARNER_KILL_ENV = "SPECRL_TEST_SIGKILL_AT_STEP"  # the learner's hook (specrl.rl.learner.KILL_ENV) kills the driver
-# Test hook "STEP:SIGNAL[:COUNT]": in step STEP (1-based), with the next steps' groups in flight and this step's
-# collected, the driver sends itself SIGNAL (TERM or INT) COUNT times (default 1), as a user or a scheduler would.
-SIGNAL_ENV = "SPECRL_TEST_SIGNAL_AT_STEP"
 
 
 def start_ray(cfg: TrainConfig) -> bool:
@@ -117,17 +113,6 @@ def _get(ref):
         raise
 
 
-def _signal_hook(step: int) -> None:
-    """The `SIGNAL_ENV` test hook (a no-op unless it names this step)."""
-    at, _, rest = os.environ.get(SIGNAL_ENV, "").partition(":")
-    if at != str(step):
-        return
-    name, _, count = rest.partition(":")
-    for _ in range(int(count or 1)):
-        os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
-        time.sleep(0.05)  # the handler runs here, as it would while the driver waits on Ray
-
-
 class AsyncGRPOTrainer:
     """Driver of the async pipeline: N `RolloutWorker`s, one `LearnerActor`, one `WeightStore`."""
 
@@ -151,7 +136,7 @@ class AsyncGRPOTrainer:
                 data, pl.learner_threads, self.store)
             self.workers = [RolloutWorker.options(num_cpus=pl.worker_threads, num_gpus=gpus,
                                                   max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS)
-                            .remote(data, w, pl.worker_threads, store_name, str(self.run_dir))
+                            .remote(data, w, pl.worker_threads, store_name)
                             for w in range(pl.num_rollout_workers)]
             names = ["learner", *[f"rollout worker {w}" for w in range(len(self.workers))]]
             states = ray.get([self.learner.ready.remote(), *[w.ready.remote() for w in self.workers]])
@@ -221,7 +206,7 @@ class AsyncGRPOTrainer:
             self.dispatched += 1
 
     # ------------------------------------------------------------------ one step
-    def step(self) -> dict[str, Any]:
+    def step(self) -> StepRecord:
         t0 = time.perf_counter()
         index = self.step_count
         self._fill()
@@ -249,9 +234,6 @@ class AsyncGRPOTrainer:
                                    lambda idx, first: self._generate_now(index, idx, first, events))
             t2 = time.perf_counter()
             gen_windows = [e for e in events if e["kind"] == "gen"]
-        if os.environ.get(LEARNER_KILL_ENV) == str(index + 1):
-            os.kill(os.getpid(), 9)  # the resume test: the whole run dies mid-step
-        _signal_hook(index + 1)
         seconds = {"data": t1 - t0, "prepare": self._published[1], "gen": t2 - t1}
         rec, learn_events, lines = _get(self.learner.learn.remote(rollouts, seconds))
         for line in lines:
@@ -263,31 +245,31 @@ class AsyncGRPOTrainer:
         self.cursor_before.pop(index, None)
         self.dropped_total += dropped
         self._events(events + learn_events)
-        train_s = rec["stage_seconds"]["logprob"] + rec["stage_seconds"]["train"]
+        train_s = rec.stage_seconds["logprob"] + rec.stage_seconds["train"]
         wall = t3 - t0
         n = self.cfg.grpo.num_generations
         versions = [min(rollouts.policy_versions[g * n: (g + 1) * n]) for g in range(len(rollouts.prompts) // n)]
         ages = [index - v for v in versions]
         refit = [e["end"] - e["start"] for e in events if e["kind"] == "refit"]
-        rec.update({
-            "step_seconds": wall,
-            "gen_share": (t2 - t1) / wall if wall > 0 else None,
-            "exposed_gen_seconds": t2 - t1,
-            "gen_seconds_workers": sum(e["end"] - e["start"] for e in gen_windows),
-            "learner_idle_ratio": max(0.0, 1.0 - train_s / wall) if wall > 0 else None,
-            "trajectory_age_mean": sum(ages) / len(ages),
-            "trajectory_age_max": max(ages),
-            "group_policy_versions": versions,
-            "dropped_stale_groups": dropped,
-            "max_trajectory_age_steps": self.lag,
-            "refit_seconds": max(refit) if refit else 0.0,
-            "publish_seconds": self._published[1],
-            "trained_samples": len(rollouts.request_ids),
-            "trained_request_id_range": [min(rollouts.request_ids), max(rollouts.request_ids)],
-            "trained_prompt_indices": rollouts.problem_indices[::n],  # one per group, in group order
+        rec.step_seconds = wall
+        rec.gen_share = (t2 - t1) / wall if wall > 0 else None
+        rec.async_fields = AsyncStepFields(
+            exposed_gen_seconds=t2 - t1,
+            gen_seconds_workers=sum(e["end"] - e["start"] for e in gen_windows),
+            learner_idle_ratio=max(0.0, 1.0 - train_s / wall) if wall > 0 else None,
+            trajectory_age_mean=sum(ages) / len(ages),
+            trajectory_age_max=max(ages),
+            group_policy_versions=versions,
+            dropped_stale_groups=dropped,
+            max_trajectory_age_steps=self.lag,
+            refit_seconds=max(refit) if refit else 0.0,
+            publish_seconds=self._published[1],
+            trained_samples=len(rollouts.request_ids),
+            trained_request_id_range=[min(rollouts.request_ids), max(rollouts.request_ids)],
+            trained_prompt_indices=rollouts.problem_indices[::n],  # one per group, in group order
             # in-flight updates: samples whose tokens span more than one policy version
-            "mixed_version_samples": sum(len(set(v)) > 1 for v in rollouts.token_versions),
-        })
+            mixed_version_samples=sum(len(set(v)) > 1 for v in rollouts.token_versions),
+        )
         self.last_rollouts = rollouts
         return rec
 

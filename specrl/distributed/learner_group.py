@@ -237,7 +237,7 @@ class LearnerGroup:
         rec = merge_rank_records([rec for rec, _ in out])
         for line in out[0][1]:
             self.log(line)
-        self.step_count = rec["step"]
+        self.step_count = rec.step
         return rec, None
 
     def named_weights(self):

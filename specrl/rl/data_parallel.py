@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -38,6 +39,7 @@ from specrl.rl.config import TrainConfig
 from specrl.rl.learner import Batch, Learner, NonFiniteError, check_weights
 from specrl.rl.producer import Rollouts
 from specrl.rl.sharded_state import load_dcp, load_full_parts, save_dcp
+from specrl.step_record import StepRecord
 
 FORWARD_METHODS = ("forward_hidden", "logits")  # the policy methods the learner calls instead of forward
 
@@ -135,9 +137,9 @@ class ShardedLearner(Learner):
         self._refresh_mirror()
         return out
 
-    def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[dict[str, Any], Batch]:
+    def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
         rec, batch = super().learn(r, seconds)
-        rec["rank_tokens"] = float(batch.mask.sum())
+        rec.rank_tokens = float(batch.mask.sum())
         return rec, batch
 
     # ------------------------------------------------------------------ weights
@@ -227,7 +229,7 @@ class ShardedLearner(Learner):
         self._refresh_mirror()
 
 
-def merge_rank_records(recs: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_rank_records(recs: list[StepRecord]) -> StepRecord:
     """The single-process step record from the ranks' records (each of its share, with `rank_tokens`).
 
     Fields computed from the whole step's rollouts (rewards, lengths, drafter control, the global gradient norm,
@@ -236,27 +238,27 @@ def merge_rank_records(recs: list[dict[str, Any]]) -> dict[str, Any]:
     ranks' mean; stage seconds are the slowest rank's.
     """
     n = len(recs)
-    tokens = [r["rank_tokens"] for r in recs]
+    tokens = [r.rank_tokens for r in recs]
     total = sum(tokens)
-    rec = {k: v for k, v in recs[0].items() if k != "rank_tokens"}
+    rec = dataclasses.replace(recs[0], rank_tokens=None)
 
     def weighted(key: str) -> float | None:
-        if recs[0][key] is None:
+        if getattr(recs[0], key) is None:
             return None
-        return sum(r[key] * t for r, t in zip(recs, tokens, strict=True)) / max(total, 1.0)
+        return sum(getattr(r, key) * t for r, t in zip(recs, tokens, strict=True)) / max(total, 1.0)
 
     for key in ("clip_fraction", "kl", "ratio_mean", "is_ratio_mean", "is_clipped_fraction"):
-        rec[key] = weighted(key)
-    rec["token_mult_prob_error"] = weighted("token_mult_prob_error") if total > 0 else 1.0
-    rec["loss"] = sum(r["loss"] for r in recs) / n
-    if rec["is_ratio_max"] is not None:
-        rec["is_ratio_max"] = max(r["is_ratio_max"] for r in recs)
-    if rec["draft_loss"] is not None:
-        rec["draft_loss"] = sum(r["draft_loss"] for r in recs) / n
-    times = dict(rec["stage_seconds"])
+        setattr(rec, key, weighted(key))
+    rec.token_mult_prob_error = weighted("token_mult_prob_error") if total > 0 else 1.0
+    rec.loss = sum(r.loss for r in recs) / n
+    if rec.is_ratio_max is not None:
+        rec.is_ratio_max = max(r.is_ratio_max for r in recs)
+    if rec.draft_loss is not None:
+        rec.draft_loss = sum(r.draft_loss for r in recs) / n
+    times = dict(rec.stage_seconds)
     for s in ("logprob", "train"):
-        times[s] = max(r["stage_seconds"][s] for r in recs)
-    rec["stage_seconds"] = times
-    rec["step_seconds"] = sum(times.values())
-    rec["gen_share"] = times["gen"] / rec["step_seconds"] if rec["step_seconds"] > 0 else None
+        times[s] = max(r.stage_seconds[s] for r in recs)
+    rec.stage_seconds = times
+    rec.step_seconds = sum(times.values())
+    rec.gen_share = times["gen"] / rec.step_seconds if rec.step_seconds > 0 else None
     return rec

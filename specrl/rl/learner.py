@@ -24,9 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import random
-import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -47,12 +45,11 @@ from specrl.rl.losses import get_loss, loss_normalizer
 from specrl.rl.metrics import STAGES
 from specrl.rl.producer import Rollouts
 from specrl.rl.weight_check import DrafterNonFiniteError, NonFiniteError, check_weights
+from specrl.step_record import StepRecord
 
 __all__ = ["Batch", "DrafterNonFiniteError", "Learner", "NonFiniteError", "check_weights", "lr_factor",
            "response_logprobs"]
 
-# Test hook: SIGKILL this process at the start of the train stage of this step (resume tests).
-KILL_ENV = "SPECRL_TEST_SIGKILL_AT_STEP"
 MIN_DRAFTS_FOR_HEALTH = 32  # drafted tokens a step needs before its acceptance length counts for staleness/collapse
 _SUMS = ("tokens", "clipped", "kl", "ratio", "loss", "draft", "is_sum", "is_clipped", "grad_norm")
 
@@ -331,7 +328,7 @@ class Learner:
                 "acceptance_length_reference": reference}
 
     # ------------------------------------------------------------------ one step
-    def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[dict[str, Any], Batch]:
+    def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
         """(logprob +) train (+ drafter control) on one step's rollouts; `seconds` holds the producer-side stage
         times (data, prepare, gen) and gains logprob and train. Returns the step's record and its batch."""
         lag = self.version - r.policy_version
@@ -352,8 +349,6 @@ class Learner:
         skipped = self.skips_logprob
         batch = self.collate(r) if skipped else self.stage_logprob(r)
         t4 = time.perf_counter()
-        if os.environ.get(KILL_ENV) == str(self.step_count + 1):
-            os.kill(os.getpid(), signal.SIGKILL)
         train = self.stage_train(batch)
         control = self.drafter_control(batch, al, train.pop("draft_updates"))
         t5 = time.perf_counter()
@@ -364,38 +359,38 @@ class Learner:
         gen_tokens = int(em.get("generated_tokens", sum(len(x) for x in r.responses)))
         lengths = [len(x) for x in r.responses]
         ds = r.dynamic_sampling
-        rec = {
-            "step": self.step_count,
-            "reward_mean": float(r.rewards.mean()),
-            "reward_std": float(r.rewards.std()) if len(r.rewards) > 1 else 0.0,
-            "accuracy": None,
-            "response_length_mean": float(np.mean(lengths)),
-            "response_lengths": lengths,
-            "batch_trace": em.get("batch_trace", []),
-            "stage_seconds": times,
-            "step_seconds": total,
-            "gen_share": times["gen"] / total if total > 0 else None,
-            "logprob_skipped": skipped,
-            "acceptance_length": em.get("acceptance_length") if spec else None,
-            "acceptance_rate": em.get("acceptance_rate") if spec else None,
-            "acceptance_rate_per_position": em.get("acceptance_rate_per_position", []) if spec else [],
-            "num_draft_tokens_mean": em.get("num_draft_tokens_mean") if spec else None,
-            "token_mult_prob_error": token_mult_prob_error(batch.gen_logp, batch.old_logp, batch.mask),
-            "draft_loss": train["draft_loss"],
+        rec = StepRecord(
+            step=self.step_count,
+            reward_mean=float(r.rewards.mean()),
+            reward_std=float(r.rewards.std()) if len(r.rewards) > 1 else 0.0,
+            accuracy=None,
+            response_length_mean=float(np.mean(lengths)),
+            response_lengths=lengths,
+            batch_trace=em.get("batch_trace", []),
+            stage_seconds=times,
+            step_seconds=total,
+            gen_share=times["gen"] / total if total > 0 else None,
+            logprob_skipped=skipped,
+            acceptance_length=em.get("acceptance_length") if spec else None,
+            acceptance_rate=em.get("acceptance_rate") if spec else None,
+            acceptance_rate_per_position=em.get("acceptance_rate_per_position", []) if spec else [],
+            num_draft_tokens_mean=em.get("num_draft_tokens_mean") if spec else None,
+            token_mult_prob_error=token_mult_prob_error(batch.gen_logp, batch.old_logp, batch.mask),
+            draft_loss=train["draft_loss"],
             **control,
-            "generated_tokens": gen_tokens,
-            "gen_tokens_per_second": gen_tokens / times["gen"] if times["gen"] > 0 else None,
-            "train_accuracy": float(np.mean(r.correct)),
-            "format_rate": None if None in r.formatted else float(np.mean(r.formatted)),
-            "reward_components": {name: float(np.mean(v)) for name, v in r.reward_components.items()},
-            "truncated_fraction": float(np.mean([f == "length" for f in r.finish_reasons])),
-            "policy_version": r.policy_version,
-            "policy_lag": lag,
+            generated_tokens=gen_tokens,
+            gen_tokens_per_second=gen_tokens / times["gen"] if times["gen"] > 0 else None,
+            train_accuracy=float(np.mean(r.correct)),
+            format_rate=None if None in r.formatted else float(np.mean(r.formatted)),
+            reward_components={name: float(np.mean(v)) for name, v in r.reward_components.items()},
+            truncated_fraction=float(np.mean([f == "length" for f in r.finish_reasons])),
+            policy_version=r.policy_version,
+            policy_lag=lag,
             **self.hardware,
             **{k: ds.get(k) for k in ("groups_trained", "groups_filtered", "extra_prompts_drawn",
                                       "reward_mean_generated")},
             **{k: v for k, v in train.items() if k != "draft_loss"},
-        }
+        )
         return rec, batch
 
     def _apply_config_hyperparams(self) -> None:

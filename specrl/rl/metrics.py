@@ -1,6 +1,7 @@
 """Per-step metrics: the `metrics.jsonl` contract, TensorBoard scalars and the live terminal display.
 
-`STEP_FIELDS` is the list of keys every line of `metrics.jsonl` carries. `MetricsWriter`
+`STEP_FIELDS` is the list of keys every line of `metrics.jsonl` carries (`specrl.step_record.StepRecord` is
+the record's type; `read_records` reads a file into it). `MetricsWriter`
 appends one JSON line per step (flushed, so a killed run keeps every finished step), mirrors numeric values
 to TensorBoard (nested dicts become `stage_seconds/gen`, lists become `acceptance_rate_per_position/0`), and
 on resume drops lines past the checkpointed step so the file never holds a step twice. `ProgressDisplay`
@@ -17,14 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specrl.step_record import STEP_FIELDS, StepRecord, to_record
+
+__all__ = ["STAGES", "STEP_FIELDS", "TRACE_FIELDS", "MetricsWriter", "ProgressDisplay", "read_metrics", "stage_bar"]
+
 STAGES = ("data", "prepare", "gen", "logprob", "train")
 
-STEP_FIELDS = (
-    "step", "reward_mean", "reward_std", "accuracy", "response_length_mean", "stage_seconds",
-    "step_seconds", "gen_share", "acceptance_length", "acceptance_rate", "acceptance_rate_per_position",
-    "num_draft_tokens_mean", "token_mult_prob_error", "draft_loss", "draft_updates", "generated_tokens",
-    "gen_tokens_per_second",
-)
 
 # Per-sequence / per-engine-step lists kept in metrics.jsonl for the report's pictures, not mirrored as scalars.
 TRACE_FIELDS = ("response_lengths", "batch_trace")
@@ -46,7 +45,8 @@ def _clean(value: Any) -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """All records of a metrics.jsonl (a torn last line from a killed run is ignored)."""
+    """Every JSON line of a JSONL file as a mapping (a torn last line from a killed run is ignored); step records
+    as `StepRecord`s: `specrl.step_record.read_records`."""
     p = Path(path)
     if not p.exists():
         return []
@@ -150,11 +150,11 @@ class MetricsWriter:
         kinds = {"wandb": _WandbLogger, "mlflow": _MlflowLogger}
         self._loggers = [kinds[x](self.run_dir, name, config, resume_step is not None) for x in loggers]
 
-    def write(self, record: dict[str, Any]) -> None:
-        missing = [k for k in STEP_FIELDS if k not in record]
-        if missing:
-            raise KeyError(f"step record lacks required metrics.jsonl fields: {missing}")
-        clean = _clean(record)
+    def write(self, record: StepRecord | dict[str, Any]) -> None:
+        """Append `record` (a StepRecord, or a mapping with at least STEP_FIELDS) as one line with its schema
+        version."""
+        rec = to_record(record, require=True)
+        clean = _clean(rec.to_json())
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
             f.flush()
@@ -162,9 +162,9 @@ class MetricsWriter:
             return
         flat: dict[str, float] = {}
         for k, v in clean.items():
-            if k != "step" and k not in TRACE_FIELDS:
+            if k not in ("step", "schema_version") and k not in TRACE_FIELDS:
                 _flatten(k, v, flat)
-        step = int(record["step"])
+        step = int(rec.step)
         if self._tb is not None:
             for k, v in flat.items():
                 self._tb.add_scalar(k, v, global_step=step)

@@ -1,6 +1,6 @@
 """End-of-run artefacts: `report.md` with PNG plots, and compare mode's `compare.json` / `compare.md`.
 
-This module reads step records (the `metrics.jsonl` contract of specrl.rl.metrics) and writes what a person
+This module reads step records (`specrl.step_record.StepRecord`, the lines of `metrics.jsonl`) and writes what a person
 looks at after a run: the reward/accuracy curve, stacked stage-time bars per step and acceptance length over
 steps (matplotlib, Agg backend, no display needed), plus a short markdown summary. For compare mode it
 computes the gen and step speedups of speculative over autoregressive rollouts, the Amdahl-style bound
@@ -18,6 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from specrl.rl.metrics import STAGES, read_metrics
+from specrl.step_record import StepRecord, to_record
+
+Records = list[StepRecord] | list[dict[str, Any]]  # step records; mappings are read as StepRecord.from_json
+
+
+def _records(records: Records | None) -> list[StepRecord]:
+    return [to_record(r) for r in records or []]
 
 _STAGE_COLOR = {"data": "#4c9be8", "prepare": "#b07cc6", "gen": "#3aa655", "logprob": "#e6b800",
                 "train": "#d9534f"}
@@ -53,12 +60,13 @@ def _finish(plt, fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str
     return path
 
 
-def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+def _series(records: list[StepRecord], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the StepRecord field `key` over the records where it is a finite number."""
     xs, ys = [], []
     for r in records:
-        v = r.get(key)
+        v = getattr(r, key)
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(int(r["step"]))
+            xs.append(int(r.step))
             ys.append(float(v))
     return xs, ys
 
@@ -67,8 +75,9 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def plot_reward(records: list[dict], path: Path, title: str = "reward",
-                validation: list[dict] | None = None) -> Path:
+def plot_reward(records: Records, path: Path, title: str = "reward",
+                validation: Records | None = None) -> Path:
+    records, validation = _records(records), _records(validation)
     plt, fig, ax = _figure()
     xs, ys = _series(records, "reward_mean")
     ax.plot(xs, ys, "-o", ms=3, lw=1, color="#3a6ea5", alpha=0.5, label="train reward (batch mean)")
@@ -87,23 +96,25 @@ def plot_reward(records: list[dict], path: Path, title: str = "reward",
     return _finish(plt, fig, ax, path, "step", "reward", title)
 
 
-def plot_stages(records: list[dict], path: Path, title: str = "stage time per step") -> Path:
+def plot_stages(records: Records, path: Path, title: str = "stage time per step") -> Path:
+    records = _records(records)
     plt, fig, ax = _figure()
-    steps = [int(r["step"]) for r in records]
+    steps = [int(r.step) for r in records]
     bottom = [0.0] * len(records)
     for s in STAGES:
-        h = [float(r["stage_seconds"].get(s, 0.0)) for r in records]
+        h = [float(r.stage_seconds.get(s, 0.0)) for r in records]
         ax.bar(steps, h, bottom=bottom, color=_STAGE_COLOR[s], label=s, width=0.8)
         bottom = [b + x for b, x in zip(bottom, h, strict=True)]
     ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     return _finish(plt, fig, ax, path, "step", "seconds", title, grid=False)
 
 
-def plot_rollout_shape(records: list[dict], path: Path, max_new_tokens: int | None = None) -> Path | None:
+def plot_rollout_shape(records: Records, path: Path, max_new_tokens: int | None = None) -> Path | None:
     """Left: histogram of every response length of the run (the tail; a marker at max_new_tokens). Right: active
     sequences per decode step over the last step's rollout (the batch draining while the longest replies finish),
     coloured by the draft length k of each step. None when the records carry no lengths (older runs)."""
-    lengths = [n for r in records for n in (r.get("response_lengths") or [])]
+    records = _records(records)
+    lengths = [n for r in records for n in (r.response_lengths or [])]
     if not lengths:
         return None
     plt = _plt()
@@ -117,15 +128,15 @@ def plot_rollout_shape(records: list[dict], path: Path, max_new_tokens: int | No
     a1.set_xlabel("response tokens")
     a1.set_ylabel("responses")
     a1.set_title(f"response lengths ({len(lengths)} responses, mean {sum(lengths) / len(lengths):.0f})")
-    last = next((r for r in reversed(records) if r.get("batch_trace")), None)
+    last = next((r for r in reversed(records) if r.batch_trace), None)
     if last is not None:
-        t = [row[0] for row in last["batch_trace"]]
-        n = [row[1] for row in last["batch_trace"]]
-        k = [row[2] for row in last["batch_trace"]]
+        t = [row[0] for row in last.batch_trace]
+        n = [row[1] for row in last.batch_trace]
+        k = [row[2] for row in last.batch_trace]
         a2.step(t, n, where="post", color="gray", lw=1)
         sc = a2.scatter(t, n, c=k, s=6, cmap="viridis", vmin=0, vmax=max(max(k), 1))
         fig.colorbar(sc, ax=a2, label="draft length k of the step (0 = plain)")
-        a2.set_title(f"active batch over step {last['step']}'s rollout")
+        a2.set_title(f"active batch over step {last.step}'s rollout")
     a2.set_xlabel("decode seconds")
     a2.set_ylabel("active sequences")
     a2.grid(alpha=0.3)
@@ -135,7 +146,8 @@ def plot_rollout_shape(records: list[dict], path: Path, max_new_tokens: int | No
     return Path(path)
 
 
-def plot_acceptance(records: list[dict], path: Path, title: str = "acceptance length") -> Path:
+def plot_acceptance(records: Records, path: Path, title: str = "acceptance length") -> Path:
+    records = _records(records)
     plt, fig, ax = _figure()
     xs, ys = _series(records, "acceptance_length")
     if ys:
@@ -153,17 +165,18 @@ def plot_acceptance(records: list[dict], path: Path, title: str = "acceptance le
     return _finish(plt, fig, ax, path, "step", "tokens per policy forward", title)
 
 
-def plot_acceptance_compare(runs: dict[str, list[dict]], path: str | Path,
+def plot_acceptance_compare(runs: dict[str, Records], path: str | Path,
                             title: str = "acceptance length over RL steps") -> Path:
     """AL per RL step of each run, one line per run; crosses mark steps where the drafter was refreshed."""
     plt, fig, ax = _figure()
     plotted = False
     for name, recs in runs.items():
+        recs = _records(recs)
         xs, ys = _series(recs, "acceptance_length")
         if not ys:
             continue
         (line,) = ax.plot(xs, ys, "-o", ms=3, label=name)
-        refreshed = {int(r["step"]) for r in recs if r.get("draft_refreshed")}
+        refreshed = {int(r.step) for r in recs if r.draft_refreshed}
         fresh = [(x, y) for x, y in zip(xs, ys, strict=True) if x in refreshed]
         if fresh:
             ax.plot(*zip(*fresh, strict=True), "x", ms=9, mew=2, color=line.get_color(),
@@ -177,21 +190,22 @@ def plot_acceptance_compare(runs: dict[str, list[dict]], path: str | Path,
     return _finish(plt, fig, ax, path, "RL step", "acceptance length (tokens per verify)", title)
 
 
-def acceptance_compare_table(runs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
+def acceptance_compare_table(runs: dict[str, Records]) -> dict[str, dict[str, Any]]:
     """Per run: mean AL over all steps and over the first / last third (max(1, n // 3) of the n steps that
     measured an AL), total drafter updates and refreshes."""
     out = {}
     for name, recs in runs.items():
+        recs = _records(recs)
         _, al = _series(recs, "acceptance_length")
         k = max(1, len(al) // 3)
         out[name] = {"steps": len(recs), "acceptance_length_mean": _mean(al),
                      "acceptance_length_first_third": _mean(al[:k]), "acceptance_length_last_third": _mean(al[-k:]),
-                     "draft_updates": sum(int(r.get("draft_updates") or 0) for r in recs),
-                     "refreshes": sum(bool(r.get("draft_refreshed")) for r in recs)}
+                     "draft_updates": sum(int(r.draft_updates or 0) for r in recs),
+                     "refreshes": sum(bool(r.draft_refreshed) for r in recs)}
     return out
 
 
-def write_acceptance_compare(out_dir: str | Path, runs: dict[str, list[dict]],
+def write_acceptance_compare(out_dir: str | Path, runs: dict[str, Records],
                              name: str = "acceptance_frozen_vs_online") -> tuple[Path, Path, Path]:
     """Write NAME.png (plot_acceptance_compare), NAME.json and NAME.md (acceptance_compare_table)."""
     out_dir = Path(out_dir)
@@ -241,20 +255,22 @@ def plot_timeline(events: list[dict], path: Path, title: str = "async pipeline t
     return _finish(plt, fig, ax, path, "seconds since the run started", "", title, grid=False)
 
 
-def async_summary(records: list[dict]) -> dict[str, Any] | None:
+def async_summary(records: Records) -> dict[str, Any] | None:
     """Means of the async pipeline's per-step fields, or None for a sync run."""
-    if not records or "exposed_gen_seconds" not in records[0]:
+    fields = [r.async_fields for r in _records(records)]
+    if not fields or fields[0] is None:
         return None
+    fields = [f for f in fields if f is not None]
 
     def mean(key: str) -> float | None:
-        return _mean([float(r[key]) for r in records if r.get(key) is not None])
+        return _mean([float(getattr(f, key)) for f in fields if getattr(f, key) is not None])
 
     return {"exposed_gen_seconds_mean": mean("exposed_gen_seconds"),
             "gen_seconds_workers_mean": mean("gen_seconds_workers"),
             "learner_idle_ratio_mean": mean("learner_idle_ratio"),
             "trajectory_age_mean": mean("trajectory_age_mean"),
-            "trajectory_age_max": max(int(r.get("trajectory_age_max") or 0) for r in records),
-            "dropped_stale_groups": sum(int(r.get("dropped_stale_groups") or 0) for r in records),
+            "trajectory_age_max": max(int(f.trajectory_age_max or 0) for f in fields),
+            "dropped_stale_groups": sum(int(f.dropped_stale_groups or 0) for f in fields),
             "refit_seconds_mean": mean("refit_seconds"),
             "publish_seconds_mean": mean("publish_seconds")}
 
@@ -262,14 +278,15 @@ def async_summary(records: list[dict]) -> dict[str, Any] | None:
 LOGPROB_FOLDED = "logprob: folded into train (one update per batch)"
 
 
-def summarize(records: list[dict]) -> dict[str, Any]:
+def summarize(records: Records) -> dict[str, Any]:
     """Run-level numbers for report.md and compare.json."""
+    records = _records(records)
     if not records:
         return {"steps": 0}
     _, rewards = _series(records, "reward_mean")
     _, acc = _series(records, "accuracy")
-    gen = sum(float(r["stage_seconds"].get("gen", 0.0)) for r in records)
-    total = sum(float(r["step_seconds"]) for r in records)
+    gen = sum(float(r.stage_seconds.get("gen", 0.0)) for r in records)
+    total = sum(float(r.step_seconds) for r in records)
     k = max(1, len(rewards) // 4)
     _, al = _series(records, "acceptance_length")
     return {
@@ -285,7 +302,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "step_seconds_mean": total / len(records),
         "gen_share": gen / total if total > 0 else None,
         "acceptance_length_mean": _mean(al),
-        "generated_tokens": sum(int(r.get("generated_tokens") or 0) for r in records),
+        "generated_tokens": sum(int(r.generated_tokens or 0) for r in records),
     }
 
 
@@ -293,8 +310,8 @@ def _f(v: Any, spec: str = ".3f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def write_report(run_dir: str | Path, records: list[dict], config_text: str = "",
-                 extra: dict[str, Any] | None = None, validation: list[dict] | None = None,
+def write_report(run_dir: str | Path, records: Records, config_text: str = "",
+                 extra: dict[str, Any] | None = None, validation: Records | None = None,
                  max_new_tokens: int | None = None) -> Path:
     """Write report.md and its three PNG plots into run_dir; return the path of report.md.
 
@@ -303,6 +320,7 @@ def write_report(run_dir: str | Path, records: list[dict], config_text: str = ""
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    records, validation = _records(records), _records(validation)
     plot_reward(records, run_dir / "reward.png", validation=validation)
     plot_stages(records, run_dir / "stages.png")
     plot_acceptance(records, run_dir / "acceptance.png")
@@ -338,7 +356,7 @@ def write_report(run_dir: str | Path, records: list[dict], config_text: str = ""
         "## Stage time per step (data → prepare → gen → logprob → train)",
         "![stages](stages.png)",
         "",
-        *([LOGPROB_FOLDED, ""] if records and all(r.get("logprob_skipped") for r in records) else []),
+        *([LOGPROB_FOLDED, ""] if records and all(r.logprob_skipped for r in records) else []),
         "## Acceptance length (tokens emitted per policy forward during generation)",
         "![acceptance](acceptance.png)",
         "",
@@ -376,8 +394,9 @@ def amdahl_bound(gen_share: float | None, acceptance_length: float | None) -> fl
     return 1.0 / (gen_share / acceptance_length + 1.0 - gen_share)
 
 
-def compare_summary(ar: list[dict], sd: list[dict], checks: dict[str, Any] | None = None) -> dict[str, Any]:
+def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = None) -> dict[str, Any]:
     """Numbers of compare.json: speedups over the steps both runs completed, the bound and the checks."""
+    ar, sd = _records(ar), _records(sd)
     n = min(len(ar), len(sd))
     ar, sd = ar[:n], sd[:n]
     sa, ss = summarize(ar), summarize(sd)
@@ -400,8 +419,8 @@ def compare_summary(ar: list[dict], sd: list[dict], checks: dict[str, Any] | Non
         "autoregressive": sa,
         "speculative": ss,
         "reward_curve": {
-            "autoregressive": [r.get("reward_mean") for r in ar],
-            "speculative": [r.get("reward_mean") for r in sd],
+            "autoregressive": [r.reward_mean for r in ar],
+            "speculative": [r.reward_mean for r in sd],
         },
     }
     phases = phase_speedups(ar, sd)
@@ -411,7 +430,7 @@ def compare_summary(ar: list[dict], sd: list[dict], checks: dict[str, Any] | Non
     return out
 
 
-def phase_speedups(ar: list[dict], sd: list[dict]) -> dict[int, float]:
+def phase_speedups(ar: Records, sd: Records) -> dict[int, float]:
     """Decode speedup in each phase of the rollouts, by active batch size n: (speculative tokens/s) ÷
     (autoregressive tokens/s) over all decode steps that ran with n sequences (from each step's batch_trace).
     A phase needs >= 0.05 s in both arms to count (a single step is noise)."""
@@ -419,8 +438,8 @@ def phase_speedups(ar: list[dict], sd: list[dict]) -> dict[int, float]:
 
     tot: dict[str, dict[int, list]] = {"ar": {}, "sd": {}}
     for arm, recs in (("ar", ar), ("sd", sd)):
-        for r in recs:
-            for n, (tok, sec) in phase_rates(r.get("batch_trace") or []).items():
+        for r in _records(recs):
+            for n, (tok, sec) in phase_rates(r.batch_trace or []).items():
                 acc = tot[arm].setdefault(n, [0, 0.0])
                 acc[0] += tok
                 acc[1] += sec
@@ -432,11 +451,12 @@ def phase_speedups(ar: list[dict], sd: list[dict]) -> dict[int, float]:
     return out
 
 
-def write_compare(out_dir: str | Path, ar: list[dict], sd: list[dict],
+def write_compare(out_dir: str | Path, ar: Records, sd: Records,
                   checks: dict[str, Any] | None = None) -> tuple[Path, Path]:
     """Write compare.json, compare.md and compare_reward.png (both reward curves overlaid)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    ar, sd = _records(ar), _records(sd)
     summary = compare_summary(ar, sd, checks)
     plt, fig, ax = _figure()
     for recs, label, color in ((ar, "autoregressive", "#3a6ea5"), (sd, "speculative", "#3aa655")):

@@ -34,6 +34,7 @@ from specrl.rl.weight_check import NonFiniteError
 from specrl.rl.weight_sync import LocalWeightSync, WeightSync
 from specrl.rollout.api import RolloutBackend
 from specrl.rollout.engine import RolloutEngine
+from specrl.step_record import StepRecord
 
 __all__ = ["GRPOTrainer", "NonFiniteError", "Rollouts", "Batch", "build_backend", "build_drafter",
            "response_logprobs", "seed_everything"]
@@ -186,7 +187,7 @@ class GRPOTrainer:
         r = self.producer.stage_gen(step, prompt_indices)
         return self.producer.fill_groups(step, r, lambda idx, first: self.producer.stage_gen(step, idx, first))
 
-    def step(self) -> dict[str, Any]:
+    def step(self) -> StepRecord:
         """data → prepare → gen (producer) → logprob → train (learner); return the step's metrics record."""
         t0 = time.perf_counter()
         prompt_idx = self.stage_data()

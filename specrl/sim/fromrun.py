@@ -23,6 +23,7 @@ from specrl.sim.models import CATALOG_CONFIGS, get_model
 from specrl.sim.pipeline import STAGES, SimConfig, config_dict, simulate
 from specrl.sim.roofline import Efficiency
 from specrl.sim.workload import Workload
+from specrl.step_record import StepRecord
 
 EAGLE_TTT_STEPS = 3  # specrl.drafters.training.TTT_STEPS: unrolled steps per drafter update
 DRAFTER_KINDS = {"none": "none", "ngram": "ngram", "suffix": "ngram", "eagle": "eagle3", "mtp": "mtp",
@@ -52,7 +53,8 @@ def _read_text(p: Path) -> str:
                           "files a specrl training run wrote") from None
 
 
-def read_metrics(path: str | Path) -> list[dict]:
+def read_metrics(path: str | Path) -> list[StepRecord]:
+    """The run's step records (any schema version), with errors that name the file and line."""
     p = metrics_file(path)
     if not p.exists():
         raise SpecRLError(f"{p} does not exist; pass runs/NAME/metrics.jsonl of a specrl training run")
@@ -67,7 +69,7 @@ def read_metrics(path: str | Path) -> list[dict]:
         missing = [k for k in ("stage_seconds", "response_length_mean") if k not in r]
         if missing:
             raise SpecRLError(f"{p}:{i}: step record lacks {missing}; expected specrl trainer metrics")
-        rows.append(r)
+        rows.append(StepRecord.from_json(r))
     if not rows:
         raise SpecRLError(f"{p} has no step records")
     return rows
@@ -105,21 +107,21 @@ def _int(cfg: dict, dotted: str, default: int | None = None, minimum: int = 1) -
     return v
 
 
-def recorded_threads(records: list[dict], where: str = "metrics.jsonl") -> list[int] | None:
+def recorded_threads(records: list[StepRecord], where: str = "metrics.jsonl") -> list[int] | None:
     """Each step's `torch_threads` (the cores a sync run's torch used, re-read by its governor before every step),
     or None when the run did not record it (runs before the field existed)."""
-    vals = [r.get("torch_threads") for r in records]
+    vals = [r.torch_threads for r in records]
     if all(v is None for v in vals):
         return None
     bad = [(i, v) for i, v in enumerate(vals) if isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if bad:
         i, v = bad[0]
-        raise SpecRLError(f"{where}: step {records[i].get('step', i + 1)} has torch_threads={v!r}; expected an "
+        raise SpecRLError(f"{where}: step {records[i].step} has torch_threads={v!r}; expected an "
                           "integer >= 1 in every step (a specrl run records it in all steps or in none)")
     return vals
 
 
-def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None = None,
+def config_for_run(run_cfg: dict, records: list[StepRecord], cpu_profile: str | None = None,
                    efficiency: Efficiency | None = None, length_sigma: float = 0.5,
                    prompt_tokens: int = 120, threads: int | None = None) -> SimConfig:
     model = _get(run_cfg, "model.name", "smollm2-135m") if isinstance(run_cfg.get("model"), dict) \
@@ -134,9 +136,9 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
     if drafter is None:
         raise SpecRLError(f"run drafter {drafter_raw!r} has no simulator equivalent; known: {sorted(DRAFTER_KINDS)}")
     steady = records[1:] or records
-    al = statistics.median(float(r.get("acceptance_length") or 1.0) for r in steady)
-    k_mean = statistics.median(float(r.get("num_draft_tokens_mean") or 0.0) for r in steady)
-    mean_len = statistics.median(float(r["response_length_mean"]) for r in steady)
+    al = statistics.median(float(r.acceptance_length or 1.0) for r in steady)
+    k_mean = statistics.median(float(r.num_draft_tokens_mean or 0.0) for r in steady)
+    mean_len = statistics.median(float(r.response_length_mean) for r in steady)
     k = max(1, round(k_mean)) if drafter != "none" else 3
     if drafter != "none":
         al = min(max(al, 1.0), k + 1.0)
@@ -146,8 +148,8 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
         train_dtype = "bfloat16"  # bf16 autocast over fp32 master weights
     prec = {"bfloat16": "bf16", "float32": "fp32"}
     # the run's own response lengths when it recorded them (pooled over the steady steps), else a log-normal
-    sample = [float(x) for r in steady for x in (r.get("response_lengths") or [])]
-    have_all = sample and all(r.get("response_lengths") for r in steady)
+    sample = [float(x) for r in steady for x in (r.response_lengths or [])]
+    have_all = sample and all(r.response_lengths for r in steady)
     wl = Workload(prompts_per_step=_int(run_cfg, "grpo.num_prompts_per_step"),
                   generations_per_prompt=_int(run_cfg, "grpo.num_generations"),
                   max_response_tokens=_int(run_cfg, "generation.max_new_tokens"),
@@ -166,7 +168,7 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
     elif rec_threads is not None:
         pipe["cpu_threads"] = int(round(statistics.median(rec_threads)))
     online = bool(_get(run_cfg, "drafter.online", False)) and drafter != "none"
-    updates = statistics.median(float(r.get("draft_updates") or 0) for r in steady) if online else 0.0
+    updates = statistics.median(float(r.draft_updates or 0) for r in steady) if online else 0.0
     # a run with adaptive k is simulated with the simulator's own adaptive policy, acceptance measured at ~k_mean
     auto = str(_get(run_cfg, "speculative.num_draft_tokens", 3)) == "auto"
     draft_vocab = eagle_draft_vocab(arg) if drafter == "eagle3" else None
@@ -179,7 +181,7 @@ def config_for_run(run_cfg: dict, records: list[dict], cpu_profile: str | None =
                      train_precision=prec.get(train_dtype, "fp32"),
                      max_num_seqs=int(_get(run_cfg, "generation.max_batch_size", 64)),
                      train_micro_batch=int(_get(run_cfg, "policy.train_micro_batch_size", 16)),
-                     logprob_forward=not all(r.get("logprob_skipped") for r in steady),
+                     logprob_forward=not all(r.logprob_skipped for r in steady),
                      workload=wl, efficiency=efficiency or cpu_efficiency(), cpu_profile=cpu_profile, **pipe)
 
 
@@ -226,7 +228,7 @@ def prepare_hw(cfg: SimConfig):
     return get_hardware(cfg.hardware, cfg.cpu_profile)
 
 
-def step_configs(cfg: SimConfig, records: list[dict], threads_given: bool = False) -> list[SimConfig] | None:
+def step_configs(cfg: SimConfig, records: list[StepRecord], threads_given: bool = False) -> list[SimConfig] | None:
     """One config per recorded step — its own response lengths in rollout order and, for a sync run that
     recorded them, its own torch_threads — when every step recorded all of its rollouts' lengths; else None.
 
@@ -235,12 +237,12 @@ def step_configs(cfg: SimConfig, records: list[dict], threads_given: bool = Fals
     is compared with the median of per-step predictions, not with one step made of the pooled lengths' quantiles.
     """
     n = cfg.workload.rollouts
-    if not records or not all(len(r.get("response_lengths") or []) == n for r in records):
+    if not records or not all(len(r.response_lengths or []) == n for r in records):
         return None
     threads = recorded_threads(records) if cfg.mode == "sync" and not threads_given else None
     out = []
     for i, r in enumerate(records):
-        lens = [float(x) for x in r["response_lengths"]]
+        lens = [float(x) for x in r.response_lengths]
         wl = replace(cfg.workload, length_sample=tuple(max(1.0, x) for x in lens), length_in_order=True,
                      response_mean=max(float(np.mean(lens)), 1.0))
         c = replace(cfg, workload=wl)
@@ -295,15 +297,16 @@ def predict_run(metrics_path: str | Path, cpu_profile: str | None = None,
 
     for s in STAGES:
         if asynchronous and s == "gen":  # the workers' generation time; the learner's "gen" is its wait
-            measured = med(lambda r: r.get("gen_seconds_workers"))
+            measured = med(lambda r: r.async_fields.gen_seconds_workers if r.async_fields else None)
         elif asynchronous and s == "prepare":  # the worker's weight refit (the learner's publish is in its step)
-            measured = med(lambda r: r.get("refit_seconds"))
+            measured = med(lambda r: r.async_fields.refit_seconds if r.async_fields else None)
         else:
-            measured = med(lambda r, s=s: r["stage_seconds"].get(s, 0.0))
+            measured = med(lambda r, s=s: r.stage_seconds.get(s, 0.0))
         row(s, measured, pmed(lambda a, s=s: a["stages"][s]))
-    row("exposed gen", med(lambda r: r.get("exposed_gen_seconds", r["stage_seconds"].get("gen"))),
+    row("exposed gen", med(lambda r: r.async_fields.exposed_gen_seconds if r.async_fields
+                           else r.stage_seconds.get("gen")),
         pmed(lambda a: a["exposed_gen_seconds"]))
-    row("step", med(lambda r: r.get("step_seconds") or sum(r["stage_seconds"].values())),
+    row("step", med(lambda r: r.step_seconds or sum(r.stage_seconds.values())),
         pmed(lambda a: a["step_seconds"]))
     threads_used = sorted({c.cpu_threads or hw.threads for c in (per_step or [cfg])})
     return {"rows": rows, "config": config_dict(cfg), "steps_used": len(steady), "simulation": result,
@@ -311,7 +314,7 @@ def predict_run(metrics_path: str | Path, cpu_profile: str | None = None,
             "lengths": "per step" if per_step else "pooled",
             "threads": {"generation": threads_used if len(threads_used) > 1 else threads_used[0],
                         "learner": cfg.learner_cpu_threads or cfg.cpu_threads or hw.threads},
-            "per_step": [{"step": r.get("step"), "stages": a["stages"], "step_seconds": a["step_seconds"]}
+            "per_step": [{"step": r.step, "stages": a["stages"], "step_seconds": a["step_seconds"]}
                          for r, a in zip(steady, arms, strict=False)] if per_step else None}
 
 
@@ -329,7 +332,7 @@ def _fit_inputs(path: str | Path, cpu_profile: str | None, unit: Efficiency, pro
     cfg = config_for_run(run_cfg, records, cpu_profile, unit, prompt_tokens=prompt_tokens)
     steady = records[1:] or records
     per_step = step_configs(cfg, steady)
-    meas = {s: statistics.median(float(r["stage_seconds"].get(s, 0.0)) for r in steady) for s in STAGES}
+    meas = {s: statistics.median(float(r.stage_seconds.get(s, 0.0)) for r in steady) for s in STAGES}
     return metrics_path, per_step or [cfg], meas, "spec" if cfg.drafter != "none" else "ar", len(steady)
 
 

@@ -244,7 +244,7 @@ def test_each_recorded_step_is_simulated_on_its_own_rollouts_and_the_median_comp
     pooled = simulate(cfg)["ar"]["stages"]["train"]  # the old way: one step of the pooled quantiles (max 300)
     assert abs(pooled / by["train"]["predicted"] - 1) > 0.1
     # a step without its lengths: back to the pooled workload
-    rows = read_metrics(run)
+    rows = [r.to_json() for r in read_metrics(run)]
     rows[2].pop("response_lengths")
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert predict_run(run, cpu_profile=prof, prompt_tokens=72)["lengths"] == "pooled"
