@@ -62,7 +62,8 @@ def test_prepare_bad_drafter_is_rejected_before_any_work():
 
 
 def test_draft_init_passes_draft_model_options(tmp_path):
-    """`specrl draft init --drafter draft-model --draft-layers N` reaches build_drafter (checked before any work)."""
+    """`specrl draft init --drafter draft-model --draft-layers N` reaches train_drafter_offline (checked before any
+    work)."""
     tdir = save_checkpoint(tiny_model("llama", vocab_size=32, seed=0), tmp_path / "t")
     r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "draft-model", "--draft-layers", "9",
                             "--out", str(tmp_path / "d")])

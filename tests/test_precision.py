@@ -38,7 +38,7 @@ def test_auto_follows_the_processor(cpu_as, cls, dtype, precision):
     assert dv.resolve_dtype("auto", "cpu") == dtype
     assert dv.resolve_precision("auto", "cpu") == precision
     cfg = resolve_hardware(validate_config({}))
-    assert (cfg.run.device, cfg.model.rollout_dtype, cfg.policy.precision, cfg.rollout.dtype) == \
+    assert (cfg.run.device, cfg.model.rollout_dtype, cfg.policy.precision, cfg.rollout.vllm.dtype) == \
         ("cpu", dtype, precision, dtype)
     assert hardware_fields(cfg) == {"device": "cpu", "processor_class": cls, "rollout_dtype": dtype,
                                     "precision": precision}
