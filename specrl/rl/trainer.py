@@ -34,8 +34,7 @@ from specrl.rl.weight_check import NonFiniteError
 from specrl.rl.weight_sync import LocalWeightSync, WeightSync
 from specrl.rollout.api import RolloutBackend
 
-__all__ = ["GRPOTrainer", "NonFiniteError", "Rollouts", "Batch", "build_backend", "response_logprobs",
-           "seed_everything"]
+__all__ = ["GRPOTrainer", "NonFiniteError", "Rollouts", "Batch", "response_logprobs", "seed_everything"]
 
 
 class GRPOTrainer:
