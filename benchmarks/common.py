@@ -63,7 +63,7 @@ def config_dtypes(config: str | None, sets: list[str] | None = None) -> dict[str
     cfg = resolve_hardware(load_config(config, sets))
     out = {"model": cfg.model.dtype, "rollout": cfg.model.rollout_dtype, "train": cfg.policy.precision}
     if cfg.rollout.backend == "vllm":
-        out["vllm"] = cfg.rollout.dtype
+        out["vllm"] = cfg.rollout.vllm.dtype
     return out
 
 

@@ -39,7 +39,7 @@ def main() -> None:
     a.dtype = dtype_name(a.dtype)
     hw = run_header({"target": a.dtype}, a.threads)
     from specrl.drafters import default_drafter_dir
-    from specrl.drafters.build import build_drafter
+    from specrl.drafters.build import train_drafter_offline
     from specrl.rl.default_drafter import DEFAULT_BUILDS, task_prompts
 
     b = DEFAULT_BUILDS[a.name]
@@ -57,7 +57,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 data = Path(tmp) / "data.jsonl"
                 data.write_text("\n".join(rows[:n]) + "\n")
-                d = build_drafter("smollm2-135m", a.kind, prompts=task_prompts(b["task"], 2,
+                d = train_drafter_offline("smollm2-135m", a.kind, prompts=task_prompts(b["task"], 2,
                                                                                answer_format=b["answer_format"]),
                                   samples=n, epochs=ep, out=Path(tmp) / "out", data_jsonl=str(data),
                                   max_new_tokens=b["max_new_tokens"], temperature=b["temperature"], k=a.k,

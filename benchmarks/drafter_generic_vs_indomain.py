@@ -81,7 +81,7 @@ def main() -> None:
     a.dtype = dtype_name(a.dtype)
     hw = run_header({"target": a.dtype}, a.threads)
     from specrl import load_model
-    from specrl.drafters.build import build_drafter
+    from specrl.drafters.build import train_drafter_offline
     from specrl.drafters.io import load_drafter
     from specrl.drafters.training import heldout_acceptance
     from specrl.model.tokenizer import stop_token_ids
@@ -90,7 +90,7 @@ def main() -> None:
     out = Path(a.out)
     dirs = {}
     t0 = time.perf_counter()
-    dirs["generic"] = build_drafter("smollm2-135m", "eagle", prompts=generic_prompts(), samples=a.samples,
+    dirs["generic"] = train_drafter_offline("smollm2-135m", "eagle", prompts=generic_prompts(), samples=a.samples,
                                     epochs=a.epochs, out=out / "generic", max_new_tokens=64,
                                     dtype=a.dtype)
     print(f"generic drafter trained in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -98,7 +98,7 @@ def main() -> None:
         dirs["in-domain"] = Path(a.indomain)
     else:
         t0 = time.perf_counter()
-        dirs["in-domain"] = build_drafter("smollm2-135m", "eagle", prompts=task_prompts("chain_sum", a.samples),
+        dirs["in-domain"] = train_drafter_offline("smollm2-135m", "eagle", prompts=task_prompts("chain_sum", a.samples),
                                           samples=a.samples, epochs=a.epochs, out=out / "indomain", max_new_tokens=64,
                                           source="chain_sum", dtype=a.dtype)
         print(f"in-domain drafter trained in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -84,8 +84,7 @@ def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import int
 
     try:
         _threads(threads)
-        kind, _, name = drafter.partition(":")
-        name = name or "default"
+        kind, name = _embedded_drafter(drafter)
         if drafter != "none" and (kind not in DEFAULT_KINDS or name not in EMBEDDED_NAMES):
             allowed = [k if n == "default" else f"{k}:{n}" for k in DEFAULT_KINDS for n in EMBEDDED_NAMES]
             raise SpecRLError(f"--drafter {drafter!r}: the embedded drafters are {', '.join(allowed)} (or none)")
@@ -100,6 +99,18 @@ def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import int
             typer.echo(f"[specrl] {kind}:{name} drafter ready at {ensure_default_drafter(kind, name)}")
     except SpecRLError as e:
         _fail(e)
+
+
+def _embedded_drafter(drafter: str) -> tuple[str, str]:
+    """`prepare --drafter KIND[:NAME]` -> (kind, name), NAME defaulting to `default`; ("", "") when it does not
+    parse."""
+    from specrl.rollout.drafter_spec import parse_drafter_spec
+
+    try:
+        spec = parse_drafter_spec(drafter if ":" in drafter else f"{drafter}:default")
+    except SpecRLError:
+        return "", ""
+    return spec.kind, spec.arg
 
 
 DEMO_PROMPTS = [
@@ -298,15 +309,16 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
                threads: str = typer.Option("auto", help=THREADS_HELP),
                dtype: str = typer.Option("auto", help="the target's dtype for rollouts and features: " + DTYPE_HELP)):
     """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
-    from specrl.drafters.build import build_drafter
+    from specrl.drafters.build import train_drafter_offline
     from specrl.rl.default_drafter import task_prompts
 
     try:
         _threads(threads)
-        path = build_drafter(model, drafter, prompts=task_prompts(task, samples), samples=samples, epochs=epochs,
-                             out=out or Path("drafters") / f"{drafter}-{task}", data_jsonl=str(data) if data else None,
-                             max_new_tokens=max_new_tokens, draft_layers=draft_layers,
-                             draft_vocab_size=draft_vocab_size, source=task, dtype=_dtype(dtype))
+        path = train_drafter_offline(model, drafter, prompts=task_prompts(task, samples), samples=samples,
+                                     epochs=epochs, out=out or Path("drafters") / f"{drafter}-{task}",
+                                     data_jsonl=str(data) if data else None, max_new_tokens=max_new_tokens,
+                                     draft_layers=draft_layers, draft_vocab_size=draft_vocab_size, source=task,
+                                     dtype=_dtype(dtype))
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] drafter saved to {path}")
@@ -326,15 +338,19 @@ def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGL
     from specrl.model.presets import PRESETS
     from specrl.model.presets import prepare as prepare_preset
     from specrl.rl.default_drafter import default_head_spec
+    from specrl.rollout.drafter_spec import parse_drafter_spec
 
     try:
         if fmt not in FORMATS:
             raise SpecRLError(f"--format must be one of {list(FORMATS)}, got {fmt!r}")
-        kind, _, arg = drafter.partition(":")
-        if kind != "eagle" or not arg:
+        try:
+            spec = parse_drafter_spec(drafter)
+        except SpecRLError:
+            spec = None
+        if spec is None or spec.kind != "eagle":
             raise SpecRLError(f"--drafter must be eagle:DIR, eagle:default or eagle:think, got {drafter!r} (only "
                               "EAGLE heads have a vLLM EAGLE-3 layout)")
-        src = Path(default_head_spec(drafter).partition(":")[2]).expanduser()
+        src = Path(parse_drafter_spec(default_head_spec(drafter)).arg).expanduser()
         target = prepare_preset(model, verbose=False) if model in PRESETS else Path(model).expanduser()
         path = export_vllm_eagle3(src, target, out, dtype=dtype)
     except SpecRLError as e:
@@ -344,7 +360,7 @@ def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGL
 
 
 @app.command("check-backend")
-def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
+def check_backend(backend: str = typer.Option("vllm", help="A registered rollout backend: native | vllm"),
                   model: str = typer.Option("smollm2-135m", help="Preset or HF checkpoint directory."),
                   drafter: str = typer.Option("ngram", help="none | ngram | draft-model:DIR | eagle:DIR (a specrl "
                                               "head, exported for vllm on the fly, or a vLLM EAGLE-3 directory) | "
@@ -368,11 +384,12 @@ def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
     from specrl.model.loader import load_model
     from specrl.model.presets import PRESETS
     from specrl.model.presets import prepare as prepare_preset
+    from specrl.rl.backends import BACKENDS, build_backend
     from specrl.rollout.sampling import SamplingParams
 
     try:
-        if backend not in ("native", "vllm"):
-            raise SpecRLError(f"--backend must be native or vllm, got {backend!r}")
+        if backend not in BACKENDS:
+            raise SpecRLError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         ckpt = prepare_preset(model) if model in PRESETS else Path(model)
         if dtype == "auto":
             from specrl.device import resolve_device, resolve_dtype
@@ -383,22 +400,8 @@ def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
             raise SpecRLError(f"{ckpt} has no tokenizer: the probe's prompts are chat-formatted questions")
         prompts = chat_prompts(tok)
         max_len = max(len(p) for p in prompts) + tokens + 16
-        if backend == "vllm":
-            from specrl.backends.vllm import VLLMBackend, VLLMOptions
-            from specrl.rl.default_drafter import default_head_spec
-
-            engine = VLLMBackend(ckpt, VLLMOptions(dtype=dtype, max_model_len=max(max_len, 256),
-                                                   drafter=default_head_spec(drafter),
-                                                   num_draft_tokens=k, sampling_fix=sampling_fix,
-                                                   max_num_seqs=min(samples, 256)))
-        else:
-            from specrl.drafters import make_drafter
-            from specrl.rollout.engine import RolloutEngine
-
-            target, _ = load_model(ckpt, dtype=dtype)
-            engine = RolloutEngine(target, max_batch_size=min(samples, 256), max_seq_len=max_len,
-                                   drafter=None if drafter == "none" else make_drafter(drafter, target=target),
-                                   num_draft_tokens=k)
+        engine = build_backend(_probe_config(backend, str(ckpt), drafter, k, dtype, sampling_fix, samples, tokens,
+                                             max_len), reference)
         setting = f"{backend}, drafter {drafter}, k={k}, {dtype}" + (f", sampling_fix={sampling_fix}"
                                                                      if backend == "vllm" else "")
         result = probe_backend(engine, reference, prompts, SamplingParams(temperature=temperature, top_p=top_p,
@@ -414,6 +417,24 @@ def check_backend(backend: str = typer.Option("vllm", help="native | vllm"),
     if hasattr(engine, "close"):
         engine.close()
     raise typer.Exit(0 if result.passed else 1)
+
+
+def _probe_config(backend: str, model: str, drafter: str, k: int, dtype: str, sampling_fix: str, samples: int,
+                  tokens: int, max_len: int):
+    """The training config `check-backend` builds its backend from (the registry's one construction path): the
+    backend's dtype, the probe's batch and context, the drafter and k; no start-up probe (this is the probe)."""
+    from specrl.rl.config import validate_config
+
+    data = {"model": {"name": model, "max_seq_len": max_len},
+            "generation": {"max_new_tokens": tokens, "max_batch_size": min(samples, 256)},
+            "speculative": {"drafter": drafter, "num_draft_tokens": k},
+            "rollout": {"backend": backend}}
+    if backend == "vllm":
+        data["rollout"]["vllm"] = {"dtype": dtype, "max_model_len": max(max_len, 256), "sampling_fix": sampling_fix,
+                                   "probe": False}
+    else:
+        data["model"]["rollout_dtype"] = dtype
+    return validate_config(data, "check-backend options")
 
 
 def main() -> None:

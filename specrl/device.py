@@ -2,7 +2,7 @@
 
 `run.device` (auto | cpu | cuda | cuda:N) names where the policy, its rollout copy, the reference model, the
 drafter and their training live; `auto` is CUDA when a CUDA device is visible, else the CPU. Precision settings
-(`model.rollout_dtype`, `policy.precision`, the vLLM backend's `rollout.dtype`, the CLI's `--dtype`) accept
+(`model.rollout_dtype`, `policy.precision`, the vLLM backend's `rollout.vllm.dtype`, the CLI's `--dtype`) accept
 `auto`, resolved here from what the hardware does fast: bfloat16 on a CUDA device that supports it and on CPUs
 with bf16 matrix units (the `avx512_bf16` or `amx_bf16` flags of /proc/cpuinfo), float32 everywhere else. On an
 AVX2-only CPU a bf16 matrix product is emulated and runs ~6.6x slower than fp32 (measured: F.linear at the

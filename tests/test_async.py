@@ -159,9 +159,9 @@ def test_is_ratio_against_the_generating_version(tiny):
     weights are exp(logp_B - logp_A) per token, i.e. against the version that generated each token."""
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
+    from specrl.rl.backends import build_backend
     from specrl.rl.learner import Learner
     from specrl.rl.producer import RolloutProducer
-    from specrl.rl.trainer import build_backend
 
     cfg = validate_config(async_cfg(tiny, lag=1, generation__temperature=1.0))
     a, tok = load_model(cfg.model.name, dtype=torch.float32)

@@ -212,7 +212,8 @@ def test_online_drafter_training_reaches_vllm(ckpt, head, prompts, tmp_path):
     from specrl.rl.trainer import GRPOTrainer
 
     cfg = load_config("examples/default.yaml", [
-        "rollout.backend=vllm", "rollout.dtype=float32", "rollout.probe=false", "rollout.kv_cache_space_gib=0.5",
+        "rollout.backend=vllm", "rollout.vllm.dtype=float32", "rollout.vllm.probe=false",
+        "rollout.vllm.kv_cache_space_gib=0.5",
         f"speculative.drafter=eagle:{head[0]}", "speculative.num_draft_tokens=3", "speculative.verify=rejection",
         "drafter.online=true", "drafter.learning_rate=1e-2", "grpo.num_prompts_per_step=2",
         "grpo.num_generations=2", "policy.train_micro_batch_size=4", "generation.max_new_tokens=12",

@@ -119,17 +119,36 @@ def test_vllm_backend_without_vllm_says_how_to_install(monkeypatch, tmp_path):
 
 
 def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
-    from specrl.rl import trainer
+    from specrl.rl import backends
     from specrl.rl.config import load_config
 
     cfg = load_config(None, ["rollout.backend=vllm", "run.steps=1"])
     called = {}
-    monkeypatch.setattr(trainer, "build_vllm_backend", lambda c, p: called.setdefault("vllm", (c, p)))
-    trainer.build_backend(cfg, object())
+
+    class Fake:
+        capabilities = BackendCapabilities("fake", ("rejection",), ("none",), 0, exact_seeds=False)
+
+    monkeypatch.setitem(backends.BACKENDS, "vllm", lambda c, p: called.setdefault("vllm", (c, p)) and Fake())
+    assert isinstance(backends.build_backend(cfg, object()), Fake)
     assert called["vllm"][0] is cfg
     with pytest.raises(SpecRLError, match="seed_exact is native-only"):
         load_config(None, ["rollout.backend=vllm", "speculative.drafter=ngram", "speculative.verify=seed_exact"])
     with pytest.raises(SpecRLError, match="auto is native-only"):
         load_config(None, ["rollout.backend=vllm", "speculative.drafter=ngram", "speculative.num_draft_tokens=auto"])
-    with pytest.raises(SpecRLError, match="rollout.tensor_parallel_size"):
-        load_config(None, ["rollout.tensor_parallel_size=2"])
+    with pytest.raises(SpecRLError, match="rollout.vllm.tensor_parallel_size: must be 1"):
+        load_config(None, ["rollout.vllm.tensor_parallel_size=2"])
+    with pytest.raises(SpecRLError, match=r"rollout.backend: unknown rollout backend 'sglang'; registered: native, "
+                                          r"vllm \(more with specrl.rl.backends.register_backend\)"):
+        load_config(None, ["rollout.backend=sglang"])
+    with pytest.raises(SpecRLError, match=r"rollout.vllm.max_model_len \(64\) is below model.max_seq_len"):
+        load_config(None, ["rollout.backend=vllm", "rollout.vllm.max_model_len=64"])
+
+
+@pytest.mark.parametrize("key", ["dtype", "max_model_len", "kv_cache_space_gib", "enforce_eager",
+                                 "tensor_parallel_size", "sampling_fix", "probe", "probe_samples"])
+def test_vllm_keys_outside_their_section_name_the_section(key):
+    from specrl.rl.config import load_config
+
+    with pytest.raises(SpecRLError, match=rf"rollout\.{key}: unknown key; did you mean 'rollout\.vllm\.{key}'\? "
+                                          r"\(rollout\.vllm holds those settings\)"):
+        load_config(None, [f"rollout.{key}=1"])

@@ -62,7 +62,8 @@ def test_prepare_bad_drafter_is_rejected_before_any_work():
 
 
 def test_draft_init_passes_draft_model_options(tmp_path):
-    """`specrl draft init --drafter draft-model --draft-layers N` reaches build_drafter (checked before any work)."""
+    """`specrl draft init --drafter draft-model --draft-layers N` reaches train_drafter_offline (checked before any
+    work)."""
     tdir = save_checkpoint(tiny_model("llama", vocab_size=32, seed=0), tmp_path / "t")
     r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "draft-model", "--draft-layers", "9",
                             "--out", str(tmp_path / "d")])
@@ -76,3 +77,28 @@ def test_bad_threads_option_exits_2_with_the_rule():
         r = runner.invoke(app, ["prepare", "--threads", bad])
         assert r.exit_code == 2, r.output
         assert "--threads must be an integer >= 1 or 'auto'" in r.output, r.output
+
+
+def test_check_backend_builds_through_the_registry(tmp_path, monkeypatch):
+    """`specrl check-backend` builds its backend with `specrl.rl.backends.build_backend` (the trainer's path)."""
+    from specrl.rl import backends
+    from tests.tiny import make_tiny_checkpoint
+
+    ck = make_tiny_checkpoint(tmp_path / "ck")
+    built = []
+
+    def native(cfg, policy):
+        built.append(cfg)
+        return backends.native_backend(cfg, policy)
+
+    monkeypatch.setitem(backends.BACKENDS, "native", native)
+    r = runner.invoke(app, ["check-backend", "--backend", "native", "--model", str(ck), "--drafter", "ngram",
+                            "--k", "2", "--samples", "16", "--tokens", "2", "--dtype", "float32"])
+    assert r.exit_code in (0, 1), r.output
+    assert "native, drafter ngram, k=2, float32" in r.output
+    (cfg,) = built
+    assert (cfg.speculative.drafter, cfg.speculative.num_draft_tokens, cfg.model.rollout_dtype) == ("ngram", 2,
+                                                                                                   "float32")
+    assert cfg.generation.max_batch_size == 16 and cfg.generation.max_new_tokens == 2
+    r = runner.invoke(app, ["check-backend", "--backend", "sglang", "--model", str(ck)])
+    assert r.exit_code == 2 and "--backend must be one of native, vllm, got 'sglang'" in r.output

@@ -212,18 +212,18 @@ def test_generate_with_a_seed_beyond_int64_is_a_clear_error(tiny, tmp_path):
 
 
 def test_draft_init_refuses_to_write_into_a_directory_that_is_not_a_drafter(tiny, tmp_path):
-    from specrl.drafters.build import build_drafter
+    from specrl.drafters.build import train_drafter_offline
 
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
     with pytest.raises(SpecRLError, match=r"is a non-empty directory that holds no drafter \(no config.json\); the "
                                           r"drafter's files would be mixed into it"):
-        build_drafter(str(tiny), "eagle", prompts=[[1, 2]] * 4, out=busy, samples=2, progress=False)
+        train_drafter_offline(str(tiny), "eagle", prompts=[[1, 2]] * 4, out=busy, samples=2, progress=False)
     assert sorted(p.name for p in busy.iterdir()) == ["notes.txt"]
     (tmp_path / "f").write_text("x")
     with pytest.raises(SpecRLError, match=r"is a file"):
-        build_drafter(str(tiny), "eagle", prompts=[[1, 2]] * 4, out=tmp_path / "f", samples=2, progress=False)
+        train_drafter_offline(str(tiny), "eagle", prompts=[[1, 2]] * 4, out=tmp_path / "f", samples=2, progress=False)
 
 
 # sizes beyond any 64-bit machine's virtual address space (2**47 bytes), so no overcommit setting lets them through

@@ -141,13 +141,13 @@ def test_draft_model_with_other_vocab_is_refused(target, data):
 
 
 def test_draft_init_rejects_bad_layer_count(target, tmp_path):
-    from specrl.drafters.build import build_drafter
+    from specrl.drafters.build import train_drafter_offline
     from specrl.model.checkpoint import save_checkpoint
 
     tdir = save_checkpoint(target, tmp_path / "target")
     for bad in (0, 4, "3"):
         with pytest.raises(SpecRLError, match=r"draft_layers must be an integer in \[1, 3\]"):
-            build_drafter(str(tdir), "draft-model", out=tmp_path / "d", draft_layers=bad, progress=False)
+            train_drafter_offline(str(tdir), "draft-model", out=tmp_path / "d", draft_layers=bad, progress=False)
 
 
 def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
@@ -170,7 +170,7 @@ def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
 
 
 def test_build_takes_prompts_as_token_ids_strings_or_a_callable():
-    """`build_drafter`'s prompt forms: token-id lists and strings are split into train / held-out the same way;
+    """`train_drafter_offline`'s prompt forms: token-id lists and strings are split into train / held-out the same way;
     a callable tokenizer -> (train, held-out) decides the split itself (how task prompts arrive from rl)."""
     from specrl.drafters.build import split_prompts
 

@@ -11,11 +11,11 @@ from specrl.errors import SpecRLError
 from specrl.model.checkpoint import hf_named_tensors
 from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
+from specrl.rl.backends import build_backend
 from specrl.rl.config import validate_config
 from specrl.rl.grpo import token_logprobs
 from specrl.rl.learner import Learner
 from specrl.rl.producer import RolloutProducer
-from specrl.rl.trainer import build_backend
 from tests.test_async import async_cfg
 from tests.tiny import make_tiny_checkpoint
 

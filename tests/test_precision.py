@@ -38,7 +38,7 @@ def test_auto_follows_the_processor(cpu_as, cls, dtype, precision):
     assert dv.resolve_dtype("auto", "cpu") == dtype
     assert dv.resolve_precision("auto", "cpu") == precision
     cfg = resolve_hardware(validate_config({}))
-    assert (cfg.run.device, cfg.model.rollout_dtype, cfg.policy.precision, cfg.rollout.dtype) == \
+    assert (cfg.run.device, cfg.model.rollout_dtype, cfg.policy.precision, cfg.rollout.vllm.dtype) == \
         ("cpu", dtype, precision, dtype)
     assert hardware_fields(cfg) == {"device": "cpu", "processor_class": cls, "rollout_dtype": dtype,
                                     "precision": precision}
@@ -115,3 +115,24 @@ def test_the_hardware_record_names_the_processor(cpu_as):
     cpu_as("AVX512")
     rec = dv.hardware_record()
     assert rec["processor_class"] == "AVX512" and rec["cpu_cores"] >= 1 and rec["device"] == "cpu"
+
+
+def test_a_run_saved_with_the_vllm_settings_under_rollout_resumes(tmp_path, capsys):
+    """A run directory whose config.yaml predates the rollout.vllm section resumes with its own settings."""
+    import yaml
+
+    from specrl.rl.run import release_run, setup_run
+
+    cfg, run_dir = setup_run(None, ["run.steps=1"], None, str(tmp_path / "r"))
+    release_run(run_dir)
+    data = yaml.safe_load((run_dir / "config.yaml").read_text())
+    vllm = data["rollout"].pop("vllm")
+    data["rollout"].update({"dtype": "float32", "probe_samples": 64, "sampling_fix": vllm["sampling_fix"]})
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
+    cfg, _ = setup_run(None, [], str(run_dir), None)
+    release_run(run_dir)
+    assert "moved rollout.dtype, rollout.sampling_fix, rollout.probe_samples to rollout.vllm" in capsys.readouterr().err
+    assert cfg.rollout.vllm.dtype == "float32" and cfg.rollout.vllm.probe_samples == 64
+    assert "vllm" in yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]
+    with pytest.raises(SpecRLError, match=r"rollout\.vllm\.dtype"):  # a user's own file: the error, not a move
+        validate_config({"rollout": {"dtype": "float32"}})

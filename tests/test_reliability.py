@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from specrl.errors import SpecRLError
 from specrl.rl import checkpoint as ckpt_mod
-from specrl.rl import trainer as trainer_mod
+from specrl.rl import default_drafter
 from specrl.rl.config import load_config
 from specrl.rl.learner import Learner
 from specrl.rl.metrics import read_metrics
@@ -441,7 +441,7 @@ def test_online_drafter_gone_nan_is_named(tiny, tmp_path, monkeypatch):
         torch.manual_seed(1)
         return None if spec == "none" else EagleDrafter(model)
 
-    monkeypatch.setattr(trainer_mod, "build_drafter", build)
+    monkeypatch.setattr(default_drafter, "resolve_drafter", build)
     real = Learner.stage_train
 
     def poisoned(self, batch):

@@ -12,7 +12,7 @@ import yaml
 
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
 from specrl.errors import SpecRLError
-from specrl.rl import trainer as trainer_mod
+from specrl.rl import default_drafter
 from specrl.rl.config import validate_config
 from specrl.rl.learner import Learner, NonFiniteError
 from specrl.rl.metrics import STAGES, STEP_FIELDS, read_metrics
@@ -188,7 +188,7 @@ class RepeatDrafter(Drafter):
 @pytest.mark.parametrize("drafter", ["repeat", "ngram", "suffix"])
 def test_compare_seed_exact(tiny, tmp_path, monkeypatch, drafter):
     if drafter == "repeat":
-        monkeypatch.setattr(trainer_mod, "build_drafter",
+        monkeypatch.setattr(default_drafter, "resolve_drafter",
                             lambda spec, model: None if spec == "none" else RepeatDrafter())
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__drafter="ngram" if drafter == "repeat"
                                                   else drafter, speculative__num_draft_tokens=2))
@@ -291,7 +291,7 @@ def online_trainer(tiny, monkeypatch, kind="eagle", **over) -> GRPOTrainer:
         torch.manual_seed(1)
         return EagleDrafter(model) if kind == "eagle" else MTPDrafter(model)
 
-    monkeypatch.setattr(trainer_mod, "build_drafter", build)
+    monkeypatch.setattr(default_drafter, "resolve_drafter", build)
     over = {"speculative__drafter": f"{kind}:x", "speculative__num_draft_tokens": 2, "drafter__online": True,
             "drafter__learning_rate": 1e-2, **over}
     return GRPOTrainer.from_config(validate_config(cfg_dict(tiny, **over)))
@@ -436,7 +436,7 @@ def test_zeroed_drafter_collapses(tiny, monkeypatch):
                 p.zero_()
         return d
 
-    monkeypatch.setattr(trainer_mod, "build_drafter", build)
+    monkeypatch.setattr(default_drafter, "resolve_drafter", build)
     t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, speculative__drafter="eagle:x",
                                                          speculative__num_draft_tokens=2,
                                                          drafter__collapse_threshold=1.2)))

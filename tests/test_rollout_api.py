@@ -117,8 +117,9 @@ class ProtocolOnly:
 
 def test_trainer_runs_on_a_protocol_only_backend(tmp_path):
     from specrl.model.loader import load_model
+    from specrl.rl.backends import build_backend
     from specrl.rl.config import validate_config
-    from specrl.rl.trainer import GRPOTrainer, build_backend
+    from specrl.rl.trainer import GRPOTrainer
     from tests.test_rl_trainer import cfg_dict
     from tests.tiny import make_tiny_checkpoint
 

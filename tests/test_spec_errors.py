@@ -72,7 +72,7 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
         (out / "config.json").write_text(json.dumps({"kind": kind, "format_version": 2}))
         return out
 
-    monkeypatch.setattr(build, "build_drafter", fake_build)
+    monkeypatch.setattr(build, "train_drafter_offline", fake_build)
     path = dd.ensure_default_drafter("eagle", progress=False)
     assert path == dd.default_drafter_dir("eagle") and (path / "config.json").exists()
     assert calls == [("smollm2-135m", "eagle", "chain_sum (number)", dd.DEFAULT_BUILD["samples"],
@@ -101,7 +101,7 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
         (out / "config.json").write_text(json.dumps({"kind": kind, "format_version": 2}))
         return out
 
-    monkeypatch.setattr(build, "build_drafter", fake_build)
+    monkeypatch.setattr(build, "train_drafter_offline", fake_build)
     epochs = seen
     path = dd.ensure_default_drafter("eagle", "think", progress=False)
     assert json.loads((path / dd.RECIPE_FILE).read_text()) == dd.DEFAULT_BUILDS["think"]
@@ -130,7 +130,7 @@ def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):
         out.mkdir(parents=True)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(build, "build_drafter", failing_build)
+    monkeypatch.setattr(build, "train_drafter_offline", failing_build)
     with pytest.raises(KeyboardInterrupt):
         dd.ensure_default_drafter("eagle", progress=False)
     assert not dd.default_drafter_dir("eagle").exists()

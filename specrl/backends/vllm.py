@@ -50,6 +50,7 @@ from specrl.rollout.api import (
     check_weight_kind,
     normalize_requests,
 )
+from specrl.rollout.drafter_spec import DRAFTER_KINDS, kinds_offered, parse_drafter_spec
 from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import SamplingParams
 
@@ -59,8 +60,6 @@ INSTALL_HINT = ("vLLM is not installed in this Python ({exe}). On this CPU machi
                 "`pip install vllm` next to specrl")
 WORKER_EXTENSION = "specrl.backends.vllm_worker.SpecRLWorkerExtension"
 SAMPLING_FIX = ("auto", "on", "off")
-# vLLM drafters specrl's drafter specs map onto (kind -> vLLM speculative method)
-METHODS = {"ngram": "ngram", "suffix": "suffix", "draft-model": "draft_model", "eagle": "eagle3"}
 _FUSED = (re.compile(r"\.(q|k|v)_proj\."), re.compile(r"\.(gate|up)_proj\."))
 
 
@@ -111,8 +110,8 @@ class VLLMOptions:
         if self.draft_sample_method not in ("greedy", "probabilistic"):
             raise SpecRLError("vLLM draft_sample_method must be 'greedy' or 'probabilistic', got "
                               f"{self.draft_sample_method!r}")
-        kind = self.drafter.partition(":")[0]
-        if kind != "none" and kind not in METHODS:
+        kind = parse_drafter_spec(self.drafter).kind
+        if kind not in kinds_offered("vllm"):
             raise SpecRLError(f"drafter {self.drafter!r} has no vLLM equivalent (vLLM backend drafters: none, "
                               "ngram, suffix, draft-model:DIR, eagle:DIR with DIR a `specrl draft export --format "
                               "vllm-eagle3` output); MTP heads trained by specrl do not map onto vLLM's MTP")
@@ -126,10 +125,11 @@ def speculative_config(opts: VLLMOptions, model_dir: str | os.PathLike | None = 
     """vLLM's `speculative_config` for `opts.drafter`. `eagle:DIR` takes a vLLM EAGLE-3 checkpoint as it is, or a
     specrl EAGLE directory, which is exported (`specrl.drafters.export`) for the target `model_dir` into
     `export_to` first; the returned dict then has `specrl_eagle: True` (refits must be renamed)."""
-    kind, _, arg = opts.drafter.partition(":")
+    spec = parse_drafter_spec(opts.drafter)
+    kind, arg = spec.kind, spec.arg
     if kind == "none":
         return None
-    sc: dict = {"method": METHODS[kind], "num_speculative_tokens": opts.num_draft_tokens}
+    sc: dict = {"method": DRAFTER_KINDS[kind].vllm, "num_speculative_tokens": opts.num_draft_tokens}
     if kind == "ngram":
         sc.update(prompt_lookup_min=1, prompt_lookup_max=4)
     if kind in ("draft-model", "eagle"):
@@ -205,7 +205,7 @@ class VLLMBackend:
         self._start_engine()
         self.startup_seconds = self.last_start_seconds
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
-        kinds = ("none", *METHODS) if _has_suffix_decoding() else ("none", "ngram", "draft-model", "eagle")
+        kinds = tuple(k for k in kinds_offered("vllm") if k != "suffix" or _has_suffix_decoding())
         self.capabilities = BackendCapabilities("vllm", ("rejection",), kinds, max_k=opts.num_draft_tokens
                                                 if self.speculative else 0, exact_seeds=False)
         self._policy_version = 0
@@ -334,7 +334,7 @@ class VLLMBackend:
             names = list(named_tensors)
         pairs = [(n, t.detach()) for n, t in named_tensors.items()]
         if which == "drafter":
-            if not self.speculative or self.options.drafter.partition(":")[0] not in ("draft-model", "eagle"):
+            if not self.speculative or not parse_drafter_spec(self.options.drafter).info.learned:
                 raise SpecRLError("load_weights(drafter): this vLLM engine has no drafter with weights (configure "
                                   "draft-model:DIR or eagle:DIR)")
             own = set(self.llm.collective_rpc("specrl_draft_parameter_names")[0])
@@ -432,7 +432,7 @@ class VLLMBackend:
 
     def _validate(self, requests, params) -> tuple[list[RolloutRequest], list[SamplingParams]]:
         return normalize_requests(requests, params, self.vocab_size, self.options.max_model_len,
-                                  "the vLLM max_model_len", "raise rollout.max_model_len")
+                                  "the vLLM max_model_len", "raise rollout.vllm.max_model_len")
 
 
 def _has_suffix_decoding() -> bool:

@@ -27,11 +27,13 @@ from specrl.errors import SpecRLError
 from specrl.model.checkpoint import parse_dtype
 from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
+from specrl.rl.backends import build_backend
 from specrl.rl.config import TrainConfig, validate_config
+from specrl.rl.default_drafter import resolve_drafter
 from specrl.rl.learner import Learner
 from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
-from specrl.rl.trainer import build_backend, build_drafter, seed_everything
+from specrl.rl.trainer import seed_everything
 from specrl.rollout.digest import check_refit
 from specrl.step_record import StepRecord
 
@@ -195,7 +197,7 @@ class LearnerActor:
             seed_everything(cfg.run.seed)
             policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
             online = cfg.drafter.online and cfg.learner.world_size == 1
-            drafter = build_drafter(cfg.speculative.drafter, policy) if online else None
+            drafter = resolve_drafter(cfg.speculative.drafter, policy) if online else None
             policy.train()
             self.tokenizer = tokenizer
             lag = cfg.pipeline.max_trajectory_age_steps

@@ -74,7 +74,8 @@ class LearnerRank:
         from specrl.model.checkpoint import parse_dtype
         from specrl.model.loader import load_model
         from specrl.rl.data_parallel import ShardedLearner
-        from specrl.rl.trainer import build_drafter, seed_everything
+        from specrl.rl.default_drafter import resolve_drafter
+        from specrl.rl.trainer import seed_everything
 
         cfg = self.cfg
         device = _device_type(cfg)
@@ -85,7 +86,7 @@ class LearnerRank:
         policy, _ = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
         if device == "cuda":
             policy = policy.to("cuda")
-        drafter = build_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
+        drafter = resolve_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
         policy.train()
         self.learner = ShardedLearner(cfg, policy, drafter, max_policy_lag=max_policy_lag)
         self.learner.log = self.lines.append

@@ -9,7 +9,8 @@ draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH. PATH may be one of EMBEDDED_
 the embedded model (SmolLM2-135M): `default` on chain_sum's short answers, `think` on the long step-by-step replies
 of examples/think.yaml. The RL layer builds them from its task prompts (`specrl.rl.default_drafter`,
 `specrl prepare --drafter eagle[:think]`). `hybrid:LEARNED` pairs a learned drafter with the suffix drafter
-(`hybrid.py`). It imports model, rollout and errors only.
+(`hybrid.py`). Specs are parsed by `specrl.rollout.drafter_spec`, whose table of kinds `register_drafter` extends
+with a new kind and its builder. It imports model, rollout and errors only.
 """
 
 from __future__ import annotations
@@ -22,17 +23,22 @@ from specrl.drafters.draft_model import DraftModelDrafter
 from specrl.drafters.ngram import NGramDrafter
 from specrl.drafters.suffix import SuffixDrafter
 from specrl.errors import SpecRLError
-from specrl.rollout.api import DRAFTER_KINDS
+from specrl.rollout.drafter_spec import (
+    DRAFTER_KINDS,
+    EMBEDDED,
+    DrafterKind,
+    DrafterSpec,
+    parse_drafter_spec,
+    register_drafter_kind,
+)
 
-_NEEDS_PATH = ("draft-model", "eagle", "mtp")
-DEFAULT_KINDS = ("eagle", "mtp")  # kinds with a `default` drafter of the embedded model
-EMBEDDED_NAMES = ("default", "think")  # the embedded model's built-on-first-use drafters (see rl.default_drafter)
+# kinds with a `default` drafter of the embedded model
+DEFAULT_KINDS = tuple(k.name for k in DRAFTER_KINDS.values() if k.embedded)
+EMBEDDED_NAMES = EMBEDDED  # the embedded model's built-on-first-use drafters (see rl.default_drafter)
 DEFAULT_DRAFTER_MODEL = "smollm2-135m"  # the embedded model the `default` drafters belong to
-DRAFTER_SPECS = tuple(f"{k}:PATH" if k in _NEEDS_PATH else "hybrid:LEARNED" if k == "hybrid" else k
-                      for k in DRAFTER_KINDS)  # how a spec is written
 
 __all__ = ["DraftBatch", "Drafter", "Proposal", "DraftModelDrafter", "NGramDrafter", "SuffixDrafter",
-           "EagleDrafter", "MTPDrafter", "make_drafter", "DRAFTER_KINDS"]
+           "EagleDrafter", "MTPDrafter", "make_drafter", "register_drafter", "DrafterSpec", "DRAFTER_KINDS"]
 
 
 def __getattr__(name):
@@ -83,6 +89,17 @@ def read_draft_vocab(ckpt_dir: Path, vocab_size: int):
     return check_draft_vocab(ids, vocab_size, where=str(f))
 
 
+def register_drafter(name: str, build: Callable[..., Drafter], *, arg: str | None = None, learned: bool = False,
+                     vllm: str | None = None, sim: str | None = None) -> DrafterKind:
+    """Add a drafter kind: `build(spec, target, dtype)` returns the drafter for a parsed `DrafterSpec` (`spec.arg`
+    is the text after `name:`; `arg` names it in help texts, None: the kind takes no argument). The native engine
+    offers it at once; `vllm` names vLLM's speculative method for it (None: not offered on vLLM), `sim` the
+    simulator drafter that prices it. Remove it with `specrl.rollout.drafter_spec.unregister_drafter_kind`."""
+    if not callable(build):
+        raise SpecRLError(f"register_drafter({name!r}): build must be callable (spec, target, dtype) -> Drafter")
+    return register_drafter_kind(DrafterKind(name, arg=arg, learned=learned, vllm=vllm, sim=sim, build=build))
+
+
 def make_drafter(spec: str | None, target=None, dtype=None,
                  build_default: Callable[[str, str], Path] | None = None) -> Drafter | None:
     """Build a drafter from a spec string; None/'none' means plain autoregressive decoding.
@@ -93,31 +110,35 @@ def make_drafter(spec: str | None, target=None, dtype=None,
     """
     if spec is None or spec == "none":
         return None
-    kind, _, arg = spec.partition(":")
-    if kind == "ngram" and not arg:
+    try:
+        parsed = parse_drafter_spec(spec)
+    except SpecRLError as e:
+        raise SpecRLError(f"unknown drafter {spec!r}: {e}") from None
+    kind, arg = parsed.kind, parsed.arg
+    if parsed.info.build is not None:
+        return parsed.info.build(parsed, target, dtype)
+    if kind == "ngram":
         return NGramDrafter()
-    if kind == "suffix" and not arg:
+    if kind == "suffix":
         return SuffixDrafter()
-    if kind == "hybrid" and arg.partition(":")[0] in _NEEDS_PATH:
+    if kind == "hybrid":
         from specrl.drafters.hybrid import HybridDrafter
 
-        return HybridDrafter(make_drafter(arg, target, dtype, build_default))
-    if kind in _NEEDS_PATH and arg:
-        if kind == "draft-model":
-            from specrl.model.loader import load_model, same_tokenizer
+        return HybridDrafter(make_drafter(str(parsed.inner), target, dtype, build_default))
+    if kind == "draft-model":
+        from specrl.model.loader import load_model, same_tokenizer
 
-            if not Path(arg).exists() and "/" in arg:
-                raise SpecRLError(f"draft model path {arg} does not exist")
-            model, _ = load_model(arg, dtype=dtype or target.dtype,
-                                  device="cpu" if target is None else target.embed_tokens.weight.device)
-            same_tokenizer(getattr(target, "checkpoint_dir", None), model.checkpoint_dir, "draft model")
-            return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
-        from specrl.drafters.io import load_drafter
+        if not Path(arg).exists() and "/" in arg:
+            raise SpecRLError(f"draft model path {arg} does not exist")
+        model, _ = load_model(arg, dtype=dtype or target.dtype,
+                              device="cpu" if target is None else target.embed_tokens.weight.device)
+        same_tokenizer(getattr(target, "checkpoint_dir", None), model.checkpoint_dir, "draft model")
+        return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
+    from specrl.drafters.io import load_drafter
 
-        if arg in EMBEDDED_NAMES:
-            arg = str(_default_dir(kind, arg, target, build_default))
-        return load_drafter(arg, target, expected_kind=kind)
-    raise SpecRLError(f"unknown drafter {spec!r}; use one of {list(DRAFTER_SPECS)}")
+    if parsed.info.embedded and arg in EMBEDDED_NAMES:
+        arg = str(_default_dir(kind, arg, target, build_default))
+    return load_drafter(arg, target, expected_kind=kind)
 
 
 def _default_dir(kind: str, name: str, target, build_default: Callable[[str, str], Path] | None) -> Path:

@@ -1,7 +1,7 @@
 """Build a drafter from in-domain rollouts: the body of `specrl draft init`.
 
-`build_drafter` generates rollouts of the target on the prompts it is given (or reads finished texts from a JSONL
-file), trains an EAGLE or MTP drafter, or a draft model made of `draft_layers` of the target's layers, on them
+`train_drafter_offline` generates rollouts of the target on the prompts it is given (or reads finished texts from a
+JSONL file), trains an EAGLE or MTP drafter, or a draft model made of `draft_layers` of the target's layers, on them
 (`training.train_drafter`), measures the held-out acceptance length with the real engine on prompts it did not
 train on, and saves the drafter (`io.save_drafter`; a draft model as an HF checkpoint with the target's tokenizer,
 loadable by transformers as an `assistant_model` too, see `save_draft_model`) with a `train_report.json` and the
@@ -98,7 +98,7 @@ def save_draft_model(draft, model: str | os.PathLike, out: Path) -> None:
             shutil.copy2(f, out / f.name)
 
 
-def build_drafter(model: str = "smollm2-135m", drafter_kind: str = "eagle", prompts: Prompts | None = None,
+def train_drafter_offline(model: str = "smollm2-135m", drafter_kind: str = "eagle", prompts: Prompts | None = None,
                   samples: int = 512, epochs: int = 3, out: str | os.PathLike = "drafters/eagle",
                   data_jsonl: str | None = None, max_new_tokens: int = 160, temperature: float = 1.0,
                   draft_vocab_size: int = 8192, num_modules: int = 3, lr: float = 1e-3, batch_size: int = 8,

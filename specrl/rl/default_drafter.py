@@ -1,13 +1,13 @@
 """The embedded model's drafters, built from the RL task's own prompts, and drafter specs with them.
 
 `eagle:default` / `mtp:default` is an in-domain drafter of SmolLM2-135M: the policy's rollouts on chain_sum
-prompts, distilled with a small fixed budget (`DEFAULT_BUILDS["default"]`) by `specrl.drafters.build.build_drafter`;
-`eagle:think` the same on examples/think.yaml's long step-by-step replies (`DEFAULT_BUILDS["think"]`: the
-`reasoning` answer format, its temperature and length). Both are cached next to the model
-(`specrl.drafters.default_drafter_dir`). The drafters layer only loads it; the build
-lives here because only this layer knows tasks: `task_prompts` renders a task's train and held-out prompts
+prompts, distilled with a small fixed budget (`DEFAULT_BUILDS["default"]`) by
+`specrl.drafters.build.train_drafter_offline`; `eagle:think` the same on examples/think.yaml's long step-by-step
+replies (`DEFAULT_BUILDS["think"]`: the `reasoning` answer format, its temperature and length). Both are cached
+next to the model (`specrl.drafters.default_drafter_dir`). The drafters layer only loads it; the build lives here
+because only this layer knows tasks: `task_prompts` renders a task's train and held-out prompts
 exactly as the trainer does (`PromptFormatter`). `ensure_default_drafter` builds it once; `resolve_drafter` is
-`make_drafter` with that builder, what the CLI, the trainer and the benchmarks call.
+`make_drafter` with that builder, what the CLI, the trainer, the rollout backends and the benchmarks call.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from specrl.drafters import build as drafter_build
 from specrl.drafters.io import FORMAT_VERSION, min_format_version
 from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir
+from specrl.rollout.drafter_spec import parse_drafter_spec
 
 # First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see docs/drafters.md). `think` matches
 # examples/think.yaml: its prompts (answer_format reasoning), its temperature and its max_new_tokens.
@@ -41,7 +42,7 @@ DEFAULT_DIFFICULTY = "easy"
 
 def task_prompts(task: str, samples: int, heldout: int = drafter_build.HELDOUT_PROMPTS,
                  difficulty: str = DEFAULT_DIFFICULTY, seed: int = 0, answer_format: str = "auto") -> Callable:
-    """A prompt source for `build_drafter`: tokenizer -> (train prompt ids, held-out prompt ids) of a task.
+    """A prompt source for `train_drafter_offline`: tokenizer -> (train prompt ids, held-out prompt ids) of a task.
 
     The train split has up to `samples` prompts, the validation split `heldout` (disjoint from train, see
     `make_task`), both rendered with the chat template and answer instruction the trainer uses.
@@ -112,7 +113,7 @@ def ensure_default_drafter(kind: str, name: str = "default", progress: bool = Tr
           f"{b['samples']} in-domain {b['task']} rollouts ({b['answer_format']} answers, up to "
           f"{b['max_new_tokens']} tokens, T={b['temperature']}), {b['epochs']} epochs; cached at {final}", flush=True)
     t0 = time.perf_counter()
-    drafter_build.build_drafter(DEFAULT_DRAFTER_MODEL, kind,
+    drafter_build.train_drafter_offline(DEFAULT_DRAFTER_MODEL, kind,
                                 prompts=task_prompts(b["task"], b["samples"], answer_format=b["answer_format"]),
                                 samples=b["samples"], epochs=b["epochs"], out=tmp,
                                 max_new_tokens=b["max_new_tokens"], temperature=b["temperature"], progress=progress,
@@ -149,9 +150,9 @@ def remove_stale_builds(final: Path) -> list[Path]:
 def default_head_spec(spec: str) -> str:
     """`eagle:default` / `eagle:think` -> `eagle:DIR` of the cached head (built on first use); any other spec as
     it is. For consumers that take a directory, not a drafter object (the vLLM backend, the export)."""
-    kind, _, name = spec.partition(":")
-    if kind == "eagle" and name in DEFAULT_BUILDS:
-        return f"eagle:{ensure_default_drafter('eagle', name)}"
+    parsed = parse_drafter_spec(spec)
+    if parsed.kind == "eagle" and parsed.arg in DEFAULT_BUILDS:
+        return f"eagle:{ensure_default_drafter('eagle', parsed.arg)}"
     return spec
 
 

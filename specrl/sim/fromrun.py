@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specrl.errors import SpecRLError
+from specrl.rollout.drafter_spec import DRAFTER_KINDS, parse_drafter_spec
 from specrl.sim.calibrated import CALIBRATION
 from specrl.sim.models import CATALOG_CONFIGS, get_model
 from specrl.sim.pipeline import STAGES, SimConfig, config_dict, simulate
@@ -26,8 +27,6 @@ from specrl.sim.workload import Workload
 from specrl.step_record import StepRecord
 
 EAGLE_TTT_STEPS = 3  # specrl.drafters.training.TTT_STEPS: unrolled steps per drafter update
-DRAFTER_KINDS = {"none": "none", "ngram": "ngram", "suffix": "ngram", "eagle": "eagle3", "mtp": "mtp",
-                 "draft-model": "draft-model"}
 
 
 def cpu_efficiency() -> Efficiency:
@@ -129,12 +128,14 @@ def config_for_run(run_cfg: dict, records: list[StepRecord], cpu_profile: str | 
     if model not in CATALOG_CONFIGS and not Path(str(model)).exists():
         raise SpecRLError(f"run model {model!r} is neither a catalog model nor a checkpoint path")
     drafter_raw = str(_get(run_cfg, "speculative.drafter", "none"))
-    kind, _, arg = drafter_raw.partition(":")
-    if kind == "hybrid":  # priced as its learned part (the suffix lookups cost no forward)
-        kind, _, arg = arg.partition(":")
-    drafter = DRAFTER_KINDS.get(kind)
+    known = sorted(k.name for k in DRAFTER_KINDS.values() if k.sim is not None)
+    try:  # a hybrid is priced as its learned part (the suffix lookups cost no forward)
+        spec = parse_drafter_spec(drafter_raw).learned_part
+    except SpecRLError as e:
+        raise SpecRLError(f"run drafter {drafter_raw!r} has no simulator equivalent ({e}); known: {known}") from None
+    arg, drafter = spec.arg, spec.info.sim
     if drafter is None:
-        raise SpecRLError(f"run drafter {drafter_raw!r} has no simulator equivalent; known: {sorted(DRAFTER_KINDS)}")
+        raise SpecRLError(f"run drafter {drafter_raw!r} has no simulator equivalent; known: {known}")
     steady = records[1:] or records
     al = statistics.median(float(r.acceptance_length or 1.0) for r in steady)
     k_mean = statistics.median(float(r.num_draft_tokens_mean or 0.0) for r in steady)

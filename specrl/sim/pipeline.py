@@ -98,7 +98,7 @@ def _pow2_at_least(x: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(x, 1.0))))
 
 
-def build_drafter(cfg: SimConfig, target: ModelSpec) -> ModelSpec | None:
+def drafter_model_spec(cfg: SimConfig, target: ModelSpec) -> ModelSpec | None:
     if cfg.drafter not in DRAFTERS:
         raise SpecRLError(f"unknown drafter {cfg.drafter!r}; valid: {', '.join(DRAFTERS)}")
     if cfg.drafter == "eagle3":
@@ -213,7 +213,7 @@ def prepare(cfg: SimConfig) -> Context:
     if cfg.train_micro_batch < 0:
         raise SpecRLError(f"train_micro_batch={cfg.train_micro_batch} must be 0 (packed sequences) or the trainer's "
                           "micro-batch size >= 1")
-    drafter = build_drafter(cfg, model)
+    drafter = drafter_model_spec(cfg, model)
     acceptance = build_acceptance(cfg)
     layout = plan_layout(cfg, model, hw, drafter)
     wl = cfg.workload
