@@ -71,13 +71,15 @@ def test_bad_world_sizes_are_clear_errors(tiny, tmp_path):
 
 
 def test_merge_rank_records_weights_token_means_by_tokens():
+    from specrl.step_record import StepRecord
+
     base = {"step": 1, "loss": 0.0, "clip_fraction": 0.0, "kl": None, "ratio_mean": 1.0, "is_ratio_mean": None,
             "is_clipped_fraction": None, "is_ratio_max": None, "draft_loss": 0.0, "token_mult_prob_error": 1.0,
             "stage_seconds": {"data": 1.0, "prepare": 0.0, "gen": 2.0, "logprob": 0.5, "train": 1.0}}
     a = {**base, "loss": 0.6, "clip_fraction": 0.5, "draft_loss": 2.0, "rank_tokens": 30.0}
     b = {**base, "loss": 0.2, "clip_fraction": 0.0, "draft_loss": 4.0, "rank_tokens": 10.0,
          "stage_seconds": {**base["stage_seconds"], "train": 3.0}}
-    rec = merge_rank_records([a, b])
+    rec = merge_rank_records([StepRecord.from_json(a), StepRecord.from_json(b)])
     assert rec["loss"] == pytest.approx(0.4)  # each rank normalised by global tokens / 2
     assert rec["clip_fraction"] == pytest.approx(0.375)  # (0.5 * 30 + 0) / 40
     assert rec["draft_loss"] == pytest.approx(3.0) and rec["kl"] is None
