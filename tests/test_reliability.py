@@ -156,7 +156,7 @@ def test_nonfinite_weights_after_an_update_are_never_checkpointed(tiny, tmp_path
 
 
 def test_huge_learning_rate_leaves_only_really_good_checkpoints(tiny, tmp_path, monkeypatch):
-    """A huge lr (the issue's 1e10 on the 30-layer model; 1e20 overflows this small one): the weights stay
+    """A huge lr (1e10 on the 30-layer model; 1e20 overflows this small one): the weights stay
     finite but the next forward overflows. Before, that state was checkpointed and called "last good"."""
     from specrl.rl import batch as batch_mod
 
