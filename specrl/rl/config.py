@@ -110,11 +110,10 @@ class TrainConfig(_Section):
                 "or drafter.online=false"
             )
         d = self.drafter
-        if d.online_mode == "on_stale" and not (d.online and d.refresh_steps >= 1):
+        if d.online and d.online_mode == "on_stale" and d.refresh_steps < 1:  # (without online it is moot)
             raise ValueError(
                 "drafter.online_mode=on_stale trains the online drafter only in its staleness refreshes, which needs "
-                f"drafter.online=true (now {str(d.online).lower()}) and drafter.refresh_steps >= 1 (now "
-                f"{d.refresh_steps}); set those, or drafter.online_mode=every_step"
+                f"drafter.refresh_steps >= 1 (now {d.refresh_steps}); set it, or drafter.online_mode=every_step"
             )
         ro = self.rollout
         if ro.backend == "vllm":
