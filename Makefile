@@ -52,7 +52,7 @@ venv-vllm: .venv-vllm/.installed
 # One vLLM engine (SmolLM2 fp32 + draft model) for the whole module: ~3.5 min on one core.
 test-vllm: .venv/.installed .venv-vllm/.installed
 	$(PY) -c "from specrl.model.presets import prepare; prepare('smollm2-135m')"
-	VLLM_CPU_OMP_THREADS_BIND=$(VLLM_THREADS_BIND) $(VPY) -m pytest -q -p no:cacheprovider tests/test_backend_vllm.py tests/test_backend_vllm_eagle.py
+	VLLM_CPU_OMP_THREADS_BIND=$(VLLM_THREADS_BIND) $(VPY) -m pytest -q -p no:cacheprovider tests/test_backend_vllm.py tests/test_backend_vllm_eagle.py tests/test_backend_vllm_refit.py
 
 # `pip install .` in a fresh venv (pyproject's ranges, constrained to the lock's versions, offline from pip's cache)
 # gives a working `specrl --help` and `specrl generate` on the embedded model. Run outside the checkout, so the

@@ -215,7 +215,8 @@ def test_online_drafter_training_reaches_vllm(ckpt, head, prompts, tmp_path):
         "rollout.backend=vllm", "rollout.vllm.dtype=float32", "rollout.vllm.probe=false",
         "rollout.vllm.kv_cache_space_gib=0.5",
         f"speculative.drafter=eagle:{head[0]}", "speculative.num_draft_tokens=3", "speculative.verify=rejection",
-        "drafter.online=true", "drafter.learning_rate=1e-2", "grpo.num_prompts_per_step=2",
+        "drafter.online=true", "drafter.online_mode=every_step", "drafter.learning_rate=1e-2",
+        "grpo.num_prompts_per_step=2",
         "grpo.num_generations=2", "policy.train_micro_batch_size=4", "generation.max_new_tokens=12",
         "generation.max_batch_size=4", "run.steps=2",
         f"run.out_dir={tmp_path}", "run.threads=1"])

@@ -57,6 +57,18 @@ _QKV, _GATE_UP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
 _STACKED = tuple((p, "qkv_proj", _QKV) for p in _QKV) + tuple((p, "gate_up_proj", _GATE_UP) for p in _GATE_UP)
 
 
+def _param(params: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The parameter `name` is loaded into: the same name with or without vLLM's `model.` prefix, else the one
+    parameter whose name ends with `name` minus its first component (vLLM's loader renames the first component of
+    some models' names, e.g. an EAGLE-3 head's `midlayer.` becomes `model.layers.0.`); None when not held."""
+    for cand in (name, name.removeprefix("model."), "model." + name):
+        if cand in params:
+            return params[cand]
+    rest = name.split(".", 1)[1] if "." in name else name
+    hits = [k for k in params if k.endswith("." + rest)]
+    return params[hits[0]] if len(hits) == 1 else None
+
+
 def held_digest(params: dict[str, torch.Tensor], shapes: list[tuple[str, list[int]]]) -> dict[str, str]:
     """The digest of each sent (name, shape) as `params` hold it (see `specrl_weights_digest`)."""
     from specrl.rollout.digest import OPAQUE, tensor_digest
@@ -64,16 +76,12 @@ def held_digest(params: dict[str, torch.Tensor], shapes: list[tuple[str, list[in
     sent = dict((n, list(sh)) for n, sh in shapes)
     out: dict[str, str] = {}
     for name, shape in sent.items():
-        held, row0 = None, 0
-        for cand in (name, name.removeprefix("model."), "model." + name):
-            if cand in params:
-                held = params[cand]
-                break
+        held, row0 = _param(params, name), 0
         if held is None:
             for part, fused, members in _STACKED:
                 if f".{part}." in name:
                     fused_name = name.replace(f".{part}.", f".{fused}.")
-                    held = params.get(fused_name)
+                    held = _param(params, fused_name)
                     for m in members[:members.index(part)]:  # the rows of the members stacked before this one
                         row0 += sent.get(name.replace(f".{part}.", f".{m}."), [0])[0]
                     break
