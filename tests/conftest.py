@@ -65,3 +65,15 @@ FAMILIES = ["llama", "qwen2", "qwen3", "llama3rope"]
 def family_pair(request):
     hf = tiny_hf(request.param)
     return request.param, hf, specrl_twin(hf)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray per test module (4 logical CPUs: the actors and ranks are tiny; loopback only); shut down at the
+    module's end, so no Ray process outlives the tests that started it."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             _node_ip_address="127.0.0.1", configure_logging=False)
+    yield
+    ray.shutdown()

@@ -58,15 +58,6 @@ def test_async_bad_input(tiny, tmp_path):
         train_main(str(cfgf), [], None, str(tmp_path / "cmp"), True)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray for the module (logical CPUs: the actors are tiny); shut down at the end."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             _node_ip_address="127.0.0.1", configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def async_cfg(tiny, lag=1, workers=1, **over):
     base = {"speculative__drafter": "ngram", "speculative__num_draft_tokens": 2, "pipeline__mode": "async",
             "pipeline__max_trajectory_age_steps": lag, "pipeline__num_rollout_workers": workers,

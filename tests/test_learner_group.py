@@ -88,15 +88,6 @@ def test_merge_rank_records_weights_token_means_by_tokens():
 
 
 # ---------------------------------------------------------------------------------------------- with Ray
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray for the module (logical CPUs: the ranks are tiny); shut down at the end."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             _node_ip_address="127.0.0.1", configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def single_learner(cfg) -> Learner:
     seed_everything(cfg.run.seed)
     policy, _ = load_model(cfg.model.name, dtype=torch.float32)

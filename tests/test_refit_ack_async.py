@@ -30,14 +30,6 @@ def eagle(tiny, tmp_path_factory):
     return save_drafter(EagleDrafter(model), tmp_path_factory.mktemp("eagle") / "head")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             _node_ip_address="127.0.0.1", configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("fault,which,match", [
     ("drop-drafter", "drafter", r"tensor\(s\) hold other values than were sent: (layer_norms|fc)\."),
     ("partial-policy", "policy", r"tensor\(s\) hold other values than were sent: model\."),
