@@ -65,7 +65,7 @@ def time_shapes(model, batch_sizes: list[int], k: int, ctx: int, reps: int) -> l
         torch.manual_seed(0)
         v = model.args.vocab_size
 
-        def fwd(lo, hi, width):
+        def fwd(lo, hi, width, cache=cache, v=v):
             tokens = torch.randint(0, v, (hi - lo, width))
             pos = torch.arange(ctx, ctx + width)[None, :].expand(hi - lo, width)
             hidden, _ = model.forward_hidden(tokens, pos, cache.slots(lo, hi), kv_len=ctx + width)

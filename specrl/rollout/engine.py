@@ -43,7 +43,6 @@ from specrl.rollout.digest import weights_digest
 from specrl.rollout.drafter import BindContext, DraftBatch, Proposal
 from specrl.rollout.drafter_spec import kinds_offered
 from specrl.rollout.metrics import SpecMetrics
-from specrl.rollout.seq_budget import SequenceDraftBudget
 from specrl.rollout.sampling import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -55,6 +54,7 @@ from specrl.rollout.sampling import (
     scaled_logits,
     uniform,
 )
+from specrl.rollout.seq_budget import SequenceDraftBudget
 from specrl.rollout.verify import VERIFY_MODES, VerifyResult, check_draft_ids, verify
 
 
