@@ -186,6 +186,16 @@ class SpeculativeConfig(_Section):
     hybrid:LEARNED (a learned drafter spec plus the sibling-suffix drafter, e.g. hybrid:eagle:think)"""
     num_draft_tokens: int | Literal["auto"] = 3
     verify: Literal["rejection", "seed_exact"] = "rejection"
+    per_sequence_k: bool = False
+    """Native engine: each sequence keeps only k_i <= k of the step's drafts, from its own recent acceptance
+    (specrl.rollout.seq_budget); off by default (docs/speculative_benchmarks.md has the side-by-side figures)."""
+
+    @field_validator("per_sequence_k", mode="before")
+    @classmethod
+    def _per_sequence_k(cls, v: Any) -> bool:
+        if not isinstance(v, bool):
+            raise ValueError(f"must be true or false (per-sequence draft budgets on or off), got {v!r}")
+        return v
 
     @field_validator("drafter")
     @classmethod

@@ -10,6 +10,8 @@ not depend on batch composition. Speculative steps ask the drafter for k tokens,
 forward and hand the decision to `specrl.rollout.verify` — the single verification point. A ragged proposal
 (n-gram, suffix) is cut to its longest real draft before the forward; after it, `_verify_logits` does the
 vocabulary-wide work only where it is needed (argmax alone for greedy batches, log-probs at emitted positions).
+With `per_sequence_k`, each row keeps only its own budget k_i <= k of the step's drafts
+(`specrl.rollout.seq_budget`, from that sequence's past acceptance), and the drafter is asked for max_i k_i.
 An optional `between_steps` callable runs between engine steps and may load newer weights (in-flight updates);
 every emitted token records the policy version that produced it.
 """
@@ -52,6 +54,7 @@ from specrl.rollout.sampling import (
     scaled_logits,
     uniform,
 )
+from specrl.rollout.seq_budget import SequenceDraftBudget
 from specrl.rollout.verify import VERIFY_MODES, VerifyResult, check_draft_ids, verify
 
 
@@ -90,12 +93,13 @@ class RolloutEngine:
     acceptance); `verify` is "rejection" (default) or "seed_exact". With `packed` (default), a bf16 model and
     drafter on CPU run their linear layers on prepacked oneDNN weights (`specrl.model.packed`: bitwise the same
     outputs, faster at decode); float32 models are left as they are, and so is a model with packed=False (a
-    model another engine packed stays packed: packing is a property of the model's modules).
+    model another engine packed stays packed: packing is a property of the model's modules). `per_sequence_k`
+    (default off) caps each sequence's drafts by its own recent acceptance (`specrl.rollout.seq_budget`).
     """
 
     def __init__(self, model, max_batch_size: int = 32, max_seq_len: int = 2048, drafter=None,
                  num_draft_tokens: int | str = 3, verify: str = "rejection", k_max: int = 7,
-                 prefill_chunk_tokens: int = 4096, packed: bool = True):
+                 prefill_chunk_tokens: int = 4096, packed: bool = True, per_sequence_k: bool = False):
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise SpecRLError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -111,6 +115,9 @@ class RolloutEngine:
                                            0 <= num_draft_tokens <= k_max):
             raise SpecRLError(f"num_draft_tokens must be an integer in 0..{k_max} (k_max) or 'auto', "
                               f"got {num_draft_tokens!r}")
+        if not isinstance(per_sequence_k, bool):
+            raise SpecRLError(f"per_sequence_k must be true or false (per-sequence draft budgets on or off), got "
+                              f"{per_sequence_k!r}")
         self.model = model
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
@@ -142,6 +149,8 @@ class RolloutEngine:
             if isinstance(drafter, torch.nn.Module):
                 self.packed_layers += pack_for_inference(drafter)
         self.controller = DraftLengthController(k_max, num_draft_tokens) if drafter is not None else None
+        self.per_sequence_k = per_sequence_k
+        self.budget = SequenceDraftBudget(max_batch_size) if per_sequence_k and drafter is not None else None
         self.capabilities = BackendCapabilities("native", VERIFY_MODES, kinds_offered("native"), k_max,
                                                 exact_seeds=True, in_flight_updates=True)
         self.policy_version = 0
@@ -185,10 +194,16 @@ class RolloutEngine:
                 if not active:
                     continue
             k = self.controller.choose(len(active), self._ctx_len(active)) if self.controller else 0
-            if k > 0:
+            budgets = self.budget.budgets(len(active), k) if self.budget is not None and k > 0 else None
+            if k > 0 and budgets is None:
                 self._spec_step(active, k, metrics)
+            elif k > 0 and int(budgets.max()) > 0:
+                self._spec_step(active, k, metrics, budgets)
             else:
                 self._ar_step(active, metrics)
+                if self.budget is not None:  # every row at k_i = 0 (or a plain step): one more step without drafts
+                    zero = torch.zeros(len(active), dtype=torch.long)
+                    self.budget.observe(zero, zero)
             active = self._retire(active, metrics, progress)
         metrics.total_seconds = time.perf_counter() - t0
         v = self.policy_version
@@ -277,6 +292,8 @@ class RolloutEngine:
             self.cache.compact(order, self._ctx_len(survivors))
             if self.drafter is not None:
                 self.drafter.compact(order)
+            if self.budget is not None:
+                self.budget.compact(order)
         return survivors
 
     # ------------------------------------------------------------------ prefill
@@ -294,6 +311,8 @@ class RolloutEngine:
                 j += 1
             self._prefill_chunk(start + i, new[i:j], metrics)
             i = j
+        if self.budget is not None:
+            self.budget.enter(start, start + len(new))
         metrics.prefill_seconds += time.perf_counter() - t0
 
     def _prefill_chunk(self, slot0: int, seqs: list[_Seq], metrics: SpecMetrics) -> None:
@@ -347,12 +366,18 @@ class RolloutEngine:
                           group_ids=[s.group_id for s in active], temperature=temp, top_p=top_p, top_k=top_k,
                           verify_mode=self.verify_mode)
 
-    def _spec_step(self, active: list[_Seq], k: int, metrics: SpecMetrics) -> None:
+    def _spec_step(self, active: list[_Seq], k: int, metrics: SpecMetrics, budgets: Tensor | None = None) -> None:
+        """One speculative step with the step's k; `budgets` [n] (per-sequence k_i <= k, from past outcomes only:
+        `specrl.rollout.seq_budget`): the drafter is asked for max_i k_i drafts and row i's drafts past k_i are
+        marked as not drafted, so the verifier treats the proposal as ragged."""
         t0 = time.perf_counter()  # like _ar_step, the step's clock includes building its batch
         n = len(active)
         batch = self._draft_batch(active)
-        proposal = self.drafter.propose(batch, k)
+        proposal = self.drafter.propose(batch, k if budgets is None else int(budgets.max()))
         ids, nd = check_draft_ids(proposal.tokens, proposal.num_drafts, self.model.args.vocab_size)
+        if budgets is not None:  # row i's drafts past k_i are padding from here on
+            cap = budgets.clamp_max(ids.shape[1])
+            nd = cap if nd is None else torch.minimum(nd, cap)
         proposal = _trim(proposal if ids is proposal.tokens and nd is proposal.num_drafts
                          else Proposal(ids, proposal.probs, nd))
         kv = proposal.tokens.shape[1]  # verified columns: k, or the longest real draft of a ragged proposal
@@ -385,6 +410,9 @@ class RolloutEngine:
         # the controller learns what choosing k cost and yielded (a ragged proposal's trimming included)
         self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1, emitted=int(emitted.sum()))
         self.controller.observe_acceptance(res.num_accepted, k)
+        if self.budget is not None:
+            drafted = torch.full((n,), kv, dtype=torch.long) if proposal.num_drafts is None else proposal.num_drafts
+            self.budget.observe(drafted, res.num_accepted)
 
     def _verify_logits(self, logits: Tensor, batch: DraftBatch, proposal: Proposal) -> tuple[VerifyResult, Tensor]:
         """Policy logits [n, k+1, V] of a verify forward -> the verify decision and the behaviour log-probs of the
