@@ -5,8 +5,9 @@ import math
 
 import pytest
 
+from specrl.rl.compare_report import amdahl_bound, compare_summary, write_compare
 from specrl.rl.metrics import STEP_FIELDS, MetricsWriter, ProgressDisplay, read_metrics, stage_bar
-from specrl.rl.report import amdahl_bound, compare_summary, write_compare, write_report
+from specrl.rl.report import write_report
 
 
 def record(step, reward=0.5, gen=2.0, al=None):
