@@ -249,5 +249,7 @@ def test_report_names_the_hardware(tmp_path):
     text = write_report(tmp_path, recs).read_text()
     assert "| hardware | cpu, processor class AVX512-BF16, 1–2 torch threads; rollouts bfloat16, training " \
            "bf16-mixed |" in text
+    one = write_report(tmp_path / "one", [{**record(1), **HW, "torch_threads": 1}]).read_text()
+    assert "| hardware | cpu, processor class AVX512-BF16, 1 torch thread; rollouts" in one
     assert "| hardware | not recorded, processor class not recorded; rollouts not recorded, training not recorded |" \
         in write_report(tmp_path / "old", [record(1)]).read_text()

@@ -320,9 +320,9 @@ def hardware_text(records: Records) -> str:
     def one(key: str) -> str:
         return " / ".join(str(v) for v in values(key)) or "not recorded"
 
-    threads = values("torch_threads")
-    th = ("" if not threads else f", {threads[0]} torch threads" if len(threads) == 1
-          else f", {threads[0]}–{threads[-1]} torch threads")
+    threads = sorted({int(r.torch_threads) for r in records if r.torch_threads is not None})
+    th = ("" if not threads else f", {threads[0]}–{threads[-1]} torch threads" if len(threads) > 1
+          else ", 1 torch thread" if threads[0] == 1 else f", {threads[0]} torch threads")
     return (f"{one('device')}, processor class {one('processor_class')}{th}; rollouts {one('rollout_dtype')}, "
             f"training {one('precision')}")
 
