@@ -126,26 +126,41 @@ DEMO_PROMPTS = [
 
 
 def _make_trainer():
-    """The trainer factory for `specrl train` / `run`: sync in-process, async on Ray (specrl.distributed)."""
+    """The trainer factory for `specrl train`: sync in-process, async on Ray (specrl.distributed)."""
     from specrl.distributed import make_trainer
 
     return make_trainer
 
 
-@app.command()
-def run(config: str = typer.Option("examples/default.yaml", help="Training config (the main job)."),
-        demo: bool = typer.Option(False, help="Only run the generation demo on built-in prompts.")):
-    """The main job: GRPO training with speculative rollouts on the embedded model (or --demo)."""
-    if not demo and Path(config).exists():
-        from specrl.rl.run import train_main
+DEFAULT_CONFIG = "examples/default.yaml"
 
-        try:
-            run_dir = train_main(config, [], None, None, False, make_trainer=_make_trainer())
-        except SpecRLError as e:
-            _fail(e)
-        typer.echo(f"[specrl] report: {Path(run_dir) / 'report.md'}")
+
+@app.command()
+def run(config: str | None = typer.Option(None, help=f"Training config [default: {DEFAULT_CONFIG}]."),
+        demo: bool = typer.Option(False, help="Only run the generation demo on built-in prompts.")):
+    """The main job: the config's GRPO run with speculative rollouts, side by side with the same run decoded
+    autoregressively (same seeds, steps interleaved); report.md leads with the speed-ups and the identity checks.
+
+    The speculative arm (RUN_DIR/speculative) is the training run to keep. Arms that part numerically (seed_exact
+    on a CPU) are reported, not an error. Without --config and outside a checkout (no examples/default.yaml):
+    the generation demo."""
+    if not demo and config is None and not Path(DEFAULT_CONFIG).exists():
+        typer.echo(f"[specrl] {DEFAULT_CONFIG} is not here (run from the checkout for the main job); running the "
+                   "generation demo")
+        demo = True
+    if demo:
+        _demo()
         return
-    _demo()
+    from specrl.rl.run import train_main
+
+    try:
+        if config is not None and not Path(config).is_file():
+            raise SpecRLError(f"--config {config} is not a file; pass a training config YAML (e.g. {DEFAULT_CONFIG})"
+                              ", or --demo for the generation demo")
+        run_dir = train_main(config or DEFAULT_CONFIG, [], None, None, compare=True, stop_on_divergence=False)
+    except SpecRLError as e:
+        _fail(e)
+    typer.echo(f"[specrl] report: {Path(run_dir) / 'report.md'}")
 
 
 def _demo() -> None:

@@ -15,6 +15,10 @@ Faults (keys of `install`):
   once per run (the marker file records that it happened), so Ray's restart and retry run.
 - `in_flight_delay`: seconds a rollout worker sleeps between engine steps (in-flight updates), so a share spans
   a publish.
+
+`parting_step(step)` is a `GRPOTrainer.step` for a test to patch in (monkeypatch): the speculative arm of a
+compare nudges one policy weight after that step's update, so the two arms part there the way a verify forward
+that rounds differently from the plain one would make them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,25 @@ def kill_learner_at(step: int) -> None:
         return original(self, batch)
 
     Learner.stage_train = stage_train
+
+
+def parting_step(step: int):
+    """A replacement for `GRPOTrainer.step`: after step `step` of a trainer with speculative rollouts, one policy
+    weight moves by 1e-3 (its rollouts of that step are untouched), so a seed_exact compare parts at `step`."""
+    import torch
+
+    from specrl.rl.trainer import GRPOTrainer
+
+    original = GRPOTrainer.step
+
+    def step_fn(self):
+        rec = original(self)
+        if self.cfg.speculative.enabled and self.step_count == step:
+            with torch.no_grad():
+                next(self.policy.parameters()).add_(1e-3)
+        return rec
+
+    return step_fn
 
 
 def at_async_step(step: int, action) -> None:

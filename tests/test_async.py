@@ -52,7 +52,8 @@ def test_async_bad_input(tiny, tmp_path):
 
     with pytest.raises(SpecRLError, match="pipeline.mode='async' runs on Ray"):
         sync_trainer(exact, tmp_path / "c")
-    with pytest.raises(SpecRLError, match="--compare runs the sync pipeline twice"):
+    with pytest.raises(SpecRLError, match=r"a compare \(`specrl run`, `specrl train --compare`\) runs the sync "
+                       r"pipeline twice, got pipeline.mode='async'; set pipeline.mode=sync, or run this config alone"):
         cfgf = tmp_path / "c.yaml"
         cfgf.write_text(yaml.safe_dump(async_cfg(tiny, lag=0)))
         train_main(str(cfgf), [], None, str(tmp_path / "cmp"), True)

@@ -5,8 +5,9 @@ import math
 
 import pytest
 
+from specrl.rl.compare_report import amdahl_bound, compare_summary, write_compare
 from specrl.rl.metrics import STEP_FIELDS, MetricsWriter, ProgressDisplay, read_metrics, stage_bar
-from specrl.rl.report import amdahl_bound, compare_summary, write_compare, write_report
+from specrl.rl.report import write_report
 
 
 def record(step, reward=0.5, gen=2.0, al=None):
@@ -162,3 +163,93 @@ def test_acceptance_compare(tmp_path):
     assert json.loads(jpath.read_text())["online"]["steps"] == 6
     md = mpath.read_text()
     assert "| frozen | 6 | 1.850 | 1.450 | 1.650 | 0 | 0 |" in md and "| online | 6 |" in md
+
+
+HW = {"device": "cpu", "processor_class": "AVX512-BF16", "rollout_dtype": "bfloat16", "precision": "bf16-mixed",
+      "torch_threads": 2}
+VAL = {"speculative": [{"step": 0, "accuracy": 0.125}, {"step": 8, "accuracy": 0.25}, {"step": 16, "accuracy": 0.5}],
+       "autoregressive": [{"step": 0, "accuracy": 0.125}, {"step": 16, "accuracy": 0.375}]}
+
+
+def _arms(n=4, ar_gen=4.0, sd_gen=2.0):
+    return ([{**record(s, gen=ar_gen), **HW} for s in range(1, n + 1)],
+            [{**record(s, gen=sd_gen, al=2.5), **HW} for s in range(1, n + 1)])
+
+
+def test_headline_leads_report_and_terminal(tmp_path):
+    from specrl.rl.compare_report import identity_checks, write_compare_report
+
+    ar, sd = _arms()
+    path, lines = write_compare_report(tmp_path, ar, sd, identity_checks("seed_exact", [True] * 4, [True] * 4), VAL)
+    text = path.read_text().splitlines()
+    assert text[0] == f"# specrl run `{tmp_path.name}`: speculative vs autoregressive"
+    assert text[2] == "speculative vs autoregressive rollouts: the same 4 GRPO steps, config and seeds, steps " \
+                      "interleaved:"
+    bound = amdahl_bound(4.0 / 5.61, 2.5)
+    assert text[4:12] == [
+        "- generation speed-up: 2.00× (4.00 s autoregressive / 2.00 s speculative per step)",
+        "- RL step speed-up: 1.55× (5.61 s / 3.61 s per step, validation not counted)",
+        "- acceptance length AL: 2.50 tokens per policy forward (speculative arm, mean over steps)",
+        f"- generation share R: 0.71 of the autoregressive step; bound 1/(R/AL + 1 − R) = {bound:.2f}× (the step "
+        "speed-up if generation ran AL× faster and nothing else changed)",
+        "- lossless (seed_exact): rollouts identical at 4/4 steps, weights identical at 4/4 steps",
+        "- learning: validation accuracy 0.125 → 0.500 (steps 0 → 16), speculative arm; autoregressive arm "
+        "0.125 → 0.375",
+        "- hardware: cpu, processor class AVX512-BF16, 2 torch threads; rollouts bfloat16, training bf16-mixed",
+        "- per-arm reports: [speculative/report.md](speculative/report.md) (the training run kept: final policy in "
+        "[speculative/final](speculative/final)), [autoregressive/report.md](autoregressive/report.md); detail: "
+        "[compare.md](compare.md)",
+    ]
+    assert lines[1:8] == [t[2:] for t in text[4:11]]  # the terminal's lines: the same, links as paths
+    assert lines[8].startswith(f"per-arm reports: {tmp_path / 'speculative' / 'report.md'} ")
+    assert json.loads((tmp_path / "compare.json").read_text())["parted_at_step"] is None
+
+
+def test_headline_says_plainly_when_speculation_is_slower():
+    from specrl.rl.compare_report import compare_summary, headline
+
+    ar, sd = _arms(ar_gen=2.0, sd_gen=2.5)
+    lines = headline(compare_summary(ar, sd, {"verify": "seed_exact", "rollouts_identical_per_step": [True] * 4,
+                                              "weights_identical_per_step": [True] * 4}))
+    assert lines[1].startswith("generation speed-up: 0.80× (2.00 s autoregressive / 2.50 s speculative per step)")
+    assert lines[2] == ("RL step speed-up: 0.88× (3.61 s / 4.11 s per step, validation not counted; speculation is "
+                        "slower than plain decoding here)")
+    assert lines[6] == "learning: validation accuracy n/a, speculative arm; autoregressive arm n/a"
+
+
+def test_headline_of_a_parted_run_says_where():
+    from specrl.rl.compare_report import compare_summary, headline, identity_checks
+
+    checks = identity_checks("seed_exact", [True, True, False, False], [True, False, False, False])
+    assert checks["parted_at_step"] == 2 and checks["rollouts_identical"] is False
+    ar, sd = _arms()
+    lines = headline(compare_summary(ar, sd, checks), VAL)
+    assert lines[1].endswith("; generated tokens per generation second 2.00× (the fair figure once the arms "
+                             "generate different tokens)")
+    assert lines[5].startswith("lossless (seed_exact): the arms parted at step 2: rollouts identical at 2/4 steps, "
+                               "weights identical at 1/4 steps. ")
+    assert lines[5].endswith("The sampled distribution is exact regardless")
+
+
+def test_headline_under_rejection_sampling_and_bad_checks():
+    from specrl.rl.compare_report import compare_summary, headline, identity_checks
+
+    checks = identity_checks("rejection", [], [])
+    assert checks["rollouts_identical"] is None and checks["parted_at_step"] is None
+    ar, sd = _arms()
+    lines = headline(compare_summary(ar, sd, checks))
+    assert lines[5] == ("lossless (verify=rejection): the samples have plain decoding's distribution; tokens are not "
+                        "compared step by step (speculative.verify=seed_exact compares them)")
+    with pytest.raises(ValueError, match="one identity check per step for rollouts and weights, got 2 and 1"):
+        identity_checks("seed_exact", [True, True], [True])
+
+
+def test_report_names_the_hardware(tmp_path):
+    recs = [{**record(1), **HW}, {**record(2), **HW, "torch_threads": 1}]
+    text = write_report(tmp_path, recs).read_text()
+    assert "| hardware | cpu, processor class AVX512-BF16, 1–2 torch threads; rollouts bfloat16, training " \
+           "bf16-mixed |" in text
+    one = write_report(tmp_path / "one", [{**record(1), **HW, "torch_threads": 1}]).read_text()
+    assert "| hardware | cpu, processor class AVX512-BF16, 1 torch thread; rollouts" in one
+    assert "| hardware | not recorded, processor class not recorded; rollouts not recorded, training not recorded |" \
+        in write_report(tmp_path / "old", [record(1)]).read_text()

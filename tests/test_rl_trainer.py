@@ -210,7 +210,8 @@ def test_compare_seed_exact(tiny, tmp_path, monkeypatch, drafter):
 
 def test_compare_needs_drafter(tiny, tmp_path):
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
-    with pytest.raises(SpecRLError, match="--compare needs speculative rollouts"):
+    with pytest.raises(SpecRLError, match=r"a compare \(`specrl run`, `specrl train --compare`\) needs "
+                                          r"speculative rollouts"):
         train_main(str(cfg), [], None, str(tmp_path / "cmp"), True)
     with pytest.raises(SpecRLError, match="cannot be combined"):
         train_main(str(cfg), [], str(tmp_path), None, True)

@@ -1,13 +1,12 @@
-"""End-of-run artefacts: `report.md` with PNG plots, and compare mode's `compare.json` / `compare.md`.
+"""End-of-run artefacts of one run: `report.md` with PNG plots, and the acceptance-length overlay of several runs.
 
 This module reads step records (`specrl.step_record.StepRecord`, the lines of `metrics.jsonl`) and writes what a person
 looks at after a run: the reward/accuracy curve, stacked stage-time bars per step and acceptance length over
-steps (matplotlib, Agg backend, no display needed), plus a short markdown summary. For compare mode it
-computes the gen and step speedups of speculative over autoregressive rollouts, the Amdahl-style bound
-1 / (R_gen / AL + 1 - R_gen) with R_gen the autoregressive run's gen share and AL the speculative run's mean
-acceptance length, and records the seed-exact identity checks the trainer made. `write_acceptance_compare`
-overlays acceptance length over RL steps for several runs (e.g. a frozen and an online-trained drafter) with
-a table of mean AL over the first and last third of the steps.
+steps (matplotlib, Agg backend, no display needed), plus a short markdown summary that names where the run ran
+(`hardware_text`: device, processor class, torch threads, resolved rollout dtype and training precision).
+`write_acceptance_compare` overlays acceptance length over RL steps for several runs (e.g. a frozen and an
+online-trained drafter) with a table of mean AL over the first and last third of the steps. Compare mode's
+artefacts (the two arms side by side) are `specrl.rl.compare_report`'s.
 """
 
 from __future__ import annotations
@@ -310,6 +309,24 @@ def _f(v: Any, spec: str = ".3f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def hardware_text(records: Records) -> str:
+    """Where the records' steps ran, from their resolved hardware fields: `cpu, processor class AVX512-BF16, 2 torch
+    threads; rollouts bfloat16, training bf16-mixed` (a range where the thread count changed between steps)."""
+    records = _records(records)
+
+    def values(key: str) -> list:
+        return sorted({getattr(r, key) for r in records if getattr(r, key) is not None}, key=str)
+
+    def one(key: str) -> str:
+        return " / ".join(str(v) for v in values(key)) or "not recorded"
+
+    threads = sorted({int(r.torch_threads) for r in records if r.torch_threads is not None})
+    th = ("" if not threads else f", {threads[0]}–{threads[-1]} torch threads" if len(threads) > 1
+          else ", 1 torch thread" if threads[0] == 1 else f", {threads[0]} torch threads")
+    return (f"{one('device')}, processor class {one('processor_class')}{th}; rollouts {one('rollout_dtype')}, "
+            f"training {one('precision')}")
+
+
 def write_report(run_dir: str | Path, records: Records, config_text: str = "",
                  extra: dict[str, Any] | None = None, validation: Records | None = None,
                  max_new_tokens: int | None = None) -> Path:
@@ -345,6 +362,7 @@ def write_report(run_dir: str | Path, records: Records, config_text: str = "",
         f"| gen share of step time | {_f(s.get('gen_share'), '.2f')} |",
         f"| mean acceptance length | {_f(s.get('acceptance_length_mean'), '.2f')} |",
         f"| generated tokens | {s.get('generated_tokens', 0)} |",
+        f"| hardware | {hardware_text(records)} |",
     ]
     for k, v in (extra or {}).items():
         lines.append(f"| {k} | {v} |")
@@ -385,115 +403,3 @@ def write_report(run_dir: str | Path, records: Records, config_text: str = "",
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def amdahl_bound(gen_share: float | None, acceptance_length: float | None) -> float | None:
-    """Step speedup if generation got AL times faster and nothing else changed: 1/(R/AL + 1 - R)."""
-    if gen_share is None or acceptance_length is None or acceptance_length <= 0:
-        return None
-    return 1.0 / (gen_share / acceptance_length + 1.0 - gen_share)
-
-
-def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Numbers of compare.json: speedups over the steps both runs completed, the bound and the checks."""
-    ar, sd = _records(ar), _records(sd)
-    n = min(len(ar), len(sd))
-    ar, sd = ar[:n], sd[:n]
-    sa, ss = summarize(ar), summarize(sd)
-    gen_speedup = sa["gen_seconds"] / ss["gen_seconds"] if n and ss["gen_seconds"] > 0 else None
-    step_speedup = sa["step_seconds"] / ss["step_seconds"] if n and ss["step_seconds"] > 0 else None
-    # generated tokens per gen second, speculative ÷ autoregressive: equal to gen_speedup when both arms generated
-    # the same tokens (seed_exact), and the fair number when they did not (rejection, or seed_exact runs that
-    # parted: then the arms' rollouts differ in length and gen time alone compares different work)
-    tps = [x["generated_tokens"] / x["gen_seconds"] if x["gen_seconds"] > 0 else None for x in (sa, ss)] \
-        if n else [None, None]
-    out = {
-        "steps": n,
-        "gen_speedup": gen_speedup,
-        "gen_throughput_speedup": tps[1] / tps[0] if None not in tps and tps[0] > 0 else None,
-        "step_speedup": step_speedup,
-        "gen_share": sa.get("gen_share"),
-        "gen_share_speculative": ss.get("gen_share"),
-        "acceptance_length": ss.get("acceptance_length_mean"),
-        "bound": amdahl_bound(sa.get("gen_share"), ss.get("acceptance_length_mean")),
-        "autoregressive": sa,
-        "speculative": ss,
-        "reward_curve": {
-            "autoregressive": [r.reward_mean for r in ar],
-            "speculative": [r.reward_mean for r in sd],
-        },
-    }
-    phases = phase_speedups(ar, sd)
-    out["phase_speedups"] = phases
-    out["phase_speedup_min"] = min(phases.values()) if phases else None
-    out.update(checks or {})
-    return out
-
-
-def phase_speedups(ar: Records, sd: Records) -> dict[int, float]:
-    """Decode speedup in each phase of the rollouts, by active batch size n: (speculative tokens/s) ÷
-    (autoregressive tokens/s) over all decode steps that ran with n sequences (from each step's batch_trace).
-    A phase needs >= 0.05 s in both arms to count (a single step is noise)."""
-    from specrl.rollout.metrics import phase_rates
-
-    tot: dict[str, dict[int, list]] = {"ar": {}, "sd": {}}
-    for arm, recs in (("ar", ar), ("sd", sd)):
-        for r in _records(recs):
-            for n, (tok, sec) in phase_rates(r.batch_trace or []).items():
-                acc = tot[arm].setdefault(n, [0, 0.0])
-                acc[0] += tok
-                acc[1] += sec
-    out = {}
-    for n in sorted(set(tot["ar"]) & set(tot["sd"])):
-        (ta, sa), (ts, ss) = tot["ar"][n], tot["sd"][n]
-        if sa >= 0.05 and ss >= 0.05 and ta and ts:  # noqa: PLR2004
-            out[n] = (ts / ss) / (ta / sa)
-    return out
-
-
-def write_compare(out_dir: str | Path, ar: Records, sd: Records,
-                  checks: dict[str, Any] | None = None) -> tuple[Path, Path]:
-    """Write compare.json, compare.md and compare_reward.png (both reward curves overlaid)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ar, sd = _records(ar), _records(sd)
-    summary = compare_summary(ar, sd, checks)
-    plt, fig, ax = _figure()
-    for recs, label, color in ((ar, "autoregressive", "#3a6ea5"), (sd, "speculative", "#3aa655")):
-        xs, ys = _series(recs, "reward_mean")
-        ax.plot(xs, ys, "-o", ms=3, label=label, color=color, alpha=0.8)
-    ax.legend(fontsize=8)
-    _finish(plt, fig, ax, out_dir / "compare_reward.png", "step", "train reward (mean)",
-            "reward: autoregressive vs speculative rollouts")
-    jpath = out_dir / "compare.json"
-    jpath.write_text(json.dumps(summary, indent=2) + "\n")
-    rows = [
-        "# specrl compare: autoregressive vs speculative rollouts",
-        "",
-        f"Same config and seeds, {summary['steps']} steps each, steps interleaved so machine noise "
-        "hits both.",
-        "",
-        "| metric | value |",
-        "|---|---|",
-        f"| gen speedup (AR gen time / SD gen time) | {_f(summary['gen_speedup'], '.2f')}× |",
-        f"| gen throughput speedup (generated tokens per gen second, SD ÷ AR) | "
-        f"{_f(summary['gen_throughput_speedup'], '.2f')}× |",
-        f"| step speedup | {_f(summary['step_speedup'], '.2f')}× |",
-        f"| gen share R_gen (autoregressive run) | {_f(summary['gen_share'], '.2f')} |",
-        f"| mean acceptance length AL | {_f(summary['acceptance_length'], '.2f')} |",
-        f"| bound 1/(R_gen/AL + 1 − R_gen) | {_f(summary['bound'], '.2f')}× |",
-        f"| slowest phase of the rollouts (decode speedup at one active batch size) | "
-        f"{_f(summary['phase_speedup_min'], '.2f')}× |",
-    ]
-    for k, v in (checks or {}).items():
-        if not isinstance(v, list | dict):
-            rows.append(f"| {k} | {v} |")
-    if summary["phase_speedups"]:
-        rows += ["", "Decode speedup by active batch size (the phases of a rollout: full batch → the tail):", "",
-                 "| active sequences | " + " | ".join(str(n) for n in summary["phase_speedups"]) + " |",
-                 "|---|" + "---|" * len(summary["phase_speedups"]),
-                 "| speedup | " + " | ".join(f"{v:.2f}×" for v in summary["phase_speedups"].values()) + " |"]
-    rows += ["", "![reward curves](compare_reward.png)", ""]
-    mpath = out_dir / "compare.md"
-    mpath.write_text("\n".join(rows) + "\n")
-    return jpath, mpath

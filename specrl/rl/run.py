@@ -11,9 +11,12 @@ a dead run's stale lock is taken over), weights are checked before every checkpo
 full or read-only disk stops the run with the previous checkpoint intact, and SIGINT/SIGTERM finish the step in
 flight, checkpoint it and stop (`RunInterrupted`; a second signal aborts at once, `RunAborted`), so `--resume`
 continues with no step missing or twice. Both exit the CLI with status 2 and the resume command.
-`run_compare` runs the same config autoregressively and speculatively with the same seeds,
-interleaving their steps so machine noise hits both, checks seed-exact identity after every step, and writes
-`compare.json` / `compare.md`.
+`run_compare` runs the same config autoregressively and speculatively with the same seeds (the main job of
+`specrl run`, and `specrl train --compare`), interleaving their steps so machine noise hits both, checks seed-exact
+identity after every step, and writes `report.md` (led by the speed-ups and the identity evidence) with
+`compare.json` / `compare.md` beside the two arms' own run directories. Where the arms part (a numeric difference
+between the verify forward and the plain one), the report says at which step; `specrl train --compare` then exits
+with an error, `specrl run` finishes normally.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from specrl.cpu import ThreadGovernor
 from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
+from specrl.rl.compare_report import identity_checks, write_compare_report
 from specrl.rl.config import TrainConfig, validate_config
 from specrl.rl.data_parallel import LearnerRankError
 from specrl.rl.metrics import MetricsWriter, ProgressDisplay, read_metrics
-from specrl.rl.report import write_compare, write_report
+from specrl.rl.report import write_report
 from specrl.rl.run_dir import LOCK_FILE, RunLock, release_run, setup_run, warn
 from specrl.rl.trainer import GRPOTrainer, seed_everything
 from specrl.rl.weight_check import NonFiniteError, check_weights
@@ -294,13 +298,21 @@ def _weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(p, pb[n]) for n, p in a.named_parameters())
 
 
-def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
-    """Same config twice — autoregressive and speculative — steps interleaved; write compare.json/.md."""
+_COMPARE = "a compare (`specrl run`, `specrl train --compare`)"
+
+
+def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True) -> Path:
+    """Same config twice — autoregressive and speculative — steps interleaved; write report.md, compare.json/.md.
+
+    The arms run in `run_dir/autoregressive` and `run_dir/speculative` (the latter is the training run to keep).
+    With `stop_on_divergence`, a seed_exact compare whose arms parted raises `SpecRLError` after the reports are
+    written; without it the run ends normally and the report says where they parted."""
     if cfg.pipeline.mode != "sync":
-        raise SpecRLError("--compare runs the sync pipeline twice; set pipeline.mode=sync (benchmarks/pipelines.py "
-                          "compares sync and async)")
+        raise SpecRLError(f"{_COMPARE} runs the sync pipeline twice, got pipeline.mode={cfg.pipeline.mode!r}; set "
+                          "pipeline.mode=sync, or run this config alone with `specrl train --config FILE` "
+                          "(benchmarks/pipelines.py compares sync and async)")
     if not cfg.speculative.enabled:
-        raise SpecRLError("--compare needs speculative rollouts to compare against: set speculative.drafter "
+        raise SpecRLError(f"{_COMPARE} needs speculative rollouts to compare against: set speculative.drafter "
                           "(e.g. ngram or eagle:default) and speculative.num_draft_tokens > 0 or 'auto'")
     data = cfg.model_dump(mode="json")
     data["speculative"]["drafter"] = "none"
@@ -331,29 +343,16 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
         raise SpecRLError(f"compare run: {e}") from None
     for r in runs.values():
         r.finish()
-    if exact:
-        checks: dict[str, Any] = {
-            "verify": "seed_exact", "rollouts_identical": all(same_rollouts), "weights_identical": all(same_weights),
-            "rollouts_identical_per_step": same_rollouts, "weights_identical_per_step": same_weights,
-        }
-    else:
-        checks = {"verify": cfg.speculative.verify, "rollouts_identical": None, "weights_identical": None,
-                  "identity_note": "not checked: rejection sampling gives the same distribution, not the same "
-                                   "tokens; use speculative.verify=seed_exact for token-identical rollouts"}
-    jpath, mpath = write_compare(run_dir, read_records(ar.writer.path), read_records(sd.writer.path), checks)
-    summary = json.loads(jpath.read_text())
-
-    def f(v: Any) -> str:
-        return "n/a" if v is None else f"{v:.2f}"
-
-    print(f"[specrl] compare: gen speedup {f(summary['gen_speedup'])}x, step speedup "
-          f"{f(summary['step_speedup'])}x, bound {f(summary['bound'])}x, gen share {f(summary['gen_share'])}; "
-          f"report: {mpath}", flush=True)
-    if exact and not (checks["rollouts_identical"] and checks["weights_identical"]):
-        bad = next(i + 1 for i, (a, b) in enumerate(zip(same_rollouts, same_weights, strict=True)) if not (a and b))
+    checks = identity_checks(cfg.speculative.verify, same_rollouts, same_weights)
+    report, lines = write_compare_report(
+        run_dir, read_records(ar.writer.path), read_records(sd.writer.path), checks,
+        validation={name: read_records(r.val_path) for name, r in runs.items()})
+    print("\n[specrl] " + lines[0] + ":\n" + "\n".join(f"  - {line}" for line in lines[1:]), flush=True)
+    bad = checks["parted_at_step"]
+    if bad is not None and stop_on_divergence:
         raise SpecRLError(f"seed_exact compare: the autoregressive and speculative runs diverged at step {bad} "
                           f"(rollouts identical: {same_rollouts[bad - 1]}, weights identical: "
-                          f"{same_weights[bad - 1]}); see {mpath}. seed_exact emits plain decoding's token wherever "
+                          f"{same_weights[bad - 1]}); see {report}. seed_exact emits plain decoding's token wherever "
                           "the verify forward over k+1 tokens computes bit-identical logits to the plain one-token "
                           "forwards. On CPUs it does not in every (batch, k) shape, in bfloat16 (differences up to "
                           "~0.6 in a logit) nor in float32 (~1e-4; measured on AVX512-BF16 and on AVX2 kernels: "
@@ -366,15 +365,17 @@ def run_compare(cfg: TrainConfig, run_dir: Path) -> Path:
 
 
 def train_main(config_path: str | Path | TrainConfig | None, sets: list[str] | None = None, resume: str | None = None,
-               out: str | None = None, compare: bool = False, make_trainer: TrainerFactory | None = None) -> Path:
-    """Entry point of `specrl train` (and of `specrl.train`): returns the run directory (which holds report.md or
-    compare.md). `config_path` is a YAML file, a `TrainConfig` object, or None for the defaults."""
+               out: str | None = None, compare: bool = False, make_trainer: TrainerFactory | None = None,
+               stop_on_divergence: bool = True) -> Path:
+    """Entry point of `specrl train` and `specrl run` (and of `specrl.train`): returns the run directory, which
+    holds report.md. `config_path` is a YAML file, a `TrainConfig` object, or None for the defaults. `compare` runs
+    the config's autoregressive and speculative arms side by side (`run_compare`; `stop_on_divergence` as there)."""
     if compare:
         if resume:
             raise SpecRLError("--compare and --resume cannot be combined; compare runs start from scratch")
         cfg, run_dir = setup_run(config_path, sets or [], None, out)
         try:
-            return run_compare(cfg, run_dir)
+            return run_compare(cfg, run_dir, stop_on_divergence)
         finally:
             release_run(run_dir)
     cfg, run_dir = setup_run(config_path, sets or [], resume, out)

@@ -1,0 +1,109 @@
+"""`specrl run`, the main job, on a tiny random model: a side-by-side compare of the config's autoregressive and
+speculative arms whose report.md and terminal output lead with the speed-ups and the identity evidence; arms that
+part are reported (exit 0), while `specrl train --compare` exits non-zero after writing the same report."""
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specrl import cli
+from specrl.cli import app
+from specrl.device import processor_class
+from specrl.rl.trainer import GRPOTrainer
+from tests.faults import parting_step
+from tests.test_rl_trainer import cfg_dict, write_cfg
+from tests.tiny import make_tiny_checkpoint
+
+runner = CliRunner()
+
+LEADS = ["generation speed-up: ", "RL step speed-up: ", "acceptance length AL: ", "generation share R: ",
+         "lossless (seed_exact): ", "learning: validation accuracy ", "hardware: ", "per-arm reports: "]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=0)
+
+
+def _config(tiny: Path, tmp_path: Path) -> Path:
+    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
+    d["run"].update(steps=2, checkpoint_every=0)
+    return write_cfg(tmp_path / "tiny.yaml", d)
+
+
+def _bullets(report: Path) -> list[str]:
+    return [line[2:] for line in report.read_text().splitlines() if line.startswith("- ")]
+
+
+def test_run_is_a_compare_that_leads_with_the_speedup_and_identity(tiny, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["run", "--config", str(_config(tiny, tmp_path))])
+    assert r.exit_code == 0, r.output
+    run_dir = tmp_path / "runs" / "t"
+    text = (run_dir / "report.md").read_text().splitlines()
+    assert text[0] == "# specrl run `t`: speculative vs autoregressive"
+    assert "the same 2 GRPO steps, config and seeds" in text[2]
+    bullets = _bullets(run_dir / "report.md")
+    assert [b[:len(lead)] for b, lead in zip(bullets, LEADS, strict=True)] == LEADS
+    assert "rollouts identical at 2/2 steps, weights identical at 2/2 steps" in bullets[4]
+    assert "parted" not in bullets[4]
+    assert re.search(r"\(steps 0 → 2\), speculative arm; autoregressive arm \d\.\d{3} → \d\.\d{3}", bullets[5])
+    assert f"processor class {processor_class()}" in bullets[6] and "rollouts float32, training fp32" in bullets[6]
+    assert "[speculative/report.md](speculative/report.md)" in bullets[7]
+    # the terminal ends with the same lines (paths for links), then the report's path
+    tail = r.output.splitlines()
+    assert tail[-1] == f"[specrl] report: {Path('runs/t/report.md')}"
+    assert tail[-10] == f"[specrl] {text[2]}"
+    assert [line.removeprefix("  - ") for line in tail[-9:-2]] == bullets[:7]
+    assert tail[-2] == (f"  - per-arm reports: {Path('runs/t/speculative/report.md')} (the training run kept: final "
+                        f"policy in {Path('runs/t/speculative/final')}), {Path('runs/t/autoregressive/report.md')}; "
+                        f"detail: {Path('runs/t/compare.md')}")
+    assert (run_dir / "speculative" / "final" / "model.safetensors").exists()
+    assert (run_dir / "autoregressive" / "report.md").exists() and (run_dir / "compare.json").exists()
+    assert "| hardware | " in (run_dir / "speculative" / "report.md").read_text()
+
+
+def test_run_reports_where_the_arms_parted_and_exits_0(tiny, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(GRPOTrainer, "step", parting_step(1))
+    r = runner.invoke(app, ["run", "--config", str(_config(tiny, tmp_path))])
+    assert r.exit_code == 0, r.output
+    bullets = _bullets(tmp_path / "runs" / "t" / "report.md")
+    assert [b[:len(lead)] for b, lead in zip(bullets, LEADS, strict=True)] == LEADS
+    assert re.match(r"lossless \(seed_exact\): the arms parted at step 1: rollouts identical at [12]/2 steps, "
+                    r"weights identical at 0/2 steps\.", bullets[4])
+    assert bullets[4].endswith("The sampled distribution is exact regardless")
+    assert "generated tokens per generation second" in bullets[0]  # the fair figure once the arms differ
+    assert "the arms parted at step 1" in r.output and "error" not in r.output
+
+
+def test_train_compare_exits_nonzero_on_divergence_after_writing_the_report(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(GRPOTrainer, "step", parting_step(2))
+    out = tmp_path / "cmp"
+    r = runner.invoke(app, ["train", "--config", str(_config(tiny, tmp_path)), "--compare", "--out", str(out)])
+    assert r.exit_code == 2
+    assert "diverged at step 2 (rollouts identical: True, weights identical: False)" in r.output
+    assert f"see {out / 'report.md'}" in r.output
+    bullets = _bullets(out / "report.md")
+    assert bullets[4].startswith("lossless (seed_exact): the arms parted at step 2: rollouts identical at 2/2 steps, "
+                                 "weights identical at 1/2 steps.")
+
+
+def test_run_with_a_missing_config_names_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["run", "--config", "other.yaml"])
+    assert r.exit_code == 2
+    assert "--config other.yaml is not a file; pass a training config YAML (e.g. examples/default.yaml)" in r.output
+
+
+def test_run_demo_and_the_fallback_outside_a_checkout(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli, "_demo", lambda: calls.append("demo"))
+    monkeypatch.chdir(tmp_path)  # no examples/default.yaml here: the installed package's `specrl run`
+    r = runner.invoke(app, ["run"])
+    assert r.exit_code == 0 and calls == ["demo"]
+    assert "examples/default.yaml is not here" in r.output
+    r = runner.invoke(app, ["run", "--demo", "--config", "whatever.yaml"])
+    assert r.exit_code == 0 and calls == ["demo", "demo"]
