@@ -25,7 +25,7 @@ CPU-load processes (`python -c "while True: pass"`) for the duration and kills t
 an error. The run directory (a fresh one under runs/bench/ unless `--out DIR`) is removed at the end unless
 `--keep-runs`; the JSON stays.
 
-The soak (about an hour on a 2-core CPU; async with one step of policy lag, a competing load):
+The soak (200 async steps with one step of policy lag and one competing load; a long run):
 
     .venv/bin/python benchmarks/memory.py --config examples/default.yaml --set pipeline.mode=async \\
         --set pipeline.max_trajectory_age_steps=1 --set grpo.importance_sampling_correction=true \\
