@@ -423,8 +423,13 @@ def measure(cmd: list[str], tails: Sequence[MetricsTail], interval: float, timeo
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        if proc.poll() is None:
-            kill_tree(sampler.alive())
+        if proc.poll() is None:  # the root through Popen (a psutil wait would reap it and hide its exit code)
+            proc.terminate()
+            kill_tree([p for p in sampler.alive() if p.pid != proc.pid])
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         proc.wait()
     for tail in tails:
         ends.extend(tail.poll())
@@ -457,8 +462,9 @@ def report_lines(summary: dict[str, Any], records: Sequence[dict[str, Any]], war
                      f"{r['threads_end']}")
     pk = summary.get("peak")
     if pk:
-        where = f"{pk['arm']} step {pk['step']}" if pk["step"] is not None else "after the last step"
-        lines.append(f"peak tree RSS {pk['rss_mb']:.0f} MB at {where}, stage {pk['stage']}; per role: "
+        where = f"{pk['arm']} step {pk['step']}, stage {pk['stage']}" if pk["step"] is not None else \
+            "after the last step's record (final checkpoint, export, report)"
+        lines.append(f"peak tree RSS {pk['rss_mb']:.0f} MB at {where}; per role: "
                      + ", ".join(f"{k} {v:.0f} MB" for k, v in pk["rss_mb_per_role"].items())
                      + f"; peak fds {pk['fds']}, threads {pk['threads']}")
     for arm, g in summary["growth_after_warmup"].items():

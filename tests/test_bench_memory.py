@@ -234,3 +234,54 @@ def test_run_dirs_keeps_them_with_keep(common, tmp_path, capsys):
         a = dirs.add(tmp_path / "arm")
         a.mkdir()
     assert a.is_dir() and "kept run directories" in capsys.readouterr().out
+
+
+def _script(tmp_path, body: str) -> list[str]:
+    path = tmp_path / "fake_train.py"
+    path.write_text(body)
+    return [sys.executable, str(path)]
+
+
+def test_measure_tails_a_real_process_and_reports_the_lost_step(mem, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    cmd = _script(tmp_path, f"""
+import json, time
+x = bytearray(50_000_000)  # memory the sampler should see
+for step in (1, 2, 4):
+    time.sleep(0.4)
+    with open({str(metrics)!r}, "a") as f:
+        f.write(json.dumps({{"step": step, "stage_seconds": {{"gen": 0.1, "train": 0.1}}}}) + "\\n")
+time.sleep(0.4)
+""")
+    m = mem.measure(cmd, [mem.MetricsTail(metrics, "run")], interval=0.1, timeout=60)
+    assert m["returncode"] == 0 and not m["hang"] and not m["interrupted"] and m["leftover"] == []
+    assert [e.step for e in m["ends"]] == [1, 2, 4] and len(m["samples"]) >= 5
+    s = mem.summarize(m["samples"], m["ends"], warmup=0, expected=4, arms=["run"])
+    assert s["steps"]["run"]["missing"] == [3] and not s["steps"]["run"]["complete"]
+    assert s["peak"]["rss_mb"] > 50 and s["peak"]["rss_mb_per_role"].keys() == {"driver"}
+
+
+def test_measure_kills_a_hung_tree_at_the_timeout(mem, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    cmd = _script(tmp_path, f"""
+import subprocess, sys, time
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+open({str(pidfile)!r}, "w").write(str(p.pid))
+time.sleep(60)
+""")
+    m = mem.measure(cmd, [], interval=0.1, timeout=1.5)
+    assert m["hang"] and m["returncode"] != 0 and m["ends"] == []
+    child = int(pidfile.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_measure_reports_and_kills_a_process_left_behind(mem, tmp_path):
+    cmd = _script(tmp_path, """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+time.sleep(1.0)
+""")
+    m = mem.measure(cmd, [], interval=0.1, timeout=60)
+    assert m["returncode"] == 0 and len(m["leftover"]) == 1 and "time.sleep(60)" in m["leftover"][0]["cmdline"]
+    pid = m["leftover"][0]["pid"]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
