@@ -6,7 +6,8 @@ auto k) and the config's drafter; with eagle:default both run the same head, tra
 refit into the backend every step. Writes `overlay.png` (train reward and validation accuracy against step and
 against wall-clock time, both arms) and `overlay.md` (step time, generation share, mean AL, token_mult_prob_error
 of the backend's behaviour log-probs against the learner's, validation first -> last); both record the processor
-class, cores, threads and the dtypes the config resolves to on this machine (`"hardware"` in overlay.json).
+class, cores, threads and the dtypes the config resolves to on this machine (`"hardware"` in overlay.json). The
+arms' run directories (OUT/native, OUT/vllm) are removed at the end unless --keep-runs; overlay.{png,md,json} stay.
 
     .venv/bin/python benchmarks/backend_overlay.py --steps 12 --out runs/backend-overlay
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import config_dtypes, hardware_line, run_header  # noqa: E402
+from common import KEEP_RUNS_HELP, config_dtypes, hardware_line, run_dirs, run_header  # noqa: E402
 
 from specrl.step_record import StepRecord, read_records  # noqa: E402
 
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="runs/backend-overlay")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--keep-runs", action="store_true", help=KEEP_RUNS_HELP + ": here OUT/native and OUT/vllm")
     a = ap.parse_args(argv)
     hw = run_header(config_dtypes(str(ROOT / a.config), arm_sets("vllm", a)), a.threads)
     for arm, py in PYTHONS.items():
@@ -110,12 +112,14 @@ def main(argv: list[str] | None = None) -> Path:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     runs, rows = {}, []
-    for arm in PYTHONS:
-        wall = run_arm(arm, a, out)
-        runs[arm] = load(out / arm)
-        s = {**summary(*runs[arm]), "wall_seconds": wall}
-        rows.append((arm, s))
-        print(f"[overlay] {arm}: {s['step_seconds_median']:.1f} s/step, wall {wall:.0f} s", flush=True)
+    with run_dirs(a.keep_runs) as dirs:
+        for arm in PYTHONS:
+            dirs.add(out / arm)
+            wall = run_arm(arm, a, out)
+            runs[arm] = load(out / arm)
+            s = {**summary(*runs[arm]), "wall_seconds": wall}
+            rows.append((arm, s))
+            print(f"[overlay] {arm}: {s['step_seconds_median']:.1f} s/step, wall {wall:.0f} s", flush=True)
     plot(runs, out / "overlay.png")
     lines = [f"hardware: {hardware_line(hw)}", "",
              f"config {a.config}, {a.steps} steps, verify rejection, k={a.k}, {a.threads} threads", "",

@@ -1,17 +1,23 @@
-"""Shared benchmark helpers: the hardware header, the prompt set, thread setup and a median-of-interleaved-runs timer.
+"""Shared benchmark helpers: hardware header, prompt set, a median-of-interleaved-runs timer, run-dir cleanup.
 
 Every benchmark calls `run_header(dtypes, threads)` once at start: it prints one `[bench] hardware: ...` line and
 returns the record (`specrl.device.hardware_record()` plus threads and dtypes) that the script stores under
 `"hardware"` in its JSON, and `hardware_line(rec)` is the same line for a markdown table's header. Only torch and
 `specrl.device` are imported here at load, so the scripts that run in the vLLM venv (`backends.py`) can use it.
+`run_dirs(keep)` is how a script that creates training run directories (or checkpoint directories) removes them
+when it finishes, unless its `--keep-runs` was given: the results it writes elsewhere stay.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TextIO
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -83,3 +89,43 @@ def timed(fn) -> tuple[float, object]:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+KEEP_RUNS_HELP = "keep the run directories this script creates (by default they are removed when it finishes)"
+
+
+class RunDirs:
+    """The run directories a benchmark created; `add(path)` collects one and returns it as a Path."""
+
+    def __init__(self, keep: bool):
+        self.keep = keep
+        self.paths: list[Path] = []
+
+    def add(self, path: str | Path) -> Path:
+        p = Path(path)
+        if p not in self.paths:
+            self.paths.append(p)
+        return p
+
+
+@contextmanager
+def run_dirs(keep: bool, file: TextIO | None = None) -> Iterator[RunDirs]:
+    """Collect run directories (`dirs.add(path)`); on leaving — normally or by an exception — remove each one that
+    exists, unless `keep`. Prints one `[bench] removed ...` / `[bench] kept ...` line naming them."""
+    dirs = RunDirs(keep)
+    try:
+        yield dirs
+    finally:
+        present = [p for p in dirs.paths if p.exists()]
+        if present:
+            if keep:
+                print(f"[bench] kept run directories (--keep-runs): {', '.join(map(str, present))}",
+                      file=file or sys.stdout, flush=True)
+            else:
+                for p in present:
+                    if p.is_dir() and not p.is_symlink():
+                        shutil.rmtree(p, ignore_errors=True)
+                    else:
+                        p.unlink(missing_ok=True)
+                print(f"[bench] removed run directories (pass --keep-runs to keep them): "
+                      f"{', '.join(map(str, present))}", file=file or sys.stdout, flush=True)

@@ -6,7 +6,8 @@ and run one after the other. Writes OUT/frozen and OUT/online (metrics.jsonl, co
 plots, drafter_final/ = the engine's drafter after the last step, loadable as eagle:DIR / mtp:DIR) and
 OUT/acceptance_frozen_vs_online.{png,json,md} (AL per step of both arms; mean AL over the first / last third; the
 processor class, cores, threads and the dtypes the config resolves to on this machine: `"hardware"` in the JSON, a
-line under the markdown's title).
+line under the markdown's title). OUT/frozen and OUT/online are removed at the end unless --keep-runs; the
+acceptance_frozen_vs_online files stay.
 
     .venv/bin/python benchmarks/drafter_frozen_vs_online.py --config examples/drafter_online.yaml --steps 30 \
         --out runs/frozen-vs-online [--drafter eagle:DIR] [--set key=value ...] [--threads 1]
@@ -23,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import config_dtypes, hardware_line, run_header  # noqa: E402
+from common import KEEP_RUNS_HELP, config_dtypes, hardware_line, run_dirs, run_header  # noqa: E402
 
 ARMS = {"frozen": False, "online": True}
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="config override (repeatable), as for `specrl train --set`")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--keep-runs", action="store_true", help=KEEP_RUNS_HELP + ": here OUT/frozen and OUT/online")
     a = ap.parse_args(argv)
     import torch
 
@@ -91,10 +93,11 @@ def main(argv: list[str] | None = None) -> Path:
                           "mtp:DIR with num_draft_tokens > 0")
     out = Path(a.out)
     runs = {}
-    for arm, online in ARMS.items():
-        data = base.model_dump(mode="json")
-        data["drafter"]["online"] = online
-        runs[arm] = run_arm(validate_config(data, f"{a.config} ({arm} arm)"), out / arm, arm)
+    with run_dirs(a.keep_runs) as dirs:
+        for arm, online in ARMS.items():
+            data = base.model_dump(mode="json")
+            data["drafter"]["online"] = online
+            runs[arm] = run_arm(validate_config(data, f"{a.config} ({arm} arm)"), dirs.add(out / arm), arm)
     png, jpath, mpath = write_acceptance_compare(out, runs)
     jpath.write_text(json.dumps({"hardware": hw, **json.loads(jpath.read_text())}, indent=2) + "\n")
     title, _, rest = mpath.read_text().partition("\n")

@@ -12,7 +12,8 @@ acceptance length at k=3, T=1 (the real engine), and generation speed vs AR at b
 
 `--indomain DIR` reuses an existing in-domain drafter (e.g. the default one, built with the same recipe). The
 target runs in --dtype (auto: bf16 on CPUs with bf16 units, else float32); generic_vs_indomain.json holds
-{"hardware": processor class, cores, threads, dtypes; "rows": [...]}.
+{"hardware": processor class, cores, threads, dtypes; "rows": [...]}. The drafters this script trains (OUT/generic,
+OUT/indomain) are removed at the end unless --keep-runs (a --indomain DIR is never removed); the JSON stays.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DTYPES, dtype_name, run_header  # noqa: E402
+from common import DTYPES, KEEP_RUNS_HELP, RunDirs, dtype_name, run_dirs, run_header  # noqa: E402
 
 TEMPLATES = [
     "Write a short poem about {t}.", "Explain {t} to a ten-year-old.", "Give me three interesting facts about {t}.",
@@ -76,10 +77,18 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/generic_vs_indomain")
     ap.add_argument("--dtype", default="auto", choices=DTYPES,
                     help="the target's dtype (auto: bf16 where the CPU has bf16 units, else float32)")
+    ap.add_argument("--keep-runs", action="store_true",
+                    help=KEEP_RUNS_HELP + ": here the drafters it trains, OUT/generic and OUT/indomain")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     a.dtype = dtype_name(a.dtype)
     hw = run_header({"target": a.dtype}, a.threads)
+    with run_dirs(a.keep_runs) as trained:
+        measure(a, hw, trained)
+
+
+def measure(a: argparse.Namespace, hw: dict, trained: RunDirs) -> None:
+    """Train the drafters (collected in `trained`), measure both, write the JSON."""
     from specrl import load_model
     from specrl.drafters.build import train_drafter_offline
     from specrl.drafters.io import load_drafter
@@ -91,7 +100,7 @@ def main() -> None:
     dirs = {}
     t0 = time.perf_counter()
     dirs["generic"] = train_drafter_offline("smollm2-135m", "eagle", prompts=generic_prompts(), samples=a.samples,
-                                    epochs=a.epochs, out=out / "generic", max_new_tokens=64,
+                                    epochs=a.epochs, out=trained.add(out / "generic"), max_new_tokens=64,
                                     dtype=a.dtype)
     print(f"generic drafter trained in {time.perf_counter() - t0:.0f} s", flush=True)
     if a.indomain:
@@ -99,7 +108,8 @@ def main() -> None:
     else:
         t0 = time.perf_counter()
         dirs["in-domain"] = train_drafter_offline("smollm2-135m", "eagle", prompts=task_prompts("chain_sum", a.samples),
-                                          samples=a.samples, epochs=a.epochs, out=out / "indomain", max_new_tokens=64,
+                                          samples=a.samples, epochs=a.epochs, out=trained.add(out / "indomain"),
+                                          max_new_tokens=64,
                                           source="chain_sum", dtype=a.dtype)
         print(f"in-domain drafter trained in {time.perf_counter() - t0:.0f} s", flush=True)
 

@@ -14,7 +14,8 @@ the last validation accuracy; the ratio to sync-ar. For async arms it also check
 workers, C = data + logprob + train on the learner) on the run's own measured stage costs against its measured
 step time: a check of the overlap model, not of the per-stage cost model. Also writes an overlay of train
 reward over wall-clock time. pipelines.md and pipelines.json (`"hardware"`) name the processor class, cores,
-threads and the dtypes the config resolves to on this machine.
+threads and the dtypes the config resolves to on this machine. The arms' run directories (OUT/<arm>) are removed
+at the end unless --keep-runs; pipelines.{md,json} and pipelines_reward.png stay.
 
     .venv/bin/python benchmarks/pipelines.py --config examples/default.yaml --steps 8 --out runs/pipelines
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("sync-ar", "sync-spec", "async-ar", "async-spec")
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import config_dtypes, hardware_line, run_header  # noqa: E402
+from common import KEEP_RUNS_HELP, config_dtypes, hardware_line, run_dirs, run_header  # noqa: E402
 
 from specrl.step_record import read_records  # noqa: E402
 
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--out", default="runs/pipelines")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--keep-runs", action="store_true", help=KEEP_RUNS_HELP + ": here OUT/<arm>")
     a = ap.parse_args(argv)
     hw = run_header(config_dtypes(str(ROOT / a.config), a.sets), a.threads)
     out = Path(a.out)
@@ -112,10 +114,12 @@ def main(argv: list[str] | None = None) -> Path:
     if bad:
         raise SystemExit(f"--arms: unknown {bad}; choose from {list(ARMS)}")
     results = {}
-    for arm in arms:
-        wall = run_arm(a.config, arm, a.steps, a.threads, a.lag, out, a.sets)
-        results[arm] = {**summarize(out / arm), "wall_seconds": wall}
-        print(f"[pipelines] {arm}: {results[arm]['step_seconds_median']:.1f} s/step", flush=True)
+    with run_dirs(a.keep_runs) as dirs:
+        for arm in arms:
+            dirs.add(out / arm)
+            wall = run_arm(a.config, arm, a.steps, a.threads, a.lag, out, a.sets)
+            results[arm] = {**summarize(out / arm), "wall_seconds": wall}
+            print(f"[pipelines] {arm}: {results[arm]['step_seconds_median']:.1f} s/step", flush=True)
     base = results.get("sync-ar", {}).get("step_seconds_median")
     lines = [f"hardware: {hardware_line(hw)}", "",
              f"config {a.config}, {a.steps} steps per arm (medians over steps 2..{a.steps}), {a.threads} cores, "

@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python benchmarks/sim_pipelines.py RUNSET [--prompt-tokens N] [--cpu-profile PATH]
 
-RUNSET is a directory written by benchmarks/pipelines.py (sync-ar, sync-spec, async-ar, async-spec run dirs).
+RUNSET is a directory written by `benchmarks/pipelines.py --keep-runs` (sync-ar, sync-spec, async-ar, async-spec run
+dirs; without --keep-runs that script removes them).
 For each arm, `specrl simulate --from-run` predicts the stage times on the measured `cpu` profile with the
 calibrated CPU factors (async arms: one device per rollout worker and one for the learner, each with its own
 cores). Printed per arm: measured vs predicted step time and exposed generation (how long the learner waited

@@ -464,7 +464,7 @@ def test_frozen_vs_online_benchmark(tiny, tmp_path):
                                                   drafter__learning_rate=1e-2))
     mod = load_benchmark("drafter_frozen_vs_online")
     out = mod.main(["--config", str(cfg), "--steps", "2", "--out", str(tmp_path / "fvo"),
-                    "--drafter", f"eagle:{ddir}"])
+                    "--drafter", f"eagle:{ddir}", "--keep-runs"])
     for name in ("acceptance_frozen_vs_online.png", "acceptance_frozen_vs_online.md",
                  "acceptance_frozen_vs_online.json", "frozen/metrics.jsonl", "online/metrics.jsonl",
                  "online/report.md"):
