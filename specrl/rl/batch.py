@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from specrl.rl.grpo import group_advantages, token_logprobs
+from specrl.rl.head_logprobs import head_logprobs
 from specrl.rl.producer import Rollouts
 
 
@@ -87,21 +88,25 @@ def micro(batch: Batch, idx: list[int]) -> tuple[Tensor, Tensor]:
 
 
 def response_logprobs(model: Any, toks: Tensor, mask: Tensor, temperature: float,
-                      capture: tuple = (), keep_logits: bool = False) -> tuple[Tensor, dict]:
+                      capture: tuple = (), top: int = 0) -> tuple[Tensor, dict]:
     """Log-probabilities [B, T-1] of toks[:, 1:] (0 where mask is false) and the captured hidden states.
 
-    The LM head (a large share of a small model's FLOPs) runs only on the response positions of `mask`;
-    with keep_logits those logits [mask.sum(), V] are returned (detached) as captured["response_logits"].
+    The LM head (a large share of a small model's FLOPs) runs only on the response positions of `mask`, in row
+    chunks (`specrl.rl.head_logprobs`), so no [B·T, V] logits are kept; with top > 0 captured["response_top"] holds
+    (top-`top` probabilities, their ids, argmax ids) of the untempered distribution at those positions, in mask
+    order, detached.
     """
-    if hasattr(model, "forward_hidden") and hasattr(model, "logits"):
+    if hasattr(model, "forward_hidden") and isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
         hidden, captured = model.forward_hidden(toks, capture=capture)
         captured["final"] = hidden
-        logits = model.logits(hidden[:, :-1][mask])
-        flat = token_logprobs(logits.unsqueeze(0), toks[:, 1:][mask].unsqueeze(0), temperature)[0]
-        if keep_logits:
-            captured["response_logits"] = logits.detach()
+        flat, tops = head_logprobs(hidden[:, :-1][mask], model.lm_head, toks[:, 1:][mask], temperature, top=top)
+        if top:
+            captured["response_top"] = tops
         return torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat), captured
     logits, captured = model(toks, capture=capture)
-    if keep_logits:
-        captured["response_logits"] = logits[:, :-1][mask].detach()
+    if top:
+        sel = logits[:, :-1][mask].detach().float()
+        probs = torch.softmax(sel, dim=-1)
+        p, i = probs.topk(min(top, probs.shape[-1]), dim=-1)
+        captured["response_top"] = (p, i, sel.argmax(-1))
     return token_logprobs(logits[:, :-1], toks[:, 1:], temperature) * mask, captured

@@ -124,14 +124,17 @@ def check_trainable(drafter: Any) -> None:
 
 
 @torch.no_grad()
-def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict, response_logits: Tensor) -> dict:
+def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict,
+                response_top: tuple[Tensor, Tensor, Tensor]) -> dict:
     """The padded batch `batch_loss` expects, from one logprob micro-batch.
 
-    `mask` [B, T-1] marks positions j whose next token j+1 is a response token; `response_logits`
-    [mask.sum(), V] are the policy's logits at those positions (in mask order).
+    `mask` [B, T-1] marks positions j whose next token j+1 is a response token; `response_top` is the policy's
+    (top-TOPK probabilities, their ids, argmax ids) at those positions, in mask order
+    (`response_logprobs(..., top=TOPK)`).
     """
     b, t = toks.shape
-    captured = {k: v.detach() for k, v in captured.items()}  # a train forward's captures carry the policy graph
+    # a train forward's captures carry the policy graph; response_top (a tuple) is passed separately
+    captured = {k: v.detach() for k, v in captured.items() if isinstance(v, Tensor)}
     kind = drafter.kind
     if kind == "eagle":
         feats = torch.cat([captured[i] for i in drafter.fuse_layers], dim=-1).float()
@@ -139,10 +142,8 @@ def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict, respon
     else:
         feats = captured["final"].float()
         t2d = None
-    probs = torch.softmax(response_logits.float(), dim=-1)
-    k = min(TOPK, probs.shape[-1])
-    top_p, top_i = probs.topk(k, dim=-1)
-    top1 = response_logits.argmax(-1)
+    top_p, top_i, top1 = response_top
+    k = top_p.shape[-1]
     full_mask = torch.zeros(b, t, dtype=torch.bool)
     full_mask[:, : t - 1] = mask
     top_idx = torch.full((b, t, k), -1, dtype=torch.long)

@@ -38,7 +38,7 @@ from specrl.errors import SpecRLError
 from specrl.model.checkpoint import hf_named_tensors
 from specrl.rl.batch import Batch, collate, micro, response_logprobs, update_plan
 from specrl.rl.config import TrainConfig
-from specrl.rl.draft_online import DrafterCollapseWarning, DrafterHealth, check_trainable, draft_batch, draft_loss
+from specrl.rl.draft_online import TOPK, DrafterCollapseWarning, DrafterHealth, check_trainable, draft_batch, draft_loss
 from specrl.rl.grpo import token_mult_prob_error
 from specrl.rl.hardware import hardware_fields, resolve_hardware
 from specrl.rl.losses import get_loss, loss_normalizer
@@ -162,7 +162,7 @@ class Learner:
             with self._autocast():
                 batch.ref_logp[idx, :w] = response_logprobs(self.ref, toks, m, self.cfg.generation.temperature)[0]
         if self.capture_drafter:
-            batch.captured.append(draft_batch(self.drafter, toks, m, captured, captured["response_logits"]))
+            batch.captured.append(draft_batch(self.drafter, toks, m, captured, captured["response_top"]))
 
     def _start_proximal(self, batch: Batch) -> None:
         batch.old_logp = torch.zeros_like(batch.gen_logp)
@@ -180,7 +180,7 @@ class Learner:
             with self._autocast():
                 lp, captured = response_logprobs(self.policy, toks, m, self.cfg.generation.temperature,
                                                  self._capture if self.capture_drafter else (),
-                                                 keep_logits=self.capture_drafter)
+                                                 top=TOPK if self.capture_drafter else 0)
             self._proximal(batch, idx, toks, m, lp, captured, "logprob stage")
         return batch
 
@@ -233,7 +233,7 @@ class Learner:
             keep = fused and self.capture_drafter
             with self._autocast():
                 logp, captured = response_logprobs(self.policy, toks, m, temp, self._capture if keep else (),
-                                                   keep_logits=keep)
+                                                   top=TOPK if keep else 0)
             if fused:
                 self._proximal(batch, idx, toks, m, logp, captured, "train forward")
             out = self.loss(
