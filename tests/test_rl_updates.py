@@ -212,3 +212,12 @@ def test_dynamic_sampling_in_a_sync_step(tiny, tmp_path):
     assert len(set(r.request_ids)) == len(r.request_ids)
     assert all(i < 8 or i >= EXTRA_REQUEST_BASE for i in r.request_ids)  # step 0's own ids, or the extra range
     assert rec["generated_tokens"] > sum(len(x) for x in r.responses)  # the filtered groups were generated too
+
+
+def test_no_gradients_held_between_steps(tiny):
+    """Each optimizer step frees the gradients it applied: between steps the learner holds weights and AdamW state,
+    not a third copy of the policy's size."""
+    t = trainer(tiny, grpo__mini_batches=2)
+    t.learner.stage_train(t.learner.stage_logprob(rollouts(t, rewarded=True)))
+    assert all(p.grad is None for p in t.policy.parameters())
+    assert all(len(s) > 0 for s in t.learner.optimizer.state.values())  # the update did happen

@@ -268,6 +268,7 @@ class Learner:
         if train_drafter:
             torch.nn.utils.clip_grad_norm_(list(self.drafter.parameters()), self.cfg.policy.max_grad_norm)
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients held between steps (the policy's size again)
         stats["grad_norm"] += float(gn)
         return int(train_drafter)
     def refresh_drafter(self, batch: Batch) -> int:
