@@ -18,7 +18,7 @@ Output (printed, and with `--json PATH` as a document that starts with `run_head
 step {arm, step, peak tree RSS, peak per role, peak per stage (sync), fds and threads at the step's end}, and a
 summary: the overall peak RSS (tree total and per role), the stage holding the peak, and the growth after warm-up:
 for the steps after `--warmup`, the least-squares slope of the per-step peak tree RSS in MB/step (MB = 10^6 bytes)
-and its max - min spread, and the same for fds. The soak part: whether every step 1..run.steps was recorded once
+and its max - min spread, and the same for fds and for the run directory's size on disk. The soak part: whether every step 1..run.steps was recorded once
 (no lost or repeated step), whether the run exited 0, whether it hung (`--timeout` seconds: the tree is killed),
 and any process of the tree still alive 10 s after the driver exited (killed then). `--load N` starts N competing
 CPU-load processes (`python -c "while True: pass"`) for the duration and kills them at the end, also on Ctrl-C or
@@ -29,7 +29,8 @@ The soak (200 async steps with one step of policy lag and one competing load; a 
 
     .venv/bin/python benchmarks/memory.py --config examples/default.yaml --set pipeline.mode=async \\
         --set pipeline.max_trajectory_age_steps=1 --set grpo.importance_sampling_correction=true \\
-        --set run.steps=200 --set grpo.val_every=0 --load 1 --timeout 7200 --json runs/bench/soak.json
+        --set run.steps=200 --set grpo.val_every=0 --set run.checkpoint_every=10 --load 1 --timeout 7200 \\
+        --json runs/bench/soak.json
 
 A short look at the sync pipeline: `--set run.steps=3 --set grpo.val_every=0 --warmup 0`.
 """
@@ -223,6 +224,7 @@ class StepEnd:
     end: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
     val_seconds: float = 0.0
+    disk_mb: float | None = None  # the arm's run directory on disk when the record was seen
 
     @classmethod
     def from_record(cls, arm: str, rec: dict[str, Any], end: float) -> StepEnd:
@@ -245,8 +247,23 @@ class StepEnd:
         return "between"
 
 
+def dir_mb(path: Path) -> float | None:
+    """Bytes under `path` (files only, links not followed), in MB; None when it does not exist."""
+    if not path.is_dir():
+        return None
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:  # removed meanwhile (checkpoint rotation)
+                continue
+    return total / MB
+
+
 class MetricsTail:
-    """New complete lines of one metrics.jsonl since the last poll, as StepEnds timed by the file's mtime."""
+    """New complete lines of one metrics.jsonl since the last poll, as StepEnds timed by the file's mtime, each
+    with the size of the run directory that holds the file at that moment."""
 
     def __init__(self, path: Path, arm: str):
         self.path, self.arm = path, arm
@@ -272,6 +289,8 @@ class MetricsTail:
                 continue
             if isinstance(rec, dict) and "step" in rec:
                 out.append(StepEnd.from_record(self.arm, rec, min(st.st_mtime, time.time())))
+        if out:
+            out[-1].disk_mb = dir_mb(self.path.parent)
         return out
 
 
@@ -313,7 +332,7 @@ def step_records(samples: Sequence[Sample], ends: Sequence[StepEnd]) -> list[dic
     out = []
     for e in sorted(ends, key=lambda x: x.end):
         got = groups.get((e.arm, e.step), [])
-        rec: dict[str, Any] = {"arm": e.arm, "step": e.step, "samples": len(got)}
+        rec: dict[str, Any] = {"arm": e.arm, "step": e.step, "samples": len(got), "disk_mb": e.disk_mb}
         if got:
             roles: dict[str, float] = {}
             stages: dict[str, float] = {}
@@ -352,7 +371,8 @@ def growth_after_warmup(records: Sequence[dict[str, Any]], warmup: int) -> dict[
                       key=lambda r: r["step"])
         out[arm] = {"steps": [tail[0]["step"], tail[-1]["step"]] if tail else None,
                     "rss_mb": growth([r["peak_rss_mb"] for r in tail]),
-                    "fds": growth([float(r["fds_end"]) for r in tail])}
+                    "fds": growth([float(r["fds_end"]) for r in tail]),
+                    "disk_mb": growth([r["disk_mb"] for r in tail if r.get("disk_mb") is not None])}
     return out
 
 
@@ -473,7 +493,10 @@ def report_lines(summary: dict[str, Any], records: Sequence[dict[str, Any]], war
             continue
         lines.append(f"growth after warm-up ({arm}, steps {g['steps'][0]}..{g['steps'][1]}): RSS "
                      f"{g['rss_mb']['slope_per_step']:+.2f} MB/step (spread {g['rss_mb']['spread']:.0f} MB), fds "
-                     f"{g['fds']['slope_per_step']:+.2f}/step (spread {g['fds']['spread']:.0f})")
+                     f"{g['fds']['slope_per_step']:+.2f}/step (spread {g['fds']['spread']:.0f})"
+                     + (f", run dir on disk {g['disk_mb']['slope_per_step']:+.2f} MB/step (spread "
+                        f"{g['disk_mb']['spread']:.0f} MB)" if g.get("disk_mb", {}).get("slope_per_step") is not None
+                        else ""))
     for arm, c in summary["steps"].items():
         state = "every step recorded once" if c["complete"] else (
             f"LOST {c['missing']}" + (f", repeated {c['repeated']}" if c["repeated"] else "")

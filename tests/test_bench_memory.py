@@ -285,3 +285,23 @@ time.sleep(1.0)
     assert m["returncode"] == 0 and len(m["leftover"]) == 1 and "time.sleep(60)" in m["leftover"][0]["cmdline"]
     pid = m["leftover"][0]["pid"]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_each_step_carries_the_run_directory_size_and_its_growth(mem, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "metrics.jsonl"
+    tail = mem.MetricsTail(path, "run")
+    rec = {"step": 1, "stage_seconds": {"data": 0, "prepare": 0, "gen": 1.0, "logprob": 0.5, "train": 1.0}}
+    path.write_text(json.dumps(rec) + "\n")
+    (run / "ckpt").mkdir()
+    (run / "ckpt" / "a.bin").write_bytes(b"x" * 3_000_000)
+    (e,) = tail.poll()
+    assert e.disk_mb == pytest.approx(3.0 + path.stat().st_size / MB)
+    assert mem.dir_mb(tmp_path / "missing") is None
+    # a run directory that grows 5 MB per step shows it after warm-up; a steady one does not
+    samples, ends = _series(mem, [2000.0] * 6, [40] * 6)
+    for i, x in enumerate(ends):
+        x.disk_mb = 100.0 + 5.0 * i
+    g = mem.summarize(samples, ends, warmup=1, expected=6, arms=["run"])["growth_after_warmup"]["run"]
+    assert g["disk_mb"]["slope_per_step"] == pytest.approx(5.0) and g["disk_mb"]["spread"] == pytest.approx(20.0)
