@@ -19,10 +19,10 @@ step {arm, step, peak tree RSS, peak per role, peak per stage (sync), fds and th
 summary: the overall peak RSS (tree total and per role), the stage holding the peak, and the growth after warm-up:
 for the steps after `--warmup`, the least-squares slope of the per-step peak tree RSS in MB/step (MB = 10^6 bytes)
 and its max - min spread, and the same for fds and for the run directory's size on disk. The soak part: whether
-every step 1..run.steps was recorded once (no lost or repeated step), whether the run exited 0, whether it hung (`--timeout` seconds: the tree is killed),
-and any process of the tree still alive 10 s after the driver exited (killed then). `--load N` starts N competing
-CPU-load processes (`python -c "while True: pass"`) for the duration and kills them at the end, also on Ctrl-C or
-an error. The run directory (a fresh one under runs/bench/ unless `--out DIR`) is removed at the end unless
+every step 1..run.steps was recorded once (no lost or repeated step), whether the run exited 0, whether it hung
+(`--timeout` seconds: the tree is killed), and any process of the tree still alive 10 s after the driver exited
+(killed then). `--load N` starts N competing CPU-load processes (`python -c "while True: pass"`) for the duration
+and kills them at the end, also on Ctrl-C or an error. The run directory (a fresh one under runs/bench/ unless `--out DIR`) is removed at the end unless
 `--keep-runs`; the JSON stays.
 
 The soak (200 async steps with one step of policy lag and one competing load; a long run):
