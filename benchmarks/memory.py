@@ -22,8 +22,8 @@ and its max - min spread, and the same for fds and for the run directory's size 
 every step 1..run.steps was recorded once (no lost or repeated step), whether the run exited 0, whether it hung
 (`--timeout` seconds: the tree is killed), and any process of the tree still alive 10 s after the driver exited
 (killed then). `--load N` starts N competing CPU-load processes (`python -c "while True: pass"`) for the duration
-and kills them at the end, also on Ctrl-C or an error. The run directory (a fresh one under runs/bench/ unless `--out DIR`) is removed at the end unless
-`--keep-runs`; the JSON stays.
+and kills them at the end, also on Ctrl-C or an error. The run directory (a fresh one under runs/bench/ unless
+`--out DIR`) is removed at the end unless `--keep-runs`; the JSON stays.
 
 The soak (200 async steps with one step of policy lag and one competing load; a long run):
 
