@@ -231,6 +231,21 @@ def test_headline_of_a_parted_run_says_where():
     assert lines[5].endswith("The sampled distribution is exact regardless")
 
 
+def test_headline_of_a_run_whose_rollouts_differed_but_weights_did_not():
+    """A token that differs without changing the update (as in a zero-advantage group) is not a parting: the
+    headline lists the steps whose rollouts differed and says the training stayed the same."""
+    from specrl.rl.compare_report import compare_summary, headline, identity_checks
+
+    checks = identity_checks("seed_exact", [True, False, True, True], [True, True, True, True])
+    assert checks["parted_at_step"] == 2 and checks["weights_parted_at_step"] is None
+    ar, sd = _arms()
+    lines = headline(compare_summary(ar, sd, checks), VAL)
+    assert lines[5].startswith("lossless (seed_exact): rollouts identical at 3/4 steps, weights identical at 4/4 "
+                               "steps. Rollouts differed at step(s) 2 (")
+    assert "the weights were identical after every step: the training was the same" in lines[5]
+    assert "parted" not in lines[5]
+
+
 def test_headline_under_rejection_sampling_and_bad_checks():
     from specrl.rl.compare_report import compare_summary, headline, identity_checks
 

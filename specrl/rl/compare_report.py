@@ -137,7 +137,9 @@ def write_compare(out_dir: str | Path, ar: Records, sd: Records,
 
 def identity_checks(verify: str, same_rollouts: list[bool], same_weights: list[bool]) -> dict[str, Any]:
     """compare.json's identity fields from the per-step checks of a seed_exact compare (rollouts and weights of the
-    two arms equal after each step), with `parted_at_step`: the first step where either differed (None: never).
+    two arms equal after each step), with `parted_at_step`: the first step where either differed (None: never), and
+    `weights_parted_at_step`: the first step after which the weights differed (from there the arms train on
+    different batches; None: the training stayed the same even where a rollout differed).
     Under rejection sampling tokens are not compared (the same distribution, not the same tokens)."""
     if verify != "seed_exact":
         return {"verify": verify, "rollouts_identical": None, "weights_identical": None, "parted_at_step": None,
@@ -148,9 +150,10 @@ def identity_checks(verify: str, same_rollouts: list[bool], same_weights: list[b
                          f"{len(same_weights)}")
     parted = next((i + 1 for i, (a, b) in enumerate(zip(same_rollouts, same_weights, strict=True))
                    if not (a and b)), None)
+    weights_parted = next((i + 1 for i, b in enumerate(same_weights) if not b), None)
     return {"verify": "seed_exact", "rollouts_identical": all(same_rollouts), "weights_identical": all(same_weights),
-            "parted_at_step": parted, "rollouts_identical_per_step": list(same_rollouts),
-            "weights_identical_per_step": list(same_weights)}
+            "parted_at_step": parted, "weights_parted_at_step": weights_parted,
+            "rollouts_identical_per_step": list(same_rollouts), "weights_identical_per_step": list(same_weights)}
 
 
 def _per_step(total: float | None, steps: int) -> float | None:
@@ -197,14 +200,20 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
         we = sum(summary.get("weights_identical_per_step") or [])
         m = len(summary.get("rollouts_identical_per_step") or [])
         counts = f"rollouts identical at {ro}/{m} steps, weights identical at {we}/{m} steps"
+        why = ("seed_exact emits plain decoding's tokens wherever the verify forward over k+1 tokens computes the "
+               "same logits as the plain forward; on this processor the two rounded differently there")
+        w_parted = summary.get("weights_parted_at_step", parted)
         if parted is None:
             lines.append(f"lossless (seed_exact): {counts}")
+        elif w_parted is None:
+            differ = [i + 1 for i, same in enumerate(summary.get("rollouts_identical_per_step") or []) if not same]
+            lines.append(f"lossless (seed_exact): {counts}. Rollouts differed at step(s) "
+                         f"{', '.join(map(str, differ))} ({why}), yet the weights were identical after every step: "
+                         "the training was the same. The sampled distribution is exact regardless")
         else:
-            lines.append(f"lossless (seed_exact): the arms parted at step {parted}: {counts}. seed_exact emits plain "
-                         "decoding's tokens wherever the verify forward over k+1 tokens computes the same logits as "
-                         "the plain forward; on this processor the two rounded differently, a token (or the update "
-                         "after it) differed, and the arms trained on different batches from there. The sampled "
-                         "distribution is exact regardless")
+            lines.append(f"lossless (seed_exact): the arms parted at step {w_parted}: {counts}. {why}; a token "
+                         "differed, the update after it differed, and the arms trained on different batches from "
+                         "there. The sampled distribution is exact regardless")
     elif verify is not None:
         lines.append(f"lossless (verify={verify}): the samples have plain decoding's distribution; tokens are not "
                      "compared step by step (speculative.verify=seed_exact compares them)")
