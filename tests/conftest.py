@@ -69,11 +69,13 @@ def family_pair(request):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray per test module (4 logical CPUs: the actors and ranks are tiny; loopback only); shut down at the
-    module's end, so no Ray process outlives the tests that started it."""
+    """One local Ray per test module, started as specrl starts its own (4 logical CPUs: the actors and ranks are tiny;
+    loopback only; workers at the driver's priority); shut down at the module's end, so no Ray process outlives the
+    tests that started it."""
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             _node_ip_address="127.0.0.1", configure_logging=False)
+    from specrl.distributed.local_ray import start_local_ray
+
+    start_local_ray(4)
     yield
     ray.shutdown()

@@ -41,6 +41,7 @@ from typing import Any
 
 import ray
 
+from specrl.distributed.local_ray import start_local_ray
 from specrl.errors import SpecRLError
 from specrl.rl.config import TrainConfig
 from specrl.rl.producer import Rollouts, fill_groups, merge_rollouts
@@ -69,8 +70,7 @@ def start_ray(cfg: TrainConfig) -> bool:
                               f"{pl.learner_threads} learner threads need {need} CPUs, but this machine has {have}; "
                               "lower pipeline.num_rollout_workers / worker_threads / learner_threads or set "
                               "pipeline.ray_address to a cluster")
-        ray.init(num_cpus=need, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 _node_ip_address="127.0.0.1", configure_logging=False)
+        start_local_ray(need)
         return True
     _check_reachable(pl.ray_address)
     try:

@@ -29,6 +29,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from specrl.cpu import allowed_cores
+from specrl.distributed.local_ray import start_local_ray
 from specrl.errors import SpecRLError
 from specrl.rl.config import TrainConfig, validate_config
 from specrl.rl.data_parallel import LearnerRankError, merge_rank_records
@@ -194,8 +195,7 @@ class LearnerGroup:
             if n * threads > have:
                 raise SpecRLError(f"learner.world_size={n} x learner.threads={threads} needs {n * threads} CPUs, "
                                   f"but this process may use {have}; lower learner.world_size or learner.threads")
-            ray.init(num_cpus=n * threads, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                     _node_ip_address="127.0.0.1", configure_logging=False)
+            start_local_ray(n * threads)
             self._own_ray = True
         try:
             self._start(cfg, n, threads, max_policy_lag)
