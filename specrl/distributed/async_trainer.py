@@ -111,6 +111,13 @@ def _get(ref):
         if isinstance(e.cause, SpecRLError):
             raise e.cause from None
         raise
+    except ray.exceptions.OutOfMemoryError as e:
+        first = (str(e).strip().splitlines() or ["(no detail)"])[0]
+        raise SpecRLError(f"Ray killed an actor of the async pipeline because the machine ran out of memory ({first}). "
+                          "Free memory (other jobs on the machine), or shrink the run: fewer "
+                          "pipeline.num_rollout_workers, a smaller generation.max_batch_size or "
+                          "policy.train_micro_batch_size; `benchmarks/memory.py` measures each process's "
+                          "share") from None
 
 
 class AsyncGRPOTrainer:
