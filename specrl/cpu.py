@@ -61,6 +61,23 @@ def keep_large_allocations() -> bool:
     return _tuned
 
 
+def release_free_memory() -> bool:
+    """Return the allocator's free pages to the kernel (glibc `malloc_trim(0)`: every arena, free pages inside the
+    heap too); True where it ran (glibc), False elsewhere.
+
+    A training step frees most of what it allocated (activations, the [rows, V] log-prob temporaries, the engine's
+    per-step buffers), but glibc keeps freed chunks below its mmap threshold in its arenas, so a process's RSS grows
+    to the high-water mark of every stage it runs and stays there: two learners in one process (a compare run) each
+    kept the other's peak resident. The learner calls this once per step, after the update, where the live set is
+    smallest; it costs tens of milliseconds (`benchmarks/memory.py` shows the RSS it returns)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return True
+
+
 def allowed_cores() -> int:
     """The CPUs this process may run on (its affinity mask)."""
     try:

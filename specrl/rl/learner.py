@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specrl.cpu import release_free_memory
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import hf_named_tensors
 from specrl.rl.batch import Batch, collate, micro, response_logprobs, update_plan
@@ -352,6 +353,7 @@ class Learner:
         t4 = time.perf_counter()
         train = self.stage_train(batch)
         control = self.drafter_control(batch, al, train.pop("draft_updates"))
+        release_free_memory()  # the step's temporaries back to the kernel (charged to train)
         t5 = time.perf_counter()
         times = {**seconds, "logprob": t4 - t3, "train": t5 - t4}
         times = {s: times[s] for s in STAGES}
