@@ -361,6 +361,38 @@ def test_async_second_signal_aborts_at_once(tiny, tmp_path):
     _assert_each_id_once(run, d, 3)
 
 
+# ----------------------------------------------------------------------------- checkpoints written by the learner
+def test_async_checkpoint_state_is_written_by_the_learner_actor(tiny, tmp_path, local_ray):
+    """The driver's checkpoint parts hold no tensors: the policy and optimizer stay in the learner actor, which
+    writes them into the checkpoint (no second copy of the state in the driver); what it writes is the learner's
+    state; each held part is written once, and never after a later step has changed the live optimizer state."""
+    from specrl.distributed.actors import HeldPart
+    from specrl.distributed.async_trainer import AsyncGRPOTrainer
+    from specrl.rl.checkpoint import load_checkpoint, save_checkpoint
+
+    a = AsyncGRPOTrainer(validate_config(async_cfg(tiny, lag=0)), tmp_path / "run")
+    try:
+        a.step()
+        parts = a.state_parts()
+        assert {k for k, v in parts.items() if isinstance(v, HeldPart)} == {"policy", "optimizer"}
+        assert parts["trainer"]["step"] == 1 and parts["trainer"]["pipeline"] == "async"
+        ck = load_checkpoint(save_checkpoint(tmp_path / "ck", 1, parts))
+        full = ray.get(a.learner.state_parts.remote())
+        assert all(torch.equal(ck.parts["policy"][k], v) for k, v in full["policy"].items())
+        moments = [(k, name) for k, st in full["optimizer"]["state"].items() for name in st]
+        assert moments and all(torch.equal(ck.parts["optimizer"]["state"][k][name], full["optimizer"]["state"][k][name])
+                               for k, name in moments)
+        with pytest.raises(SpecRLError, match="holds no checkpoint part 'policy'.*each part is written once"):
+            parts["policy"].write_file(tmp_path / "again.pt")
+        parts = a.state_parts()
+        a.step()
+        with pytest.raises(SpecRLError, match="'policy' was taken after step 1 but the learner is at step 2"):
+            parts["policy"].write_file(tmp_path / "late.pt")
+        assert not (tmp_path / "again.pt").exists() and not (tmp_path / "late.pt").exists()
+    finally:
+        a.close()
+
+
 # ----------------------------------------------------------------------------- the pre-checkpoint weight check
 def test_async_learner_probes_the_weights_before_a_checkpoint(tiny, tmp_path, local_ray):
     """A huge learning rate leaves finite but blown-up weights: the NaN/inf scan passes them, the 16-token forward +

@@ -12,6 +12,7 @@ from specrl.rl.checkpoint import (
     load_latest,
     save_checkpoint,
     verify_checkpoint,
+    write_part,
 )
 
 
@@ -178,3 +179,46 @@ def test_resume_refuses_a_planted_pickle_naming_it(tmp_path):
                                           r"could run code; refused"):
         train_main(None, ["run.steps=2"], str(run), None, False)
     assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- parts their owner writes
+class _OwnerWritten:
+    """A part written by its owner (as the async learner actor writes its state), with `write_part`."""
+
+    def __init__(self, obj=None, fail: Exception | None = None, write: bool = True):
+        self.obj, self.fail, self.write, self.paths = obj, fail, write, []
+
+    def write_file(self, path):
+        self.paths.append(path)
+        if self.fail is not None:
+            raise self.fail
+        if self.write:
+            write_part(self.obj, path)
+
+
+def test_a_part_written_by_its_owner_is_recorded_and_loads_like_the_others(tmp_path):
+    import numpy as np
+
+    policy = {"w": torch.randn(3, 4), "b": torch.arange(5)}
+    state = {"rng": np.random.RandomState(3).get_state(), "step": 7}
+    owner = _OwnerWritten(policy)
+    p = save_checkpoint(tmp_path, 4, {"policy": owner, "learner": state})
+    assert [(q.parent.name.startswith(".tmp-step_000004"), q.name) for q in owner.paths] == [(True, "policy.pt")]
+    manifest = verify_checkpoint(p)
+    assert set(manifest["files"]) == {"policy", "learner"} and manifest["files"]["policy"]["file"] == "policy.pt"
+    loaded = load_latest(tmp_path)
+    assert set(loaded.parts["policy"]) == {"w", "b"}
+    assert all(torch.equal(loaded.parts["policy"][k], v) for k, v in policy.items())
+    assert loaded.parts["learner"]["step"] == 7
+
+
+@pytest.mark.parametrize("fail", [OSError(28, "No space left on device"), RuntimeError("write failed"), None])
+def test_a_part_whose_owner_fails_leaves_nothing_behind(tmp_path, fail):
+    save_checkpoint(tmp_path, 1, {"policy": {"w": torch.ones(2)}})
+    owner = _OwnerWritten({"w": torch.zeros(2)}, fail=fail, write=fail is not None)
+    match = r"cannot write checkpoint .*step_000002" if fail is not None else \
+        r"part 'policy': its writer returned without writing"
+    with pytest.raises(CheckpointError, match=match):
+        save_checkpoint(tmp_path, 2, {"policy": owner})
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["step_000001"]  # the partial write is gone
+    assert load_latest(tmp_path).step == 1

@@ -28,6 +28,7 @@ from specrl.model.checkpoint import parse_dtype
 from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
 from specrl.rl.backends import build_backend
+from specrl.rl.checkpoint import write_part
 from specrl.rl.config import TrainConfig, validate_config
 from specrl.rl.default_drafter import resolve_drafter
 from specrl.rl.learner import Learner
@@ -40,6 +41,22 @@ from specrl.step_record import StepRecord
 WAIT_POLL_SECONDS = 0.02
 IN_FLIGHT_POLL_SECONDS = 0.01  # in-flight updates: the weight store is asked at most this often during a share
 WAIT_TIMEOUT_SECONDS = 600.0
+
+
+class HeldPart:
+    """A checkpoint part held by the learner actor: `write_file(path)` has the actor write it (`save_checkpoint`'s
+    file-part protocol); a failure there is the driver's error, with the actor's own exception."""
+
+    def __init__(self, actor, name: str):
+        self.actor, self.name = actor, name
+
+    def write_file(self, path) -> None:
+        try:
+            ray.get(self.actor.write_held_part.remote(self.name, str(path)))
+        except ray.exceptions.RayTaskError as e:  # the actor's OSError / RuntimeError / SpecRLError, unwrapped
+            raise (e.cause if isinstance(e.cause, Exception) else e) from None
+        except ray.exceptions.RayActorError as e:
+            raise SpecRLError(f"the learner actor died while writing checkpoint part {self.name!r}: {e}") from None
 
 
 def _config(data: dict) -> TrainConfig:
@@ -253,6 +270,31 @@ class LearnerActor:
 
     def state_parts(self) -> dict:
         return self.learner.state_parts()
+
+    def checkpoint_parts(self) -> dict:
+        """The learner's checkpoint parts for the driver: its bookkeeping and any directory part as they are, every
+        other part (policy, optimizer, drafter) held here as a `HeldPart` that this actor writes when the driver
+        saves the checkpoint (`write_held_part`), so the state is never copied into the driver."""
+        parts = self.learner.state_parts()
+        me = ray.get_runtime_context().current_actor
+        self.held, self.held_step, out = {}, self.learner.step_count, {}
+        for name, obj in parts.items():
+            if name == "learner" or hasattr(obj, "write_dir"):
+                out[name] = obj
+            else:
+                self.held[name] = obj
+                out[name] = HeldPart(me, name)
+        return out
+
+    def write_held_part(self, name: str, path: str) -> None:
+        held = getattr(self, "held", {})
+        if name not in held:
+            raise SpecRLError(f"the learner holds no checkpoint part {name!r} to write (held: {sorted(held)}); "
+                              "checkpoint_parts must be called first, and each part is written once")
+        if self.learner.step_count != self.held_step:  # the optimizer state is live: a step in between changed it
+            raise SpecRLError(f"checkpoint part {name!r} was taken after step {self.held_step} but the learner is at "
+                              f"step {self.learner.step_count}; a checkpoint is written before the next step")
+        write_part(held.pop(name), path)
 
     def load_parts(self, parts: dict, learner_state: dict, data_state: dict) -> None:
         if SHARDED_PART in parts and isinstance(self.learner, Learner):  # a data-parallel run's checkpoint

@@ -291,7 +291,7 @@ class AsyncGRPOTrainer:
         _get(self.learner.check_weights.remote(step))
 
     def state_parts(self) -> dict[str, Any]:
-        parts = ray.get(self.learner.state_parts.remote())
+        parts = ray.get(self.learner.checkpoint_parts.remote())  # tensors stay in the actor until written
         learner_state = parts.pop("learner")
         # the cursor before the first step not trained yet: a resumed run draws (and regenerates) it again
         cursor = self.cursor_before.get(self.step_count) or ray.get(self.learner.data_state.remote())

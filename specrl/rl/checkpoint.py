@@ -8,7 +8,9 @@ complete new one, never a half-written `step_*`. A part may instead be an object
 sharded model and optimizer of a data-parallel learner, written by its ranks with torch.distributed.checkpoint):
 it writes a subdirectory of the temporary directory, every file of which the manifest records, and loading
 returns that subdirectory's path for the learner to read (its DCP metadata is read with an allow-listing
-unpickler, `specrl.rl.sharded_state`). `load_latest` walks checkpoints newest first, verifies each against its
+unpickler, `specrl.rl.sharded_state`). A part may also be an object with `write_file(path)`: its owner writes the
+part's file with `write_part` (the async learner actor, so its state never travels to the driver) and the manifest
+records it like any other file part. `load_latest` walks checkpoints newest first, verifies each against its
 manifest, reports every corrupt or partial one it skips, and returns the newest good one. Parts hold only
 tensors, numbers, strings, lists, tuples and dicts (numpy arrays, e.g. numpy's RNG state, are stored as tagged
 plain lists) and are read with `torch.load(weights_only=True)`: a part whose pickle would build any other
@@ -131,6 +133,13 @@ def step_dirname(step: int) -> str:
     return f"step_{step:06d}"
 
 
+def write_part(obj: Any, path: str | Path) -> None:
+    """Write one checkpoint part (tensors and plain data) as the file `path`, fsynced, in the format
+    `load_checkpoint` reads with `weights_only=True`."""
+    torch.save(_to_plain(obj), path)
+    _fsync_file(Path(path))
+
+
 def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None = None,
                     keep: int | None = None) -> Path:
     """Atomically write `parts` (name -> torch-serialisable object) as checkpoint `step` under `root`.
@@ -155,8 +164,12 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
                 files[name] = {"dir": name, "files": _dir_files(tmp / name)}
                 continue
             path = tmp / f"{name}.pt"
-            torch.save(_to_plain(obj), path)
-            _fsync_file(path)
+            if hasattr(obj, "write_file"):  # a part its owner writes, in the same format
+                obj.write_file(path)
+                if not path.is_file():
+                    raise CheckpointError(f"checkpoint part {name!r}: its writer returned without writing {path}")
+            else:
+                write_part(obj, path)
             files[name] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
         manifest = {"format": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
         mpath = tmp / MANIFEST
