@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import math
 import os
@@ -70,12 +71,20 @@ def release_free_memory() -> bool:
     to the high-water mark of every stage it runs and stays there: two learners in one process (a compare run) each
     kept the other's peak resident. The learner calls this once per step, after the update, where the live set is
     smallest; it costs tens of milliseconds (`benchmarks/memory.py` shows the RSS it returns)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
+    trim = _malloc_trim()
+    if trim is None:
         return False
+    trim(0)
     return True
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's `malloc_trim`, looked up once; None where the C library has none."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
 
 
 def allowed_cores() -> int:
