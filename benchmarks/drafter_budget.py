@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--kind", default="eagle")
     ap.add_argument("--budgets", default="40,80,160,309", help="numbers of training rollouts")
     ap.add_argument("--epochs", default="3", help="comma-separated epochs per budget")
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (the first-use builds use 1e-3)")
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
@@ -60,10 +61,10 @@ def main() -> None:
                 d = train_drafter_offline("smollm2-135m", a.kind, prompts=task_prompts(b["task"], 2,
                                                                                answer_format=b["answer_format"]),
                                   samples=n, epochs=ep, out=Path(tmp) / "out", data_jsonl=str(data),
-                                  max_new_tokens=b["max_new_tokens"], temperature=b["temperature"], k=a.k,
+                                  max_new_tokens=b["max_new_tokens"], temperature=b["temperature"], k=a.k, lr=a.lr,
                                   progress=False, dtype=a.dtype)
                 rep = json.loads((d / "train_report.json").read_text())
-            row = dict(rollouts=n, tokens=rep["tokens"], epochs=ep, heldout_top1=rep["heldout_top1"],
+            row = dict(rollouts=n, tokens=rep["tokens"], epochs=ep, lr=a.lr, heldout_top1=rep["heldout_top1"],
                        acceptance_length=rep["heldout_acceptance_length"], train_seconds=rep["seconds"])
             out.append(row)
             print(f"{n:>8} {row['tokens']:>8} {ep:>6} {row['heldout_top1']:>6.3f} {row['acceptance_length']:>6.2f} "

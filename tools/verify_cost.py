@@ -1,4 +1,4 @@
-"""Per-piece cost of one speculative verify step vs one plain (AR) step, SmolLM2-135M bf16, one thread.
+"""Per-piece cost of one speculative verify step vs one plain (AR) step, SmolLM2-135M, one thread.
 
 For each batch size B and draft length k it times, interleaved and repeated (median of --repeats), the pieces
 `RolloutEngine._spec_step` runs after the drafter: the target forward over [B, k+1] tokens, the LM head (fp32
@@ -9,7 +9,10 @@ same pieces of a plain step over [B, 1]. The context is a filled KV cache of
 greedy`: the policy's own greedy continuation (all accepted at T=0, the bonus path; often accepted at T=1).
 
     .venv/bin/python tools/verify_cost.py --batch-sizes 1,2,4,8 --k 3 --repeats 30 [--temperature 0] [--top-p 0.9]
-        [--drafts greedy]
+        [--drafts greedy] [--dtype auto|bfloat16|float32]
+
+The model runs in --dtype: auto (default) is what the rollout engine runs on this processor (bf16 where it has bf16
+units, fp32 on AVX2-only CPUs); the first line printed names the processor class and the dtype.
 """
 
 from __future__ import annotations
@@ -78,16 +81,21 @@ def _main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--drafts", choices=("random", "greedy"), default="random")
     ap.add_argument("--unpacked", action="store_true", help="plain F.linear weights (RolloutEngine packed=False)")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                    help="the model's dtype (auto: bf16 where the processor has bf16 units, else fp32)")
     a = ap.parse_args()
     import torch
 
     torch.set_num_threads(a.threads)
     from specrl import load_model
+    from specrl.device import processor_class, resolve_dtype
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
 
-    model, _ = load_model("smollm2-135m", dtype=torch.bfloat16)
+    dtype = resolve_dtype(a.dtype, "cpu", "--dtype")
+    model, _ = load_model("smollm2-135m", dtype=getattr(torch, dtype))
     vocab = model.args.vocab_size
+    print(f"processor {processor_class()}, dtype {dtype}")
     print(f"k={a.k} ctx={a.ctx} T={a.temperature} top_p={a.top_p} drafts={a.drafts} threads={a.threads} "
           f"{'unpacked' if a.unpacked else 'packed'} (ms, "
           f"median of {a.repeats}; post = everything after the LM head)")
