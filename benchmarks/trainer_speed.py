@@ -1,15 +1,16 @@
 """The learner's logprob and train stages against transformers + torch AdamW on the same batch, interleaved.
 
-One GRPO batch (--prompts x --group sequences: real chat prompts, --response-tokens random response tokens each),
+One GRPO batch (--prompts real chat prompts x --group samples each, --response-tokens random response tokens each),
 fp32 weights, --precision as `make run` trains (auto: bf16-mixed on CPUs with bf16 units, fp32 elsewhere). Ours:
 `Learner.stage_logprob` and `Learner.stage_train` (micro-batches of --micro, LM head on response positions only,
-clipped surrogate, grad clip, AdamW). Theirs: the HF `LlamaForCausalLM` of the same checkpoint, full-sequence
-logits, the same loss function (`specrl.rl.grpo.clipped_surrogate_loss`) and micro-batches, torch AdamW (foreach,
-torch's default; ours is fused). Also times one AdamW step over the policy's parameters, foreach vs fused. tokens/s
-counts every token of the batch (prompt + response). --one-update: the step a batch with one optimizer step takes
-(what `Learner.learn` runs at the defaults and TRL runs with one update per batch): no logprob forward on either
-side, old log-probs are the train forward's own, detached; the logprob row then times collation only. The output
-names the processor class, cores, threads and precision.
+clipped surrogate, grad clip, AdamW), each group's prompt run once (the default), and the same with whole sequences
+(`Learner.share_prefixes = False`, the column "ours, whole sequences"). Theirs: the HF `LlamaForCausalLM` of the
+same checkpoint, full-sequence logits, the same loss function (`specrl.rl.grpo.clipped_surrogate_loss`) and micro-
+batches, torch AdamW (foreach, torch's default; ours is fused). Also times one AdamW step over the policy's
+parameters, foreach vs fused. tokens/s counts every token of the batch (prompt + response). --one-update: the step a
+batch with one optimizer step takes (what `Learner.learn` runs at the defaults and TRL runs with one update per
+batch): no logprob forward on either side, old log-probs are the train forward's own, detached; the logprob row then
+times collation only. The output names the processor class, cores, threads and precision.
 
     .venv/bin/python benchmarks/trainer_speed.py --threads 1 --repeats 3
 """
@@ -68,7 +69,7 @@ def main() -> None:
                            "generation": {"temperature": 1.0}}, "trainer_speed")
     learner = Learner(cfg, policy)
     g = torch.Generator().manual_seed(0)
-    prompts = prompt_ids(tok, n)
+    prompts = [p for p in prompt_ids(tok, a.prompts) for _ in range(a.group)]  # a GRPO batch: groups share a prompt
     responses = [torch.randint(100, 40000, (a.response_tokens,), generator=g).tolist() for _ in range(n)]
     roll = Rollouts(list(range(n)), prompts, responses, [[-1.0] * a.response_tokens] * n, ["length"] * n,
                     torch.randn(n, generator=g), [False] * n, [None] * n)
@@ -108,7 +109,8 @@ def main() -> None:
         hf_opt.step()
         return t1 - t, time.perf_counter() - t1
 
-    def ours():
+    def ours(share: bool = True):
+        learner.share_prefixes = share
         t = time.perf_counter()
         batch = learner.collate(roll) if a.one_update else learner.stage_logprob(roll)
         t1 = time.perf_counter()
@@ -117,11 +119,15 @@ def main() -> None:
 
     _, _, batch = ours()  # warm-up, and the batch layout both sides use
     hf_stages(batch)
-    got = {"ours_logprob": [], "ours_train": [], "hf_logprob": [], "hf_train": []}
+    got = {"ours_logprob": [], "ours_train": [], "whole_logprob": [], "whole_train": [], "hf_logprob": [],
+           "hf_train": []}
     for _ in range(a.repeats):
         lp, tr, batch = ours()
         got["ours_logprob"].append(lp)
         got["ours_train"].append(tr)
+        lp, tr, _ = ours(share=False)
+        got["whole_logprob"].append(lp)
+        got["whole_train"].append(tr)
         lp, tr = hf_stages(batch)
         got["hf_logprob"].append(lp)
         got["hf_train"].append(tr)
@@ -142,11 +148,13 @@ def main() -> None:
     print(f"threads={a.threads}; batch {n} sequences, {tokens_in_batch} tokens ({a.response_tokens} response tokens "
           f"each), micro-batch {a.micro}, {a.precision}; median of {a.repeats} interleaved runs; "
           f"{hardware_line(hw)}")
-    print("| stage | ours s | ours tok/s | transformers s | transformers tok/s | ours ÷ transformers |")
-    print("|---|---|---|---|---|---|")
+    print("| stage | ours s | ours tok/s | ours, whole sequences s | transformers s | transformers tok/s "
+          "| ours ÷ whole | ours ÷ transformers |")
+    print("|---|---|---|---|---|---|---|---|")
     for stage in ("logprob", "train"):
-        o, h = med[f"ours_{stage}"], med[f"hf_{stage}"]
-        print(f"| {stage} | {o:.2f} | {tokens_in_batch / o:.0f} | {h:.2f} | {tokens_in_batch / h:.0f} | {h / o:.2f}× |")
+        o, w, h = med[f"ours_{stage}"], med[f"whole_{stage}"], med[f"hf_{stage}"]
+        print(f"| {stage} | {o:.2f} | {tokens_in_batch / o:.0f} | {w:.2f} | {h:.2f} | {tokens_in_batch / h:.0f} "
+              f"| {w / o:.2f}× | {h / o:.2f}× |")
     print(f"AdamW step over {sum(p.numel() for p in params) / 1e6:.0f}M parameters: foreach {opt_s['foreach']:.3f} s, "
           f"fused {opt_s['fused']:.3f} s")
 

@@ -308,6 +308,39 @@ class Transformer(nn.Module):
                 captured[i] = x
         return self.norm(x), captured
 
+    def forward_hidden_shared(self, prefix: Tensor, prefix_lens: Tensor, tokens: Tensor, group: Tensor,
+                              capture: tuple[int, ...] | list[int] = ()
+                              ) -> tuple[Tensor, Tensor, dict[int, tuple[Tensor, Tensor]]]:
+        """Causal forward of sequences that share prefixes, each prefix run once (no cache; trainable).
+
+        `prefix` [G, P]: G right-padded prefixes, `prefix_lens` [G] their lengths (>= 1); `tokens` [B, S]: each
+        row's own tokens (right-padded), which continue prefix `group[b]` at position `prefix_lens[group[b]]`.
+        Row b attends to its prefix's first prefix_lens keys and causally to its own tokens: the numbers of a plain
+        `forward_hidden` over prefix + tokens, up to summation order. Returns the final-normed hidden states of
+        the prefixes [G, P, H] and of the rows [B, S, H], and {layer: (prefix output, rows output)} for `capture`.
+        """
+        (g, p), (b, s) = prefix.shape, tokens.shape
+        dev = tokens.device
+        xp = self.embed_tokens(prefix)
+        cos_p, sin_p = rope_cos_sin(self.inv_freq, torch.arange(p, device=dev).expand(g, p), xp.dtype)
+        causal_p = torch.ones(p, p, dtype=torch.bool, device=dev).tril()[None, None]
+        x = self.embed_tokens(tokens)
+        own = torch.arange(s, device=dev)
+        row_start = prefix_lens.to(dev)[group]  # [B]
+        cos, sin = rope_cos_sin(self.inv_freq, row_start[:, None] + own[None, :], x.dtype)
+        mask = torch.cat([(torch.arange(p, device=dev)[None, :] < row_start[:, None])[:, None, :].expand(b, s, p),
+                          (own[None, :] <= own[:, None])[None].expand(b, s, s)], dim=-1)[:, None]  # [B,1,S,P+S]
+        captured: dict[int, tuple[Tensor, Tensor]] = {}
+        want = set(capture)
+        for i, layer in enumerate(self.layers):
+            ks: list[Tensor] = []
+            vs: list[Tensor] = []
+            xp = layer(xp, cos_p, sin_p, causal_p, i, None, None, p, prefix=(ks, vs))
+            x = layer(x, cos, sin, mask, i, None, None, p + s, prefix=([ks[0][group]], [vs[0][group]]))
+            if i in want:
+                captured[i] = (xp, x)
+        return self.norm(xp), self.norm(x), captured
+
     def logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden).float()
 

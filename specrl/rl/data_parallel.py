@@ -69,6 +69,10 @@ def shard_policy(policy: nn.Module, mp: MixedPrecisionPolicy | None) -> None:
 class ShardedLearner(Learner):
     """`Learner` on one rank of an initialised process group: its share of each step, sharded state."""
 
+    # the shared-prefix forward calls each block twice (prompts, then rows); FSDP2 unshards a block per call and
+    # that path is not tested under sharding, so a sharded policy scores whole sequences
+    share_prefixes = False
+
     def __init__(self, cfg: TrainConfig, policy: nn.Module, drafter: Any = None, max_policy_lag: int = 0):
         if not dist.is_initialized():
             raise SpecRLError("ShardedLearner needs an initialised torch.distributed process group "

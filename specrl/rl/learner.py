@@ -70,6 +70,8 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
 class Learner:
     """Policy, optimizer, drafter training and the logprob/train stages of a GRPO step."""
 
+    share_prefixes = True  # a group's samples run their common prompt once in every scoring forward
+
     def __init__(self, cfg: TrainConfig, policy: torch.nn.Module, drafter: Any = None, max_policy_lag: int = 0):
         cfg = resolve_hardware(cfg)  # idempotent; a config straight from Python may still say auto
         self.cfg = cfg
@@ -161,7 +163,8 @@ class Learner:
         batch.old_logp[idx, :w] = lp.detach()
         if batch.ref_logp is not None:
             with self._autocast():
-                batch.ref_logp[idx, :w] = response_logprobs(self.ref, toks, m, self.cfg.generation.temperature)[0]
+                batch.ref_logp[idx, :w] = response_logprobs(self.ref, toks, m, self.cfg.generation.temperature,
+                                                            share_prefixes=self.share_prefixes)[0]
         if self.capture_drafter:
             batch.captured.append(draft_batch(self.drafter, toks, m, captured, captured["response_top"]))
 
@@ -181,7 +184,8 @@ class Learner:
             with self._autocast():
                 lp, captured = response_logprobs(self.policy, toks, m, self.cfg.generation.temperature,
                                                  self._capture if self.capture_drafter else (),
-                                                 top=TOPK if self.capture_drafter else 0)
+                                                 top=TOPK if self.capture_drafter else 0,
+                                                 share_prefixes=self.share_prefixes)
             self._proximal(batch, idx, toks, m, lp, captured, "logprob stage")
         return batch
 
@@ -234,7 +238,7 @@ class Learner:
             keep = fused and self.capture_drafter
             with self._autocast():
                 logp, captured = response_logprobs(self.policy, toks, m, temp, self._capture if keep else (),
-                                                   top=TOPK if keep else 0)
+                                                   top=TOPK if keep else 0, share_prefixes=self.share_prefixes)
             if fused:
                 self._proximal(batch, idx, toks, m, logp, captured, "train forward")
             out = self.loss(
