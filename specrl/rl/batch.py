@@ -109,9 +109,7 @@ def shared_prefix_hidden(model: Any, toks: Tensor, mask: Tensor, capture: tuple 
     group = [keys.setdefault(tuple(r[:f]), len(keys)) for r, f in zip(rows, first, strict=True)]
     if len(keys) == b:
         return None
-    lens = [0] * len(keys)
-    for gi, f in zip(group, first, strict=True):
-        lens[gi] = f
+    lens = [len(key) for key in keys]  # in group order: keys were numbered as they were inserted
     p, s = max(lens), max(e + 2 - f for e, f in zip(ends, first, strict=True))
     dev = toks.device
     prefix = torch.zeros(len(keys), p, dtype=toks.dtype, device=dev)
