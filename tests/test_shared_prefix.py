@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specrl.model.transformer import tiny_model
-from specrl.rl.batch import response_logprobs, shared_prefix_hidden
+from specrl.rl.batch import response_logprobs, response_span, shared_prefix_hidden
 
 
 def grpo_rows(groups: list[tuple[list[int], int]], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,6 +61,14 @@ def test_shared_forward_matches_the_whole_sequence_forward(arch):
         assert bool((cap1[i][~valid] == 0).all()), i  # padding is zero, never another row's state
     for n, g0 in grads[0].items():
         assert torch.allclose(g0, grads[1][n], rtol=1e-5, atol=1e-5 * float(g0.abs().max())), n
+
+
+def test_response_span_gives_each_rows_first_and_last_scored_position():
+    mask = torch.zeros(3, 7, dtype=torch.bool)
+    mask[0, 2:6] = True  # a response from position 2 to 5
+    mask[1, 4:] = True  # one that runs to the end
+    first, last = response_span(mask)  # row 2 has no response token
+    assert first.tolist() == [2, 4, 0] and last.tolist() == [5, 6, 0]
 
 
 def test_the_shared_forward_runs_each_distinct_prompt_once(monkeypatch):

@@ -99,7 +99,7 @@ def prepare(name: str, verbose: bool = True) -> Path:
         print(f"[specrl] the cached {name} at {out} is incomplete or corrupt ({problem}); importing it again",
               file=sys.stderr, flush=True)
     if verbose:
-        print(f"[specrl] importing {name} from {src.name} into {out} (one time, ~15 s)", flush=True)
+        print(f"[specrl] importing {name} from {src.name} into {out} (one time; 15-50 s on a 2-core CPU)", flush=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

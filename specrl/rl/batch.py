@@ -87,6 +87,17 @@ def micro(batch: Batch, idx: list[int]) -> tuple[Tensor, Tensor]:
     return batch.tokens[idx, :last], m[:, : last - 1]
 
 
+def response_span(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row of a response mask [B, T-1] (mask[:, j]: token j+1 is a response token), the first and the last
+    scored position j, as [B] long tensors; a row with no response token gets (0, 0)."""
+    b, t1 = mask.shape
+    has = mask.any(1)
+    zero = torch.zeros(b, dtype=torch.long)
+    first = torch.where(has, mask.float().argmax(1), zero)
+    last = torch.where(has, (t1 - 1) - mask.flip(1).float().argmax(1), zero)
+    return first, last
+
+
 def shared_prefix_hidden(model: Any, toks: Tensor, mask: Tensor, capture: tuple = ()
                          ) -> tuple[Tensor, dict] | None:
     """`model.forward_hidden(toks, capture=capture)` for rows that share prompts, with each prompt run once.
@@ -100,8 +111,8 @@ def shared_prefix_hidden(model: Any, toks: Tensor, mask: Tensor, capture: tuple 
     if not hasattr(model, "forward_hidden_shared") or not bool(mask.any(1).all()):
         return None
     b, t = toks.shape
-    first = mask.float().argmax(1).tolist()  # = prompt length - 1: the shared prefix's length
-    ends = ((t - 2) - mask.flip(1).float().argmax(1)).tolist()  # last scored position; the row ends at +2
+    first, ends = (x.tolist() for x in response_span(mask))  # first = prompt length - 1: the shared prefix's
+    # length; ends: the last scored position (the row ends at +2)
     if min(first) < 1:
         return None
     rows = toks.tolist()

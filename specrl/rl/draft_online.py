@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
+from specrl.rl.batch import response_span
 from specrl.rollout.drafter_spec import DRAFTER_KINDS
 
 TOPK = 32
@@ -152,9 +153,7 @@ def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict,
     top_pp[full_mask] = top_p
     top1_full = torch.zeros(b, t, dtype=torch.long)
     top1_full[full_mask] = top1
-    has = mask.any(1)
-    first = torch.where(has, mask.float().argmax(1), torch.zeros(b, dtype=torch.long))
-    last = torch.where(has, (t - 2) - mask.flip(1).float().argmax(1), torch.zeros(b, dtype=torch.long))
+    first, last = response_span(mask)
     return {"tokens": toks, "feats": feats, "top_idx": top_idx, "top_p": top_pp, "top1": top1_full,
             "len": last + 2, "loss_from": first + 1}
 
