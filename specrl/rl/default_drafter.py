@@ -27,10 +27,12 @@ from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir
 from specrl.rollout.drafter_spec import parse_drafter_spec
 
-# First-use budgets of the embedded drafters (measured on an idle 2-core CPU: see docs/drafters.md). `think` matches
-# examples/think.yaml: its prompts (answer_format reasoning), its temperature and its max_new_tokens.
+# First-use budgets of the embedded drafters (measured on idle 2-core CPUs: see docs/drafters.md). `default` is
+# sized for `make run`'s 15 minutes on an AVX2-only CPU (fp32 target), where 320 rollouts took 294 s to build for
+# held-out AL 1.44 and 160 reach AL 1.35 (benchmarks/drafter_budget.py; more epochs on 160 do not raise it).
+# `think` matches examples/think.yaml: its prompts (answer_format reasoning), its temperature and max_new_tokens.
 DEFAULT_BUILDS: dict[str, dict] = {
-    "default": {"task": "chain_sum", "answer_format": "number", "samples": 320, "epochs": 3, "max_new_tokens": 64,
+    "default": {"task": "chain_sum", "answer_format": "number", "samples": 160, "epochs": 3, "max_new_tokens": 64,
                 "temperature": 1.0},
     "think": {"task": "chain_sum", "answer_format": "reasoning", "samples": 320, "epochs": 3,
               "max_new_tokens": 512, "temperature": 0.7},
