@@ -339,6 +339,27 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
     typer.echo(f"[specrl] drafter saved to {path}")
 
 
+@draft_app.command("build")
+def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or a shipped recipe's name (think)"),
+                work: Path = typer.Option(None, help="build directory (resumable); default builds/<recipe name>"),
+                threads: str = typer.Option("auto", help=THREADS_HELP)):
+    """Reproduce a drafter from its recipe: on-policy rollouts in checked shards (resumable after a kill)."""
+    from specrl.drafters.pipeline import run_rollouts
+    from specrl.drafters.recipe import Recipe
+    from specrl.rl.default_drafter import task_prompts
+
+    _threads(threads)
+    try:
+        r = Recipe.load(recipe)
+        # the task drops questions that coincide with validation ones: ask for a margin, the build takes `prompts`
+        prompts = task_prompts(r.task, r.prompts + r.prompts // 4, heldout=r.heldout_prompts, difficulty=r.difficulty,
+                               seed=r.task_seed, answer_format=r.answer_format)
+        infos = run_rollouts(r, work or Path("builds") / r.name, prompts)
+    except SpecRLError as e:
+        _fail(e)
+    typer.echo(f"[specrl] {r.name}: {len(infos)} shards, {sum(s.tokens for s in infos)} response tokens")
+
+
 @draft_app.command("export")
 def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGLE head), eagle:default or "
                                              "eagle:think"),
