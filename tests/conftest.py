@@ -14,10 +14,10 @@ from specrl.model.transformer import Transformer  # noqa: E402
 
 torch.set_num_threads(1)
 
-# `make gpu-check` runs the engine, proof-suite and learner tests with SPECRL_TEST_DEVICE=cuda: every tensor and
-# module a test creates without naming a device is made there (the library follows its tensors' device).
-if os.environ.get("SPECRL_TEST_DEVICE"):
-    torch.set_default_device(os.environ["SPECRL_TEST_DEVICE"])
+# `make gpu-check` runs tests/test_device_placement.py with SPECRL_TEST_DEVICE=cuda: those tests move the policy
+# there themselves. No default device is set anywhere, so a GPU run tests the code as users run it (a default
+# device would turn the library's host allocations into device ones and hide them).
+TEST_DEVICE = torch.device(os.environ.get("SPECRL_TEST_DEVICE", "cpu"))
 
 
 def tiny_hf(family: str, seed: int = 0, **extra):

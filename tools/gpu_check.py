@@ -1,15 +1,15 @@
 """`make gpu-check`: one short run on one CUDA GPU that writes gpu_check.json and gpu_check.md under --out.
 
-Made for a machine lent for minutes (one H200, its own python with torch and transformers, no vLLM, no network,
-no model weights): models are built from configs with random weights (a Qwen3-shaped ~0.6B target, a 2-layer
-draft model with its vocabulary). Sections, each timed and recorded even when it fails: (1) the engine,
-speculation-proof and learner tests with SPECRL_TEST_DEVICE set; (2) decode tokens/s of the native engine vs
-transformers `generate`, bf16, greedy, B = 1..256; (3) the verify-step cost v(B, k) (one target forward of k + 1
-tokens per row over a 512-token cache) and the draft-model cost c(B) (one draft forward of 1 token per row);
-(4) one speculative point (the n-gram drafter, k = 3) measured, next to the time per token those costs predict,
-(v(B, k) + k c) / AL, the simulator's speculation model; (5) one GRPO learner step on the device. Without a CUDA
-device it refuses ("no CUDA device: ...", exit 2); `--dry-run-cpu` runs every section on CPU at toy sizes
-(what CI checks).
+Made for a machine lent for minutes (one H200, its own python with torch and transformers, no vLLM, no network, no
+model weights): models are built from configs with random weights (a Qwen3-shaped ~0.6B target, a 2-layer draft
+model with its vocabulary). Sections, each timed and recorded even when it fails: (1) the device-placement tests
+(tests/test_device_placement.py) with SPECRL_TEST_DEVICE set: the policy on the GPU, no default device; (2) decode
+tokens/s of the native engine vs transformers `generate`, bf16, greedy, B = 1..256; (3) the verify-step cost v(B, k)
+(one target forward of k + 1 tokens per row over a 512-token cache) and the draft-model cost c(B) (one draft forward
+of 1 token per row); (4) one speculative point (the n-gram drafter, k = 3) measured, next to the time per token
+those costs predict, (v(B, k) + k c) / AL, the simulator's speculation model; (5) one GRPO learner step on the
+device. Without a CUDA device it refuses ("no CUDA device: ...", exit 2); `--dry-run-cpu` runs every section on CPU
+at toy sizes (what CI checks).
 
     python tools/gpu_check.py --out $OUT
 """
@@ -32,7 +32,7 @@ QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, nu
                  tie_word_embeddings=True, rope_theta=1000000.0)
 TOY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True)
-TESTS = ["tests/test_engine.py", "tests/test_spec_proof.py", "tests/test_learner_group.py::test_one_step_n1_equals_n2"]
+TESTS = ["tests/test_device_placement.py"]  # the learner on the device, no default device set (as users run it)
 
 
 def _sync(device) -> None:
@@ -166,7 +166,8 @@ def section_spec_point(twin, device, b: int, k: int, prompt_len: int, new: int, 
 
 
 def section_learner(device, dry: bool) -> dict:
-    """One GRPO learner step (logprob + train, fp32) of a tiny checkpoint, the default device set to `device`."""
+    """One GRPO learner step (logprob + train, fp32) of a tiny checkpoint whose policy is moved to `device`; no
+    default device is set, so a host allocation beside device tensors raises here as it would for a user."""
     import tempfile
 
     import torch
@@ -182,15 +183,15 @@ def section_learner(device, dry: bool) -> dict:
         cfg = validate_config({"model": {"name": str(ck)}, "speculative": {"drafter": "none"},
                                "grpo": {"num_prompts_per_step": 2, "num_generations": 4},
                                "policy": {"train_micro_batch_size": 4, "learning_rate": 1e-3}}, "gpu-check")
-        with torch.device(device):
-            policy, _ = load_model(str(ck), dtype=torch.float32)
-            policy = policy.to(device).train()
-            learner = Learner(cfg, policy)
-            before = policy.embed_tokens.weight.detach().clone()
-            t = time.perf_counter()
-            rec, _ = learner.learn(seeded_rollouts(), {"data": 0.0, "prepare": 0.0, "gen": 0.0})
-            _sync(device)
-            moved = float((policy.embed_tokens.weight - before).abs().max())
+        policy, _ = load_model(str(ck), dtype=torch.float32)
+        policy = policy.to(device).train()
+        learner = Learner(cfg, policy)
+        before = policy.embed_tokens.weight.detach().clone()
+        t = time.perf_counter()
+        rec, _ = learner.learn(seeded_rollouts(), {"data": 0.0, "prepare": 0.0, "gen": 0.0})
+        learner.check_weights(1)
+        _sync(device)
+        moved = float((policy.embed_tokens.weight - before).abs().max())
     return {"seconds": time.perf_counter() - t, "loss": rec["loss"], "grad_norm": rec["grad_norm"],
             "weights_moved": moved, "param_device": str(policy.embed_tokens.weight.device)}
 

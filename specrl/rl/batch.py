@@ -92,7 +92,7 @@ def response_span(mask: Tensor) -> tuple[Tensor, Tensor]:
     scored position j, as [B] long tensors; a row with no response token gets (0, 0)."""
     b, t1 = mask.shape
     has = mask.any(1)
-    zero = torch.zeros(b, dtype=torch.long)
+    zero = torch.zeros(b, dtype=torch.long, device=mask.device)
     first = torch.where(has, mask.float().argmax(1), zero)
     last = torch.where(has, (t1 - 1) - mask.flip(1).float().argmax(1), zero)
     return first, last

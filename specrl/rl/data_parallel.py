@@ -39,6 +39,7 @@ from specrl.rl.config import TrainConfig
 from specrl.rl.learner import Batch, Learner, NonFiniteError, check_weights
 from specrl.rl.producer import Rollouts
 from specrl.rl.sharded_state import load_dcp, load_full_parts, save_dcp
+from specrl.rl.weight_check import probe_tokens
 from specrl.step_record import StepRecord
 
 FORWARD_METHODS = ("forward_hidden", "logits")  # the policy methods the learner calls instead of forward
@@ -158,7 +159,7 @@ class ShardedLearner(Learner):
             check_weights(parts, None, step)
         except NonFiniteError as e:
             err = e
-        toks = (torch.arange(16) * 7919 % self.policy.args.vocab_size).unsqueeze(0)
+        toks = probe_tokens(self.policy.args.vocab_size, self.device)
         with torch.enable_grad():
             logits = self.policy.logits(self.policy.forward_hidden(toks)[0][:, :-1])
             lp = torch.log_softmax(logits.float(), -1).gather(-1, toks[:, 1:, None]).sum()
@@ -166,8 +167,9 @@ class ShardedLearner(Learner):
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         norm = float(_full(torch.nn.utils.get_total_norm(grads))) if grads else 0.0
         self.optimizer.zero_grad(set_to_none=True)
+        # on the ranks' device: an NCCL group all-reduces device tensors only
         flags = torch.tensor([err is not None, not bool(torch.isfinite(logits).all()), not np.isfinite(norm)],
-                             dtype=torch.float32)
+                             dtype=torch.float32, device=self.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         if err is not None:
             raise err

@@ -145,13 +145,14 @@ def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict,
         t2d = None
     top_p, top_i, top1 = response_top
     k = top_p.shape[-1]
-    full_mask = torch.zeros(b, t, dtype=torch.bool)
+    dev = toks.device  # every tensor of the batch lives with the policy's (a CUDA learner's device)
+    full_mask = torch.zeros(b, t, dtype=torch.bool, device=dev)
     full_mask[:, : t - 1] = mask
-    top_idx = torch.full((b, t, k), -1, dtype=torch.long)
+    top_idx = torch.full((b, t, k), -1, dtype=torch.long, device=dev)
     top_idx[full_mask] = top_i if t2d is None else t2d[top_i]
-    top_pp = torch.zeros(b, t, k)
+    top_pp = torch.zeros(b, t, k, device=dev)
     top_pp[full_mask] = top_p
-    top1_full = torch.zeros(b, t, dtype=torch.long)
+    top1_full = torch.zeros(b, t, dtype=torch.long, device=dev)
     top1_full[full_mask] = top1
     first, last = response_span(mask)
     return {"tokens": toks, "feats": feats, "top_idx": top_idx, "top_p": top_pp, "top1": top1_full,

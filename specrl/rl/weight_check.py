@@ -40,6 +40,14 @@ def _nonfinite(state: dict[str, Any]) -> tuple[str, int, int] | None:
     return None
 
 
+PROBE_TOKENS = 16
+
+
+def probe_tokens(vocab: int, device: torch.device) -> torch.Tensor:
+    """The weight probe's [1, 16] token ids (spread over the vocabulary), on the policy's device."""
+    return (torch.arange(PROBE_TOKENS, device=device) * 7919 % vocab).unsqueeze(0)
+
+
 def check_weights(parts: dict[str, Any], policy: torch.nn.Module | None, step: int) -> None:
     """Refuse to checkpoint weights that are not usable: NaN/inf in the policy or drafter, or a policy whose
     forward pass gives non-finite logits (weights blown up to ~1e10 by a huge learning rate are finite, yet
@@ -54,7 +62,7 @@ def check_weights(parts: dict[str, Any], policy: torch.nn.Module | None, step: i
     if policy is not None and hasattr(policy, "forward_hidden") and hasattr(policy, "logits"):
         # A probe forward + backward on 16 tokens: the next step must be able to train from these weights.
         vocab = policy.args.vocab_size
-        toks = (torch.arange(16) * 7919 % vocab).unsqueeze(0)
+        toks = probe_tokens(vocab, next(policy.parameters()).device)
         params = [p for p in policy.parameters() if p.requires_grad]
         with torch.enable_grad():
             logits = policy.logits(policy.forward_hidden(toks)[0][:, :-1])

@@ -1,0 +1,116 @@
+"""The learner creates every tensor where its policy lives: no host allocation beside device tensors.
+
+On a GPU, a `torch.zeros(b)` in the learner is a host tensor mixed with CUDA ones, and the step crashes. This CPU
+has no second device, so `tests.device_guard.HostAllocationGuard` marks what a CUDA machine would put on the host
+(factories without `device=`) and refuses any op that mixes it with the policy's tensors. The learner's step (shared
+prompts, several updates and mini-batches, the online drafter's batch, a KL reference), the weight probe before a
+checkpoint and the sharded learner's probe and all-reduce run under it with no default device set, as users run.
+With SPECRL_TEST_DEVICE=cuda (`make gpu-check`) the policy is moved to that device, so the same tests run for real.
+"""
+
+import socket
+
+import pytest
+import torch
+
+from specrl.model.loader import load_model
+from specrl.rl.producer import Rollouts
+from tests.conftest import TEST_DEVICE
+from tests.device_guard import HostAllocationError, HostAllocationGuard
+from tests.test_learner_group import SECONDS, dp_cfg
+
+
+def test_the_guard_refuses_the_bug_class_and_allows_placed_code():
+    x = torch.ones(4, device=TEST_DEVICE)  # a device tensor
+    with HostAllocationGuard():
+        with pytest.raises(HostAllocationError, match="where"):
+            torch.where(x > 0, torch.zeros(4), x)  # today's response_span
+        with pytest.raises(HostAllocationError, match="mixes"):
+            (torch.arange(4) * 3) + x  # host-born stays host-born through arithmetic
+        host = torch.zeros(4)
+        with pytest.raises(HostAllocationError, match="writes device values"):
+            host[:2] = x[:2]  # today's draft_batch
+        assert float((torch.zeros(4, device=x.device) + x).sum()) == 4
+        assert float((torch.zeros(4).to(x.device) + x).sum()) == 4
+        assert float(x[torch.arange(2)].sum()) == 2  # host indices into a device tensor: CUDA allows it
+        assert float((x * torch.tensor(2.0)).sum()) == 8  # a 0-dim host scalar: CUDA allows it
+
+
+def group_rollouts(n=8, group=4, seed=3) -> Rollouts:
+    """GRPO groups that share their prompts (so the shared-prefix forward runs), rewards varying within groups."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 128, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n // group)]
+    responses = [torch.randint(3, 128, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
+                 for _ in range(n)]
+    return Rollouts(problem_indices=[i // group for i in range(n)], prompts=[prompts[i // group] for i in range(n)],
+                    responses=responses, gen_logprobs=[[-2.0] * len(x) for x in responses],
+                    finish_reasons=["stop"] * n, rewards=torch.rand(n, generator=g), correct=[False] * n,
+                    formatted=[None] * n, policy_versions=[0] * n, request_ids=list(range(n)))
+
+
+@pytest.mark.parametrize("over", [
+    {"grpo__num_iterations": 2, "grpo__mini_batches": 2},
+    {"grpo__kl_coef": 0.05},
+    {"drafter__online": True, "speculative__drafter": "eagle:x"},
+], ids=["updates", "kl", "online-drafter"])
+def test_a_learner_step_allocates_nothing_on_the_host(tmp_path, over):
+    from specrl.drafters import EagleDrafter
+    from specrl.rl.learner import Learner
+    from tests.tiny import make_tiny_checkpoint
+
+    tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
+    policy = load_model(str(tiny), dtype=torch.float32)[0].to(TEST_DEVICE)
+    drafter = EagleDrafter(policy).to(TEST_DEVICE) if over.get("drafter__online") else None
+    learner = Learner(dp_cfg(tiny, world_size=1, **over), policy, drafter)
+    with HostAllocationGuard():
+        rec, _ = learner.learn(group_rollouts(), dict(SECONDS))
+        learner.check_weights(1)
+    assert rec.loss == rec.loss
+
+
+def test_the_weight_probe_allocates_nothing_on_the_host(tmp_path):
+    from specrl.rl.weight_check import check_weights
+    from tests.tiny import make_tiny_checkpoint
+
+    policy = load_model(str(make_tiny_checkpoint(tmp_path / "ckpt", seed=0)), dtype=torch.float32)[0].to(TEST_DEVICE)
+    with HostAllocationGuard():
+        check_weights({"policy": policy.state_dict()}, policy, 1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_sharded_learners_step_and_probe_allocate_nothing_on_the_host(tmp_path):
+    import torch.distributed as dist
+
+    from specrl.rl.data_parallel import ShardedLearner
+    from tests.tiny import make_tiny_checkpoint
+
+    tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
+    if TEST_DEVICE.type != "cpu":
+        pytest.skip("the sharded learner's placement is checked on CPU (gloo); a GPU run checks the one-rank learner")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        policy, _ = load_model(str(tiny), dtype=torch.float32)
+        learner = ShardedLearner(dp_cfg(tiny, world_size=1), policy)
+        calls = []
+        real = dist.all_reduce
+
+        def all_reduce(t, *a, **k):  # an NCCL group reduces device tensors only
+            calls.append(guard.is_host(t))
+            return real(t, *a, **k)
+
+        with HostAllocationGuard() as guard:
+            dist.all_reduce = all_reduce
+            try:
+                learner.learn(group_rollouts(), dict(SECONDS))
+                learner.check_weights(1)
+            finally:
+                dist.all_reduce = real
+        assert calls and not any(calls), calls
+    finally:
+        dist.destroy_process_group()
