@@ -162,3 +162,15 @@ def test_on_stale_needs_refresh_updates():
     assert validate_config({"drafter": {"online": False, "online_mode": "on_stale"}}).drafter.online_mode == "on_stale"
     with pytest.raises(SpecRLError, match=r"drafter.online_mode: Input should be 'every_step' or 'on_stale'"):
         validate_config({"drafter": {"online_mode": "sometimes"}})
+
+
+def test_each_loss_has_its_own_default_clip_range_and_the_config_overrides_it():
+    from specrl.rl.config import load_config
+
+    got = {lt: (c.grpo.clip_low, c.grpo.clip_high) for lt in ("dapo", "grpo", "dr_grpo", "gspo")
+           for c in [load_config(None, [f"grpo.loss_type={lt}"])]}
+    assert got == {"dapo": (0.2, 0.28), "grpo": (0.2, 0.2), "dr_grpo": (0.2, 0.2), "gspo": (3e-4, 4e-4)}
+    c = load_config(None, ["grpo.loss_type=gspo", "grpo.clip_high=0.001"])
+    assert (c.grpo.clip_low, c.grpo.clip_high) == (3e-4, 1e-3)
+    with pytest.raises(SpecRLError, match="clip must be"):
+        register_loss("bad_clip", clip=(1.5, 0.2))

@@ -146,20 +146,23 @@ def shared_prefix_hidden(model: Any, toks: Tensor, mask: Tensor, capture: tuple 
 
 
 def response_logprobs(model: Any, toks: Tensor, mask: Tensor, temperature: float,
-                      capture: tuple = (), top: int = 0, share_prefixes: bool = True) -> tuple[Tensor, dict]:
+                      capture: tuple = (), top: int = 0, share_prefixes: bool = True, top_p: float = 1.0,
+                      top_k: int = 0) -> tuple[Tensor, dict]:
     """Log-probabilities [B, T-1] of toks[:, 1:] (0 where mask is false) and the captured hidden states.
 
     The LM head (a large share of a small model's FLOPs) runs only on the response positions of `mask`, in row
     chunks (`specrl.rl.head_logprobs`), so no [B·T, V] logits are kept; with top > 0 captured["response_top"] holds
     (top-`top` probabilities, their ids, argmax ids) of the untempered distribution at those positions, in mask
     order, detached. With `share_prefixes`, rows of one GRPO group run their common prompt once
-    (`shared_prefix_hidden`).
+    (`shared_prefix_hidden`). `top_p` / `top_k` are the sampler's filter: the log-probabilities are those of the
+    distribution the tokens were sampled from (`grpo.token_logprobs`).
     """
     if hasattr(model, "forward_hidden") and isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
         shared = shared_prefix_hidden(model, toks, mask, capture) if share_prefixes else None
         hidden, captured = shared if shared is not None else model.forward_hidden(toks, capture=capture)
         captured["final"] = hidden
-        flat, tops = head_logprobs(hidden[:, :-1][mask], model.lm_head, toks[:, 1:][mask], temperature, top=top)
+        flat, tops = head_logprobs(hidden[:, :-1][mask], model.lm_head, toks[:, 1:][mask], temperature, top=top,
+                                   top_p=top_p, top_k=top_k)
         if top:
             captured["response_top"] = tops
         return torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat), captured
@@ -169,4 +172,4 @@ def response_logprobs(model: Any, toks: Tensor, mask: Tensor, temperature: float
         probs = torch.softmax(sel, dim=-1)
         p, i = probs.topk(min(top, probs.shape[-1]), dim=-1)
         captured["response_top"] = (p, i, sel.argmax(-1))
-    return token_logprobs(logits[:, :-1], toks[:, 1:], temperature) * mask, captured
+    return token_logprobs(logits[:, :-1], toks[:, 1:], temperature, top_p, top_k) * mask, captured

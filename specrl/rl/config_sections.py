@@ -93,8 +93,12 @@ class GRPOConfig(_Section):
     max_extra_prompt_draws: int = Field(16, ge=0)
     """Cap on the extra prompts one step may draw to replace filtered groups; when it is spent the step trains
     on the groups it has (groups_trained < num_prompts_per_step in metrics.jsonl)."""
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
-    clip_high: float = Field(0.28, ge=0.0)
+    clip_low: float | None = Field(None, ge=0.0, lt=1.0)
+    """Lower clip of the importance ratio (1 - clip_low). Unset: the loss_type's default (dapo 0.2, grpo and
+    dr_grpo 0.2, gspo 3e-4: its sequence-level ratio moves ~1000x less than a token's; specrl.rl.losses)."""
+    clip_high: float | None = Field(None, ge=0.0)
+    """Upper clip (1 + clip_high). Unset: the loss_type's default (dapo 0.28: DAPO's clip-higher; grpo and
+    dr_grpo 0.2; gspo 4e-4)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the k3 KL penalty to the initial policy (0 disables it and the reference model)."""
     val_every: int = Field(5, ge=0)
@@ -127,6 +131,15 @@ class GRPOConfig(_Section):
             raise ValueError(f"unknown loss {v!r}; allowed: {', '.join(sorted(LOSSES))} (more with "
                              "specrl.rl.losses.register_loss)")
         return v
+
+    @model_validator(mode="after")
+    def _clip(self) -> GRPOConfig:
+        low, high = LOSSES[self.loss_type].clip
+        if self.clip_low is None:
+            object.__setattr__(self, "clip_low", low)  # the loss's default; validate_assignment would recurse
+        if self.clip_high is None:
+            object.__setattr__(self, "clip_high", high)
+        return self
 
     @model_validator(mode="after")
     def _std(self) -> GRPOConfig:

@@ -40,17 +40,39 @@ def group_advantages(
     return centred.reshape(-1)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(target) under log_softmax(logits / temperature); logits [B,T,V], targets [B,T] -> [B,T].
+def filtered(top_p: float, top_k: int) -> bool:
+    """Whether the sampler's top-p / top-k filter changes the distribution (top_p < 1 or top_k > 0)."""
+    return top_p < 1.0 or top_k > 0
 
-    Dividing by the sampling temperature makes the trainer's numbers comparable to the rollout engine's,
-    which reports the log-probability of each sampled token under the tempered distribution.
+
+def sampler_support(scaled: torch.Tensor, targets: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """Bool [..., V]: the tokens the sampler's top-k / top-p filter keeps for tempered logits `scaled` (the one
+    definition, `specrl.rollout.sampling.scaled_logits`), plus each row's target: a token sampled at the filter's
+    boundary that the trainer's rounding puts just outside keeps a finite log-probability."""
+    from specrl.rollout.sampling import scaled_logits
+
+    lead, dev = scaled.shape[:-1], scaled.device
+    kept = scaled_logits(scaled.detach(), torch.ones(lead, device=dev), torch.full(lead, float(top_p), device=dev),
+                         torch.full(lead, int(top_k), dtype=torch.long, device=dev))
+    return torch.isfinite(kept).scatter_(-1, targets.unsqueeze(-1), True)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
+                   top_k: int = 0) -> torch.Tensor:
+    """log p(target) under the sampler's distribution: softmax(logits / temperature) restricted to its top-k /
+    top-p set and renormalised (`sampler_support`); logits [B,T,V], targets [B,T] -> [B,T].
+
+    This is the behaviour distribution the rollout engine sampled from and reports the log-probability under, so
+    the importance ratio is 1 at lag 0 whatever the filter. The gradient treats the kept set as fixed (it flows
+    to the kept tokens' logits only), as the filter is a step function of the logits.
     """
     if temperature <= 0:
         raise SpecRLError(f"temperature must be > 0 to compute log-probabilities, got {temperature}")
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
+    if filtered(top_p, top_k):
+        logits = logits.masked_fill(~sampler_support(logits, targets, top_p, top_k), float("-inf"))
     logz = torch.logsumexp(logits, dim=-1)
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - logz

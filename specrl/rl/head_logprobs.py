@@ -10,6 +10,8 @@ runs the plain ops (the same numbers as `token_logprobs` on `model.logits`), so 
 recomputation. The matrix products run in the ambient autocast dtype (bf16-mixed), forward and backward alike, as
 autograd's own linear would. With `top` > 0 it also returns, per row, the top `top` probabilities and token ids and
 the argmax (what the online drafter distils), computed per chunk, so no caller keeps [N, V] logits for them.
+With the sampler's top-p / top-k (`top_p < 1`, `top_k > 0`) the normaliser runs over the kept set
+(`grpo.sampler_support`), recomputed per chunk in the backward from the same logits.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
-from specrl.rl.grpo import token_logprobs
+from specrl.rl.grpo import filtered, sampler_support, token_logprobs
 
 CHUNK_BYTES = 128 << 20  # float32 logits per chunk: 682 rows at V = 49,152, 220 rows at Qwen's 151,936
 
@@ -44,9 +46,16 @@ def _top(logits: Tensor, top: int) -> tuple[Tensor, Tensor, Tensor]:
     return p, i, logits.argmax(-1)
 
 
+def _restrict(scaled: Tensor, targets: Tensor, top_p: float, top_k: int) -> Tensor:
+    """Tempered logits with -inf outside the sampler's kept set (unchanged without a filter)."""
+    if not filtered(top_p, top_k):
+        return scaled
+    return scaled.masked_fill(~sampler_support(scaled, targets, top_p, top_k), float("-inf"))
+
+
 class _ChunkedHeadLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, rows, top, dtype):
+    def forward(ctx, hidden, weight, targets, temperature, rows, top, dtype, top_p=1.0, top_k=0):
         n = hidden.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=hidden.device)
         logz = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -58,11 +67,12 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
                     tops.append(_top(raw, top))
                 scaled = raw / temperature if temperature != 1.0 else raw
                 del raw
+                scaled = _restrict(scaled, targets[s:s + rows], top_p, top_k)
                 lz = torch.logsumexp(scaled, dim=-1)
                 out[s:s + rows] = scaled.gather(-1, targets[s:s + rows].unsqueeze(-1)).squeeze(-1) - lz
                 logz[s:s + rows] = lz
         ctx.save_for_backward(hidden, weight, targets, logz)
-        ctx.temperature, ctx.rows, ctx.dtype = temperature, rows, dtype
+        ctx.temperature, ctx.rows, ctx.dtype, ctx.top_p, ctx.top_k = temperature, rows, dtype, top_p, top_k
         if not top:
             return out
         tp, ti, t1 = (torch.cat(x) for x in zip(*tops, strict=True))
@@ -83,6 +93,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
                 raw = _raw_logits(h, weight, dtype)
                 scaled = raw / t if t != 1.0 else raw
                 del raw
+                scaled = _restrict(scaled, targets[s:s + rows], ctx.top_p, ctx.top_k)
                 gl = torch.exp(scaled - logz[s:s + rows, None]).mul_(-g[s:s + rows, None])  # -g * softmax
                 del scaled
                 gl.scatter_add_(-1, targets[s:s + rows, None], g[s:s + rows, None].float())  # + g * onehot
@@ -94,12 +105,13 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
                     grad_h[s:s + rows] = (gc @ wc).to(hidden.dtype)
                 if need_w:
                     grad_w += (gc.t() @ (h.to(dtype) if dtype is not None else h)).float()
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None, None
 
 
 def head_logprobs(hidden: Tensor, lm_head: torch.nn.Linear, targets: Tensor, temperature: float, top: int = 0,
-                  max_rows: int | None = None) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]:
-    """log p(targets) [N] under softmax(lm_head(hidden) / temperature) for hidden [N, H], targets [N]; with top > 0
+                  max_rows: int | None = None, top_p: float = 1.0, top_k: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]:
+    """log p(targets) [N] under softmax(lm_head(hidden) / temperature) for hidden [N, H], targets [N] (restricted
+    to the sampler's top-p / top-k set and renormalised, as `grpo.token_logprobs`); with top > 0
     also (top-`top` probabilities [N, top], their ids, argmax ids [N]) of softmax(logits) (untempered), detached.
 
     Rows above `max_rows` (default: `chunk_rows(V)`) are processed in chunks of that many rows, recomputing each
@@ -113,8 +125,9 @@ def head_logprobs(hidden: Tensor, lm_head: torch.nn.Linear, targets: Tensor, tem
         raise SpecRLError(f"max_rows must be >= 1, got {rows}")
     if hidden.shape[0] <= rows:
         logits = lm_head(hidden).float()
-        lp = token_logprobs(logits.unsqueeze(0), targets.unsqueeze(0), temperature)[0]
+        lp = token_logprobs(logits.unsqueeze(0), targets.unsqueeze(0), temperature, top_p, top_k)[0]
         return lp, (tuple(x.detach() for x in _top(logits.detach(), top)) if top else None)
     dtype = _compute_dtype(hidden.device.type)
-    out = _ChunkedHeadLogprob.apply(hidden, lm_head.weight, targets, float(temperature), rows, top, dtype)
+    out = _ChunkedHeadLogprob.apply(hidden, lm_head.weight, targets, float(temperature), rows, top, dtype,
+                                    float(top_p), int(top_k))
     return (out[0], tuple(out[1:])) if top else (out, None)

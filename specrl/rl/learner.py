@@ -164,9 +164,15 @@ class Learner:
         if batch.ref_logp is not None:
             with self._autocast():
                 batch.ref_logp[idx, :w] = response_logprobs(self.ref, toks, m, self.cfg.generation.temperature,
-                                                            share_prefixes=self.share_prefixes)[0]
+                                                            share_prefixes=self.share_prefixes,
+                                                            **self._sampler_filter)[0]
         if self.capture_drafter:
             batch.captured.append(draft_batch(self.drafter, toks, m, captured, captured["response_top"]))
+
+    @property
+    def _sampler_filter(self) -> dict[str, Any]:
+        """The sampler's top-p / top-k: the trainer scores tokens under the distribution they were sampled from."""
+        return {"top_p": self.cfg.generation.top_p, "top_k": self.cfg.generation.top_k}
 
     def _start_proximal(self, batch: Batch) -> None:
         batch.old_logp = torch.zeros_like(batch.gen_logp)
@@ -185,7 +191,7 @@ class Learner:
                 lp, captured = response_logprobs(self.policy, toks, m, self.cfg.generation.temperature,
                                                  self._capture if self.capture_drafter else (),
                                                  top=TOPK if self.capture_drafter else 0,
-                                                 share_prefixes=self.share_prefixes)
+                                                 share_prefixes=self.share_prefixes, **self._sampler_filter)
             self._proximal(batch, idx, toks, m, lp, captured, "logprob stage")
         return batch
 
@@ -238,7 +244,8 @@ class Learner:
             keep = fused and self.capture_drafter
             with self._autocast():
                 logp, captured = response_logprobs(self.policy, toks, m, temp, self._capture if keep else (),
-                                                   top=TOPK if keep else 0, share_prefixes=self.share_prefixes)
+                                                   top=TOPK if keep else 0, share_prefixes=self.share_prefixes,
+                                                   **self._sampler_filter)
             if fused:
                 self._proximal(batch, idx, toks, m, logp, captured, "train forward")
             out = self.loss(

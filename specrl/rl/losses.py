@@ -9,6 +9,8 @@ inputs; it returns a `specrl.rl.grpo.LossOutput` whose loss is this micro-batch'
 micro-batch losses add up to the step's. Because the normaliser is an input, a learner sharded over ranks
 passes the global token or sequence count and every rank's share stays exact. A user adds a loss with
 `@register_loss("name", normalizer=...)` and selects it with `grpo.loss_type=name`; the learner never changes.
+Each loss carries its default clip range (`DEFAULT_CLIP`, `PPO_CLIP`, `GSPO_CLIP`), which `grpo.clip_low` /
+`grpo.clip_high` override.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from specrl.errors import SpecRLError
 from specrl.rl.grpo import LossOutput, check_loss_inputs, clipped_surrogate_loss, kl_k3, surrogate_terms
 
 NORMALIZERS = ("tokens", "sequences", "max_tokens")
+# Default ratio clip ranges (clip_low, clip_high) per loss, used when grpo.clip_low / clip_high are unset:
+# token-level ratios with DAPO's clip-higher (0.2, 0.28); GRPO / Dr. GRPO the symmetric PPO range; GSPO's
+# sequence ratio is a geometric mean over hundreds of tokens and moves ~1000x less, so its paper clips at
+# (3e-4, 4e-4): a token-level range there would clip nothing.
+DEFAULT_CLIP = (0.2, 0.28)
+PPO_CLIP = (0.2, 0.2)
+GSPO_CLIP = (3e-4, 4e-4)
 
 
 class LossFn(Protocol):
@@ -40,6 +49,7 @@ class Loss:
     fn: LossFn
     normalizer: str = "tokens"
     scale_by_std: bool = True
+    clip: tuple[float, float] = DEFAULT_CLIP  # (clip_low, clip_high) when the config leaves them unset
 
     def __call__(self, *args, **kwargs) -> LossOutput:
         return self.fn(*args, **kwargs)
@@ -48,19 +58,26 @@ class Loss:
 LOSSES: dict[str, Loss] = {}
 
 
-def register_loss(name: str, *, normalizer: str = "tokens", scale_by_std: bool = True) -> Callable[[LossFn], LossFn]:
+def register_loss(name: str, *, normalizer: str = "tokens", scale_by_std: bool = True,
+                  clip: tuple[float, float] = DEFAULT_CLIP) -> Callable[[LossFn], LossFn]:
     """Decorator: register `fn` as `grpo.loss_type=name`.
 
     `normalizer`: what the learner divides the step's summed loss by (`loss_normalizer`): "tokens" (response
     tokens of the optimizer step), "sequences" (its sequences) or "max_tokens" (sequences x
     generation.max_new_tokens). `scale_by_std`: whether advantages are divided by the group std (when
-    `grpo.normalize_rewards` is left unset)."""
+    `grpo.normalize_rewards` is left unset). `clip`: the default (clip_low, clip_high) of the ratio, used when
+    `grpo.clip_low` / `grpo.clip_high` are left unset: the range depends on what the ratio is (a token's, or a
+    sequence's geometric mean, which moves ~1000x less per update)."""
     if normalizer not in NORMALIZERS:
         raise SpecRLError(f"register_loss({name!r}): normalizer must be one of {', '.join(NORMALIZERS)}, "
                           f"got {normalizer!r}")
 
+    if not (len(clip) == 2 and 0 <= clip[0] < 1 and clip[1] >= 0):  # noqa: PLR2004 - a (low, high) pair
+        raise SpecRLError(f"register_loss({name!r}): clip must be (low, high) with 0 <= low < 1 and high >= 0, "
+                          f"got {clip!r}")
+
     def wrap(fn: LossFn) -> LossFn:
-        LOSSES[name] = Loss(name, fn, normalizer, scale_by_std)
+        LOSSES[name] = Loss(name, fn, normalizer, scale_by_std, (float(clip[0]), float(clip[1])))
         return fn
 
     return wrap
@@ -110,7 +127,7 @@ def dapo_loss(logp, old_logp, advantages, mask, *, normalizer, clip_low, clip_hi
                                   is_cap=is_cap)
 
 
-@register_loss("grpo", normalizer="sequences")
+@register_loss("grpo", normalizer="sequences", clip=PPO_CLIP)
 def grpo_loss(logp, old_logp, advantages, mask, *, normalizer, clip_low, clip_high, ref_logp=None, kl_coef=0.0,
               behavior_logp=None, is_cap=2.0) -> LossOutput:
     """The GRPO paper's sequence mean: each sequence's token mean, then the mean over sequences.
@@ -124,7 +141,7 @@ def grpo_loss(logp, old_logp, advantages, mask, *, normalizer, clip_low, clip_hi
     return t.output(((t.per_token * t.mask).sum(1) / lengths).sum() / _check_normalizer(normalizer))
 
 
-@register_loss("dr_grpo", normalizer="max_tokens", scale_by_std=False)
+@register_loss("dr_grpo", normalizer="max_tokens", scale_by_std=False, clip=PPO_CLIP)
 def dr_grpo_loss(logp, old_logp, advantages, mask, *, normalizer, clip_low, clip_high, ref_logp=None, kl_coef=0.0,
                  behavior_logp=None, is_cap=2.0) -> LossOutput:
     """Dr. GRPO: the summed token terms over a constant, and advantages not divided by the group std.
@@ -138,7 +155,7 @@ def dr_grpo_loss(logp, old_logp, advantages, mask, *, normalizer, clip_low, clip
     return t.output((t.per_token * t.mask).sum() / _check_normalizer(normalizer))
 
 
-@register_loss("gspo", normalizer="sequences")
+@register_loss("gspo", normalizer="sequences", clip=GSPO_CLIP)
 def gspo_loss(logp, old_logp, advantages, mask, *, normalizer, clip_low, clip_high, ref_logp=None, kl_coef=0.0,
               behavior_logp=None, is_cap=2.0) -> LossOutput:
     """GSPO: one importance ratio per sequence, the geometric mean of its token ratios, clipped per sequence.
