@@ -109,7 +109,8 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
 
 
 def head_logprobs(hidden: Tensor, lm_head: torch.nn.Linear, targets: Tensor, temperature: float, top: int = 0,
-                  max_rows: int | None = None, top_p: float = 1.0, top_k: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]:
+                  max_rows: int | None = None, top_p: float = 1.0, top_k: int = 0
+                  ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]:
     """log p(targets) [N] under softmax(lm_head(hidden) / temperature) for hidden [N, H], targets [N] (restricted
     to the sampler's top-p / top-k set and renormalised, as `grpo.token_logprobs`); with top > 0
     also (top-`top` probabilities [N, top], their ids, argmax ids [N]) of softmax(logits) (untempered), detached.
