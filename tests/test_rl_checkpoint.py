@@ -222,3 +222,41 @@ def test_a_part_whose_owner_fails_leaves_nothing_behind(tmp_path, fail):
         save_checkpoint(tmp_path, 2, {"policy": owner})
     assert sorted(q.name for q in tmp_path.iterdir()) == ["step_000001"]  # the partial write is gone
     assert load_latest(tmp_path).step == 1
+
+
+class _Global:
+    """Pickles as a call of `module.name(*args)`: a crafted `.metadata` naming any global it likes."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+@pytest.mark.parametrize("what", ["os.system", "a DCP class it does not need", "a name a DCP module imported"])
+def test_a_crafted_dcp_metadata_is_refused_with_no_code_run(tmp_path, what):
+    import os
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemWriter, filesystem
+
+    from specrl.errors import SpecRLError
+    from specrl.model.transformer import tiny_model
+    from specrl.rl.sharded_state import SafeReader, save_dcp
+
+    policy = tiny_model("llama", vocab_size=64)
+    opt = torch.optim.AdamW(policy.parameters())
+    save_dcp(str(tmp_path / "ck"), policy, None, opt)
+    assert SafeReader(str(tmp_path / "ck")).read_metadata().state_dict_metadata  # the real one loads
+    marker = tmp_path / "ran"
+    if what == "a name a DCP module imported":  # pathlib.Path under the name filesystem.Path (a raw GLOBAL opcode)
+        assert filesystem.Path is not None
+        raw = f"ctorch.distributed.checkpoint.filesystem\nPath\n(V{marker}\ntR.".encode()
+    else:
+        raw = pickle.dumps({"os.system": _Global(os.system, f"touch {marker}"),
+                            "a DCP class it does not need": _Global(FileSystemWriter, str(marker))}[what])
+    (tmp_path / "ck" / ".metadata").write_bytes(raw)
+    with pytest.raises(SpecRLError, match="refused to load the sharded checkpoint.*may not load"):
+        SafeReader(str(tmp_path / "ck")).read_metadata()
+    assert not marker.exists()

@@ -7,8 +7,8 @@ the template, DCP reshards, `set_state_dict` applies it): a run saved with 2 ran
 way round. `load_full_parts` applies the single-process checkpoint format (full `policy` / `optimizer` /
 `drafter` parts, optimizer state keyed by parameter index) to a sharded learner, so a 1-rank run resumes with N.
 DCP reads tensor data with `torch.load(weights_only=True)` but unpickles `.metadata` with plain `pickle`;
-`SafeReader` reads it with an unpickler that only admits DCP's metadata classes, torch sizes, dtypes and layouts
-and paths, so no checkpoint file can run code on load.
+`SafeReader` reads it with an unpickler that only admits the named DCP metadata classes it needs (`_DCP_CLASSES`),
+torch sizes, dtypes and layouts and paths, so no checkpoint file can run code on load.
 """
 
 from __future__ import annotations
@@ -26,18 +26,21 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from specrl.errors import SpecRLError
 
 SHARDED_PART = "sharded"  # the checkpoint part (a directory) holding the DCP model + optimizer state
-_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                "torch.distributed.checkpoint.planner")
+# the classes DCP's `.metadata` pickle names (traced from save_dcp of a model, an AdamW state and sharded runs),
+# each by module and name: a class of those modules that is not listed here is refused
+_DCP_CLASSES = {("torch.distributed.checkpoint.metadata", n) for n in (
+    "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata", "BytesStorageMetadata",
+    "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
 _BUILTINS = {"set", "frozenset", "slice", "complex"}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Admits DCP's metadata classes, torch.Size / dtypes / layouts / memory formats, paths and a few builtins."""
+    """Admits the DCP metadata classes of `_DCP_CLASSES`, torch.Size / dtypes / layouts / memory formats, paths and a few builtins."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in _DCP_MODULES:
+        if (module, name) in _DCP_CLASSES:
             obj = getattr(__import__(module, fromlist=[name]), name, None)
-            if isinstance(obj, type):
+            if isinstance(obj, type) and obj.__module__ == module:  # defined there, not a name it imported
                 return obj
         if module == "torch":
             obj = getattr(torch, name, None)
