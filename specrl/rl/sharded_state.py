@@ -35,7 +35,8 @@ _BUILTINS = {"set", "frozenset", "slice", "complex"}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Admits the DCP metadata classes of `_DCP_CLASSES`, torch.Size / dtypes / layouts / memory formats, paths and a few builtins."""
+    """Admits the DCP metadata classes of `_DCP_CLASSES`, torch.Size / dtypes / layouts / memory formats, paths
+    and a few builtins."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _DCP_CLASSES:
