@@ -288,3 +288,87 @@ def test_scaling_benchmark_runs_on_a_tiny_setting(tiny, tmp_path, local_ray):
     assert rec["hardware"]["cpu_cores"] >= 1 and rec["hardware"]["processor_class"] == processor_class()
     assert rec["single"]["seconds_median"] > 0 and rec["ranks"]["seconds_median"] > 0
     assert (tmp_path / "s.json").is_file()
+
+
+def _eagle_dir(tiny, tmp_path) -> str:
+    """A freshly initialised EAGLE head of the tiny model, saved where `eagle:DIR` loads it."""
+    from specrl.drafters import EagleDrafter
+    from specrl.drafters.io import save_drafter
+
+    target, _ = load_model(str(tiny), dtype=torch.float32)
+    torch.manual_seed(5)
+    return str(save_drafter(EagleDrafter(target), tmp_path / "eagle"))
+
+
+def _odd_groups(n_groups=3, group=4, seed=2) -> Rollouts:
+    """What dynamic sampling can hand the learner: a group count (3) that the world size (2) does not divide."""
+    r = seeded_rollouts(n=n_groups * group, group=group, seed=seed)
+    r.rewards[::group] += 1.0  # every group's rewards vary
+    return r
+
+
+@pytest.mark.parametrize("case", ["mini_batches", "online_drafter", "odd_groups", "bf16"])
+def test_one_step_n1_equals_n2_beyond_the_plain_point(tiny, tmp_path, local_ray, case):
+    """N=2 gives N=1's step at each documented point beyond plain dapo/fp32/one mini-batch: two mini-batches x two
+    iterations (four optimizer steps), the online drafter over two mini-batches (its loss and weights too: it
+    reads the policy's embedding as updated by the first), a group count that the world
+    size does not divide (dynamic sampling), and bf16-mixed (where FSDP's MixedPrecisionPolicy casts what autocast
+    keeps in fp32: the bound is measured and stated in docs/scale-out.md)."""
+    from specrl.distributed.learner_group import LearnerGroup
+
+    over = {"mini_batches": {"grpo__mini_batches": 2, "grpo__num_iterations": 2},
+            "online_drafter": {"speculative__drafter": f"eagle:{_eagle_dir(tiny, tmp_path)}", "drafter__online": True,
+                               "drafter__learning_rate": 1e-3, "grpo__mini_batches": 2},
+            "odd_groups": {"grpo__num_prompts_per_step": 4, "grpo__filter_zero_advantage_groups": True},
+            "bf16": {"policy__precision": "bf16-mixed"}}[case]
+    cfg = dp_cfg(tiny, **over)
+    r = _odd_groups() if case == "odd_groups" else seeded_rollouts()
+    if case == "online_drafter":
+        from specrl.drafters.io import load_drafter
+
+        seed_everything(cfg.run.seed)
+        policy = load_model(cfg.model.name, dtype=torch.float32)[0].train()
+        one = Learner(cfg, policy, load_drafter(cfg.speculative.drafter.split(":", 1)[1], policy))
+    else:
+        one = single_learner(cfg)
+    before = {k: v.clone() for k, v in hf_named_tensors(one.policy).items()}
+    rec1, _ = one.learn(r, dict(SECONDS))
+    w1 = hf_named_tensors(one.policy)
+    d1 = {k: v.detach().clone() for k, v in one.drafter.state_dict().items()} if one.drafter is not None else None
+    group = LearnerGroup(cfg)
+    try:
+        rec2, _ = group.learn(r, dict(SECONDS))
+        _, w2, d2 = group.named_weights()
+    finally:
+        group.close()
+    scale = max(float(v.abs().max()) for v in w1.values())
+    moved = max(float((w1[k] - before[k]).abs().max()) for k in w1)
+    diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    # the update's relative L2 difference: AdamW's sign-like first step makes max |diff| the size of the step
+    # wherever rounding flips a near-zero gradient, so the norm says how much of the update moved
+    upd = sum(float(((w1[k] - before[k]).double() ** 2).sum()) for k in w1) ** 0.5
+    rel = sum(float(((w1[k] - w2[k]).double() ** 2).sum()) for k in w1) ** 0.5 / upd
+    print(f"{case}: N=1 vs N=2 max |weight diff| {diff:.2e} (moved {moved:.2e}, max |w| {scale:.3f}), update "
+          f"L2 difference {rel:.2e} of the update; loss {rec1['loss']:.6g} vs {rec2['loss']:.6g}")
+    assert moved > 1e-4
+    if case == "bf16":
+        # bf16 rounds the update itself: measure N=1's and N=2's distance to the fp32 update of one process
+        ref = single_learner(dp_cfg(tiny, policy__precision="fp32"))
+        ref.learn(r, dict(SECONDS))
+        w0 = hf_named_tensors(ref.policy)
+
+        def off(w):
+            return sum(float(((w[k] - w0[k]).double() ** 2).sum()) for k in w0) ** 0.5 / upd
+
+        print(f"bf16: update L2 distance to fp32's: N=1 (autocast) {off(w1):.3f}, N=2 (MixedPrecisionPolicy) "
+              f"{off(w2):.3f}")
+        assert off(w2) <= 1.5 * off(w1) + 0.05, (off(w1), off(w2))
+    else:
+        assert diff <= 1e-6 * scale, (diff, scale)
+    assert rec2["loss"] == pytest.approx(rec1["loss"], rel=1e-2 if case == "bf16" else 1e-5, abs=1e-7)
+    assert rec2["optimizer_steps"] == rec1["optimizer_steps"]
+    if case == "online_drafter":
+        assert d2 is not None and set(d2) == set(d1)
+        ddiff = max(float((d1[k] - d2[k]).abs().max()) for k in d1)
+        assert ddiff <= 1e-6 * max(float(v.abs().max()) for v in d1.values()), ddiff
+        assert rec2["draft_loss"] == pytest.approx(rec1["draft_loss"], rel=1e-5)

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from specrl.errors import SpecRLError
 from specrl.model.checkpoint import hf_named_tensors
-from specrl.rl.batch import update_plan
+from specrl.rl.batch import chunks
 from specrl.rl.config import TrainConfig
 from specrl.rl.learner import Batch, Learner, NonFiniteError, check_weights
 from specrl.rl.producer import Rollouts
@@ -67,6 +67,10 @@ def shard_policy(policy: nn.Module, mp: MixedPrecisionPolicy | None) -> None:
         register_fsdp_forward_method(policy, name)
 
 
+# the drafter methods `drafters.training.batch_loss` calls on each kind (all of them run under FSDP's unshard)
+DRAFTER_TRAIN_METHODS = {"eagle": ("fuse_concat", "forward_train", "head"), "mtp": ("forward_train", "head")}
+
+
 class ShardedLearner(Learner):
     """`Learner` on one rank of an initialised process group: its share of each step, sharded state."""
 
@@ -92,7 +96,9 @@ class ShardedLearner(Learner):
         self._mirror = None
         if cfg.drafter.online and isinstance(drafter, nn.Module):
             fully_shard(drafter)  # fp32, as the single-process learner trains it (outside autocast)
-            register_fsdp_forward_method(drafter, "forward_train")
+            # the drafter loss calls these directly, not forward(): each must gather the sharded parameters
+            for method in DRAFTER_TRAIN_METHODS.get(drafter.kind, ("forward_train",)):
+                register_fsdp_forward_method(drafter, method)
             self._mirror = SimpleNamespace(embed_tokens=nn.Embedding(*policy.embed_tokens.weight.shape),
                                            lm_head=nn.Linear(*reversed(policy.lm_head.weight.shape), bias=False))
             for m in (self._mirror.embed_tokens, self._mirror.lm_head):
@@ -120,14 +126,24 @@ class ShardedLearner(Learner):
 
     # ------------------------------------------------------------------ this rank's share of a step
     def collate(self, r: Rollouts) -> Batch:
+        """This rank's rows: its 1/N of every mini-batch of the one-process plan, so optimizer step j trains on
+        the union of the ranks' mini-batches j, which is the one-process mini-batch j (whole step with one)."""
         full = super().collate(r)
-        n = full.tokens.shape[0]
-        if n % self.world_size:
-            raise SpecRLError(f"{n} sequences cannot be split over {self.world_size} learner ranks")
-        share = n // self.world_size
-        rows = slice(self.rank * share, (self.rank + 1) * share)
-        batch = Batch(full.tokens[rows], full.mask[rows], full.gen_logp[rows], full.advantages[rows])
-        batch.plan = update_plan(share, self.cfg.grpo.mini_batches, self.cfg.policy.train_micro_batch_size)
+        n, ws = full.tokens.shape[0], self.world_size
+        sizes = [sum(len(m) for m in mini) for mini in full.plan]
+        if any(s % ws for s in sizes):
+            raise SpecRLError(f"{n} sequences in {len(sizes)} mini-batch(es) of {sizes} cannot be split evenly over "
+                              f"{ws} learner ranks; every mini-batch (grpo.mini_batches) needs a multiple of "
+                              f"learner.world_size sequences")
+        rows, plan, a = [], [], 0
+        for s in sizes:
+            share = s // ws
+            rows.extend(range(a + self.rank * share, a + (self.rank + 1) * share))
+            plan.append(chunks(share, self.cfg.policy.train_micro_batch_size, len(rows) - share))
+            a += s
+        idx = torch.tensor(rows, dtype=torch.long, device=full.tokens.device)
+        batch = Batch(full.tokens[idx], full.mask[idx], full.gen_logp[idx], full.advantages[idx])
+        batch.plan = plan
         return batch
 
     def _global_normalizer(self, local: float) -> float:
@@ -137,8 +153,10 @@ class ShardedLearner(Learner):
         dist.all_reduce(t)
         return float(t) / self.world_size
 
-    def stage_train(self, batch: Batch) -> dict[str, float]:
-        out = super().stage_train(batch)
+    def _optimizer_step(self, *args, **kwargs) -> int:
+        """One optimizer step, then the drafter's mirror of the policy's embedding / LM head is refreshed, so the
+        drafter's next micro-batch reads the weights one process would read (they change every optimizer step)."""
+        out = super()._optimizer_step(*args, **kwargs)
         self._refresh_mirror()
         return out
 
