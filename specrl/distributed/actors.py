@@ -88,9 +88,23 @@ class RayWeightSync:
         self.rollout_dtype = rollout_dtype
 
     def push(self, version: int, policy: dict, drafter: dict | None = None) -> None:
-        cast = {k: v.to(self.rollout_dtype) if v.is_floating_point() else v for k, v in policy.items()}
-        ref = ray.put((cast, drafter))
+        ref = ray.put((cast_in_place(policy, self.rollout_dtype), drafter))
         ray.get(self.store.set.remote(version, [ref]))
+
+    def push_ref(self, version: int, refs: list) -> None:
+        """Register weights already in the object store (`[ref]` of a (policy, drafter) pair) as `version`."""
+        ray.get(self.store.set.remote(version, refs))
+
+
+def cast_in_place(policy: dict, dtype: torch.dtype) -> dict:
+    """`policy` with its floating tensors cast to `dtype`, one at a time, each original dropped as its copy is
+    made: the caller never holds the policy twice (a publish keeps one copy in flight)."""
+    for k in list(policy):
+        v = policy[k]
+        if v.is_floating_point() and v.dtype != dtype:
+            policy[k] = v.to(dtype)
+        del v
+    return policy
 
     def wait_for(self, version: int, timeout: float | None = WAIT_TIMEOUT_SECONDS) -> int:
         t0 = time.monotonic()
@@ -212,19 +226,22 @@ class LearnerActor:
         self.lines: list[str] = []
         try:
             seed_everything(cfg.run.seed)
-            policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
-            online = cfg.drafter.online and cfg.learner.world_size == 1
-            drafter = resolve_drafter(cfg.speculative.drafter, policy) if online else None
-            policy.train()
-            self.tokenizer = tokenizer
             lag = cfg.pipeline.max_trajectory_age_steps
             if cfg.learner.world_size > 1:  # data-parallel ranks in their own actors; this one coordinates them
                 from specrl.distributed.learner_group import LearnerGroup
+                from specrl.model.loader import load_model_info
 
+                args, tokenizer = load_model_info(cfg.model.name)  # the ranks own the policy: no weights here
                 self.learner = LearnerGroup(cfg, max_policy_lag=lag)
             else:
-                self.learner = Learner(cfg, policy, drafter, max_policy_lag=lag)
-            self.data = RolloutProducer(cfg, tokenizer, None, stop_token_ids(tokenizer, policy.args))  # data stage
+                policy, tokenizer = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype),
+                                               device=cfg.run.device)
+                online = cfg.drafter.online
+                drafter = resolve_drafter(cfg.speculative.drafter, policy) if online else None
+                self.learner = Learner(cfg, policy.train(), drafter, max_policy_lag=lag)
+                args = policy.args
+            self.tokenizer = tokenizer
+            self.data = RolloutProducer(cfg, tokenizer, None, stop_token_ids(tokenizer, args))  # data stage
         except SpecRLError as e:
             self.init_error = str(e)
             return
@@ -246,10 +263,18 @@ class LearnerActor:
     def data_state(self) -> dict:
         return self.data.state_dict()
 
+    def resident_parameters(self) -> int:
+        """Parameter elements this actor holds itself (0 when data-parallel ranks own the policy)."""
+        return sum(p.numel() for p in self.learner.policy.parameters()) if isinstance(self.learner, Learner) else 0
+
     def publish(self) -> tuple[int, float, dict]:
-        """Publish the current weights with their version; (version, seconds, timeline event)."""
+        """Publish the current weights with their version; (version, seconds, timeline event). Data-parallel ranks
+        put the gathered, cast weights into the object store themselves: this actor passes the reference on."""
         t0 = time.time()
-        self.sync.push(*self.learner.named_weights())
+        if isinstance(self.learner, Learner):
+            self.sync.push(*self.learner.named_weights())
+        else:
+            self.sync.push_ref(*self.learner.published_weights(self.sync.rollout_dtype))
         t1 = time.time()
         return self.learner.version, t1 - t0, {"lane": "learner", "kind": "publish", "start": t0, "end": t1,
                                                "step": self.learner.version}

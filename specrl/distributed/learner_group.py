@@ -100,6 +100,18 @@ class LearnerRank:
     def named_weights(self):
         return self.learner.named_weights()
 
+    def published_weights(self, dtype: torch.dtype) -> tuple[int, list | None]:
+        """(version, [ref]) on rank 0: the gathered policy cast to `dtype` as it is gathered, and the drafter, put
+        into the object store from here; (version, None) on the other ranks."""
+        from specrl.distributed.actors import cast_in_place
+
+        version, policy, drafter = self.learner.named_weights(cast=dtype)
+        if policy is None:
+            return version, None
+        ref = ray.put((cast_in_place(policy, dtype), drafter))
+        del policy
+        return version, [ref]
+
     def check_weights(self, step: int) -> None:
         self.learner.check_weights(step)
 
@@ -243,6 +255,11 @@ class LearnerGroup:
 
     def named_weights(self):
         return self._call("named_weights", what=f"gathering the weights of version {self.version}")[0]
+
+    def published_weights(self, dtype: torch.dtype) -> tuple[int, list]:
+        """(version, [ref]): rank 0 gathers the policy, casts it as it goes and puts it in the object store; the
+        caller receives only the reference (one copy of the policy in flight)."""
+        return self._call("published_weights", dtype, what=f"publishing the weights of version {self.version}")[0]
 
     def check_weights(self, step: int) -> None:
         self._call("check_weights", step, what=f"checking the weights of step {step}")

@@ -30,17 +30,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "auto
     dev = resolve_device(device)
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, dev, "dtype")
-    p = Path(name_or_path)
-    preset = None
-    if not p.exists():
-        if str(name_or_path) in presets.PRESETS:
-            preset = str(name_or_path)
-            p = presets.prepare(preset)
-        elif os.sep in str(name_or_path) or str(name_or_path).startswith("."):
-            raise SpecRLError(f"checkpoint directory {name_or_path} does not exist")
-        else:
-            raise SpecRLError(f"unknown model {name_or_path!r}: not a directory and not a preset; presets are "
-                              f"{sorted(presets.PRESETS)}")
+    p, preset = _checkpoint_dir(name_or_path)
     try:
         model = load_checkpoint(p, dtype)
     except SpecRLError as e:
@@ -53,6 +43,39 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "auto
     model.checkpoint_dir = p  # lets a drafter check it shares this model's tokenizer (see same_tokenizer)
     tokenizer = load_tokenizer(p) if any((p / f).exists() for f in TOKENIZER_FILES) else None
     return model, tokenizer
+
+
+def load_model_info(name_or_path: str | os.PathLike):
+    """(ModelArgs, tokenizer or None) of a preset or checkpoint directory, without reading its weights: for a
+    process that only renders prompts (the async learner's coordinator, whose ranks own the policy)."""
+    import json
+
+    from specrl.model.checkpoint import args_from_hf_config
+
+    p, _ = _checkpoint_dir(name_or_path)
+    cfg_path = p / "config.json"
+    try:
+        args = args_from_hf_config(json.loads(cfg_path.read_text()), str(cfg_path))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecRLError(f"{cfg_path}: cannot read the model's config ({e})") from None
+    tokenizer = load_tokenizer(p) if any((p / f).exists() for f in TOKENIZER_FILES) else None
+    return args, tokenizer
+
+
+def _checkpoint_dir(name_or_path: str | os.PathLike) -> tuple[Path, str | None]:
+    """The checkpoint directory of a preset name or a path, and the preset's name (None for a path)."""
+    p = Path(name_or_path)
+    preset = None
+    if not p.exists():
+        if str(name_or_path) in presets.PRESETS:
+            preset = str(name_or_path)
+            p = presets.prepare(preset)
+        elif os.sep in str(name_or_path) or str(name_or_path).startswith("."):
+            raise SpecRLError(f"checkpoint directory {name_or_path} does not exist")
+        else:
+            raise SpecRLError(f"unknown model {name_or_path!r}: not a directory and not a preset; presets are "
+                              f"{sorted(presets.PRESETS)}")
+    return p, preset
 
 
 def _vocab(ckpt_dir: Path) -> dict[int, str] | None:

@@ -2,18 +2,24 @@
 
 `ShardedLearner` runs in a process that has joined a `torch.distributed` process group (the Ray actors of
 `specrl.distributed.learner_group` set that up). The policy is sharded with `fully_shard` per transformer block,
-then at the root (a `MixedPrecisionPolicy` with bf16 parameters and fp32 gradient reduction replaces autocast
-under `policy.precision: bf16-mixed`); the online drafter and the reference model are sharded at their root.
-Every rank receives the whole step's rollouts and trains rows [rank * B / N, (rank + 1) * B / N): whole GRPO
-groups, since `learner.world_size` divides `num_prompts_per_step`. The GRPO normaliser is the whole step's
-response-token count; FSDP's reduce-scatter averages gradients over ranks (gloo has no pre-scaled sum), so each
-rank normalises by that count / N and the average is the single-process gradient. The drafter's loss, a mean over
-micro-batches, is averaged the same way (equal micro-batch counts per rank), so it matches too. Gradient
-clipping is global (`clip_grad_norm_` on DTensor gradients). The drafter reads the policy's embedding (and MTP
-its LM head) outside the policy's forward, so each rank keeps a frozen full copy of those, refreshed after every
-optimizer step. `merge_rank_records` turns the ranks' step records into the single-process record. Model and
-optimizer checkpoints are DCP directories (`specrl.rl.sharded_state`); `named_weights` gathers one parameter at
-a time and only rank 0 keeps the full tensors.
+then at the root (a `MixedPrecisionPolicy` with bf16 parameters and fp32 gradient reduction replaces autocast under
+`policy.precision: bf16-mixed`); the online drafter and the reference model are sharded at their root. Every rank
+receives the whole step's rollouts (advantages are computed over whole groups first) and trains 1/N of each mini-
+batch of the one-process plan, so optimizer step j sees the one-process mini-batch j (a step that dynamic sampling
+left with a group count N does not divide still splits, as long as each mini-batch holds a multiple of N sequences;
+otherwise a clear error). Each optimizer step's normaliser is the whole mini-batch's; FSDP's reduce-scatter averages
+gradients over ranks (gloo has no pre-scaled sum), so each rank normalises by it / N and the average is the single-
+process gradient. The drafter's loss, a mean over micro-batches, is averaged the same way (equal micro-batch counts
+per rank). Gradient clipping is global (`clip_grad_norm_` on DTensor gradients). The drafter's training methods
+(`DRAFTER_TRAIN_METHODS`) run under FSDP's unshard; it reads the policy's embedding (and MTP its LM head) outside
+the policy's forward, so each rank keeps a frozen full copy of those, refreshed after every optimizer step. So N
+ranks equal one process in fp32 to rounding (tested N=1 vs 2: one step, 2 mini-batches x 2 iterations, the online
+drafter over 2 mini-batches, 3 groups on 2 ranks). Under bf16-mixed they do not match bit for bit:
+`MixedPrecisionPolicy` casts every parameter (RMSNorm weights included) and the residual stream to bf16 where the
+one-process autocast keeps them in fp32; measured on the tiny model, the update lies 0.234 (N=2) vs 0.223 (N=1) of
+its L2 norm from the fp32 update, i.e. within bf16's own rounding. `merge_rank_records` turns the ranks' step
+records into the single-process record. Model and optimizer checkpoints are DCP directories
+(`specrl.rl.sharded_state`); `named_weights` gathers one parameter at a time and only rank 0 keeps the full tensors.
 """
 
 from __future__ import annotations
@@ -200,14 +206,17 @@ class ShardedLearner(Learner):
                                  "blew the weights up, e.g. a learning rate far too high); the step-"
                                  f"{step} checkpoint was not written")
 
-    def named_weights(self) -> tuple[int, dict[str, Tensor] | None, dict[str, Tensor] | None]:
-        """(version, policy by HF name, drafter) on rank 0, gathered one tensor at a time; (version, None, None)
-        on the other ranks, which hold one full tensor at most, briefly (collective: every rank calls it)."""
+    def named_weights(self, cast: torch.dtype | None = None
+                      ) -> tuple[int, dict[str, Tensor] | None, dict[str, Tensor] | None]:
+        """(version, policy by HF name, drafter) on rank 0, gathered one tensor at a time (floating tensors cast to
+        `cast` as each arrives, when given); (version, None, None) on the other ranks, which hold one full tensor
+        at most, briefly (collective: every rank calls it)."""
         policy = {}
         for name, t in hf_named_tensors(self.policy).items():
             full = _full(t)
             if self.rank == 0:
-                policy[name] = full.detach().cpu()
+                full = full.detach().cpu()
+                policy[name] = full.to(cast) if cast is not None and full.is_floating_point() else full
         drafter = None
         if self.drafter is not None:
             drafter = {}

@@ -6,7 +6,10 @@ last included): cheap enough for every refit of every step, and blind only to a 
 elements. Every backend's `load_weights` returns this digest computed from the tensors it holds after the load
 (after its renaming, dtype casts and fused layouts, under the names it was sent). `check_refit` recomputes the
 digest of what was sent, cast to the dtype the backend reports for each tensor, and raises `RefitError` naming the
-backend and every tensor the backend does not hold as sent (missing, other values, other shape) — so a refit that
+backend and every tensor the backend does not hold as sent (missing, other values, other shape). A weight the
+backend holds only inside a packed kernel (vLLM's CPU linears) is acknowledged by reading columns of it back
+through that kernel (`columns_digest`, prefix `READBACK`), and a tied LM head's packed copy of the embedding under
+`NAME#lm_head`; only what can be neither read nor probed is `OPAQUE`. So a refit that
 was dropped, partial, loaded under the wrong name or reported for a version it does not hold stops the step
 before a single rollout is generated with the wrong weights.
 """
@@ -22,9 +25,14 @@ from torch import Tensor
 from specrl.errors import SpecRLError
 
 SAMPLE = 64  # elements hashed per tensor
-# An acknowledgement's value for a tensor the backend holds in a layout it cannot read back (vLLM's prepacked CPU
-# linears): its presence is acknowledged, its values are not compared.
+# An acknowledgement's value for a tensor the backend holds in a layout it can neither read back nor probe: its
+# presence is acknowledged, its values are not compared.
 OPAQUE = "opaque"
+# A prefix for a weight read back through the kernel that holds it (vLLM's prepacked CPU linears and tied LM head):
+# the layer applied to one-hot inputs returns the weight's columns `probe_columns(in_features)` exactly (one
+# product per output, no rounding), and the digest is of those columns, [len(cols), out].
+READBACK = "cols:"
+HEAD_SUFFIX = "#lm_head"  # an extra acknowledgement: the tied LM head's own (packed) copy of the embedding
 
 
 class RefitError(SpecRLError):
@@ -53,6 +61,16 @@ def tensor_digest(t: Tensor, dtype: torch.dtype | None = None) -> str:
     return _hash(dtype or t.dtype, tuple(t.shape), _sample(t))
 
 
+def probe_columns(in_features: int) -> list[int]:
+    """The input columns a readback probes: the first, the last and two between."""
+    return sorted({0, in_features // 3, (2 * in_features) // 3, in_features - 1})
+
+
+def columns_digest(t: Tensor, dtype: torch.dtype | None = None) -> str:
+    """`READBACK` + the digest of weight `t` [out, in]'s probed columns, transposed to [len(cols), out]."""
+    return READBACK + tensor_digest(t.detach()[:, probe_columns(t.shape[1])].t().contiguous(), dtype)
+
+
 def weights_digest(named_tensors: Mapping[str, Tensor]) -> dict[str, str]:
     """{name: tensor_digest} of every tensor (the acknowledgement a backend's `load_weights` returns)."""
     return {name: tensor_digest(t) for name, t in named_tensors.items()}
@@ -74,14 +92,18 @@ def check_refit(sent: Mapping[str, Tensor], ack: Mapping[str, str] | None, which
                          "acknowledgement; a backend must return weights_digest() of the tensors it holds after "
                          "the load")
     missing, differ = [], []
-    for name, t in sent.items():
-        got = ack.get(name)
+    extra = [(n, n.removesuffix(HEAD_SUFFIX)) for n in ack if n.endswith(HEAD_SUFFIX)]
+    for name, base in [(n, n) for n in sent] + [(n, b) for n, b in extra if b in sent]:
+        t, got = sent[base], ack.get(name)
         if got is None:
             missing.append(name)
             continue
         if got == OPAQUE:
             continue
-        want = tensor_digest(t, _dtype_of(got))
+        if got.startswith(READBACK):
+            want = columns_digest(t, _dtype_of(got.removeprefix(READBACK))) if t.dim() == 2 else "a 2-D weight"
+        else:
+            want = tensor_digest(t, _dtype_of(got))
         if want != got:
             differ.append(f"{name} (holds {got}, sent {want})")
     if missing or differ:
