@@ -19,7 +19,7 @@ from specrl.model.checkpoint import hf_named_tensors  # noqa: E402
 from specrl.model.loader import load_model  # noqa: E402
 from specrl.model.presets import prepare  # noqa: E402
 from specrl.rl.weight_sync import refit  # noqa: E402
-from specrl.rollout.digest import OPAQUE, RefitError  # noqa: E402
+from specrl.rollout.digest import HEAD_SUFFIX, OPAQUE, READBACK, RefitError  # noqa: E402
 from tests.test_backend_vllm import perturbed  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -64,6 +64,11 @@ def test_a_good_refit_is_acknowledged_and_compares_real_values(backend, model):
     compared = [n for n, d in ack.items() if d != OPAQUE]
     assert "model.embed_tokens.weight" in compared and any("norm" in n for n in compared)
     assert set(sent) <= set(ack)
+    # every prepacked linear is read back through its kernel (before: OPAQUE, acknowledged by name only), and the
+    # tied LM head's packed copy of the embedding too
+    assert [n for n in sent if ack[n] == OPAQUE] == []
+    assert any(ack[n].startswith(READBACK) for n in sent if n.endswith("q_proj.weight"))
+    assert ack["model.embed_tokens.weight" + HEAD_SUFFIX].startswith(READBACK)
     refit(backend, "drafter", hf_named_tensors(perturbed(model, seed=2)), 1)
 
 
@@ -98,3 +103,16 @@ def test_an_old_version_reported_as_new_is_caught(backend, model, monkeypatch):
     v = backend.policy_version + 1
     with pytest.raises(RefitError, match=rf"load_weights\(policy, version {v}\) the vllm backend"):
         refit(backend, "policy", hf_named_tensors(perturbed(model, seed=6)), v)
+
+
+def test_a_tied_head_left_with_the_old_packed_embedding_is_caught(backend, model, monkeypatch):
+    """The failure the worker records (the LM head's GEMM kept the old embedding after a reload): without the
+    repack, the acknowledgement's readback of the head differs from the embedding that was sent."""
+    import specrl.backends.vllm_worker as worker
+
+    refit(backend, "policy", hf_named_tensors(model), backend.policy_version + 1)
+    monkeypatch.setattr(worker, "repack_embeddings", lambda m: None)
+    sent = hf_named_tensors(model)
+    sent["model.embed_tokens.weight"] = sent["model.embed_tokens.weight"] * 1.05
+    with pytest.raises(RefitError, match=r"hold other values than were sent: model\.embed_tokens\.weight#lm_head"):
+        refit(backend, "policy", sent, backend.policy_version + 1)
