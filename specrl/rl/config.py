@@ -66,7 +66,13 @@ SYNONYMS = {
 }
 
 
+TOP_LEVEL_KEYS = ("plugins",)  # top-level keys that hold a value, not a section
+
+
 class TrainConfig(_Section):
+    plugins: list[str] = Field(default_factory=list)
+    """Modules (dotted names) or .py files with users' extensions (losses, drafter kinds, backends, rewards),
+    imported in every process before the config is validated (`specrl.plugins`)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
@@ -240,6 +246,10 @@ def validate_config(data: dict[str, Any], source: str = "config") -> TrainConfig
     """Validate a nested dict into a TrainConfig, or raise SpecRLError listing every problem."""
     if not isinstance(data, dict):
         raise SpecRLError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    from specrl.plugins import load_plugins
+
+    # users' registrations first, so the names they add are known when the sections are checked
+    data = {**data, "plugins": load_plugins(data.get("plugins") or [])}
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
@@ -260,7 +270,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise SpecRLError(f"--set {key}: cannot parse value {raw!r}: {e}") from None
-    if len(parts) == 1 and parts[0] in TrainConfig.model_fields:
+    if len(parts) == 1 and parts[0] in TrainConfig.model_fields and parts[0] not in TOP_LEVEL_KEYS:
         raise SpecRLError(f"--set {key}: '{key}' is a section; set one of its keys, e.g. {key}.<key>=value")
     node = data
     for i, part in enumerate(parts[:-1]):

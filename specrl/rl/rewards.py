@@ -37,13 +37,16 @@ def load_reward_fn(spec: str) -> RewardFn:
         path = Path(module_name).resolve()
         if not path.is_file():
             raise SpecRLError(f"reward function {spec!r}: file {path} does not exist")
-        name = f"specrl_user_reward_{abs(hash(str(path)))}"
-        mod_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        try:
-            mod_spec.loader.exec_module(module)
-        except Exception as e:  # the user's module failed while importing: say so, with the cause
-            raise SpecRLError(f"reward function {spec!r}: importing {path} raised {type(e).__name__}: {e}") from e
+        from specrl.plugins import import_file
+
+        try:  # once per process: the same file listed in `plugins` is the same module
+            module = import_file(path, f"reward function {spec!r}")
+        except SpecRLError as e:  # the user's module failed while importing: say so, with the cause
+            cause = e.__cause__
+            if cause is None or isinstance(cause, SpecRLError) and "does not exist" in str(e):
+                raise
+            raise SpecRLError(f"reward function {spec!r}: importing {path} raised {type(cause).__name__}: "
+                              f"{cause}") from cause
     else:
         if "" not in sys.path:
             sys.path.insert(0, "")  # the current directory, as `python -m` has it
