@@ -18,8 +18,8 @@ from tests.tiny import make_tiny_checkpoint
 
 runner = CliRunner()
 
-LEADS = ["generation speed-up: ", "RL step speed-up: ", "acceptance length AL: ", "generation share R: ",
-         "lossless (seed_exact): ", "learning: validation accuracy ", "hardware: ", "per-arm reports: "]
+LEADS = ["generation speed-up: ", "RL step speed-up: ", "losslessness certificate: ", "acceptance length AL: ",
+         "generation share R: ", "lossless (seed_exact): ", "learning: validation accuracy ", "hardware: ", "per-arm reports: "]
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +47,16 @@ def test_run_is_a_compare_that_leads_with_the_speedup_and_identity(tiny, tmp_pat
     assert "the same 2 GRPO steps, config and seeds" in text[2]
     bullets = _bullets(run_dir / "report.md")
     assert [b[:len(lead)] for b, lead in zip(bullets, LEADS, strict=True)] == LEADS
-    assert "rollouts identical at 2/2 steps, weights identical at 2/2 steps" in bullets[4]
-    assert "parted" not in bullets[4]
-    assert re.search(r"\(steps 0 → 2\), speculative arm; autoregressive arm \d\.\d{3} → \d\.\d{3}", bullets[5])
-    assert f"processor class {processor_class()}" in bullets[6] and "rollouts float32, training fp32" in bullets[6]
-    assert "[speculative/report.md](speculative/report.md)" in bullets[7]
+    assert "rollouts identical at 2/2 steps, weights identical at 2/2 steps" in bullets[5]
+    assert "parted" not in bullets[5]
+    assert re.search(r"\(steps 0 → 2\), speculative arm; autoregressive arm \d\.\d{3} → \d\.\d{3}", bullets[6])
+    assert f"processor class {processor_class()}" in bullets[7] and "rollouts float32, training fp32" in bullets[7]
+    assert "[speculative/report.md](speculative/report.md)" in bullets[8]
     # the terminal ends with the same lines (paths for links), then the report's path
     tail = r.output.splitlines()
     assert tail[-1] == f"[specrl] report: {Path('runs/t/report.md')}"
-    assert tail[-10] == f"[specrl] {text[2]}"
-    assert [line.removeprefix("  - ") for line in tail[-9:-2]] == bullets[:7]
+    assert tail[-11] == f"[specrl] {text[2]}"
+    assert [line.removeprefix("  - ") for line in tail[-10:-2]] == bullets[:8]
     assert tail[-2] == (f"  - per-arm reports: {Path('runs/t/speculative/report.md')} (the training run kept: final "
                         f"policy in {Path('runs/t/speculative/final')}), {Path('runs/t/autoregressive/report.md')}; "
                         f"detail: {Path('runs/t/compare.md')}")
@@ -73,8 +73,8 @@ def test_run_reports_where_the_arms_parted_and_exits_0(tiny, tmp_path, monkeypat
     bullets = _bullets(tmp_path / "runs" / "t" / "report.md")
     assert [b[:len(lead)] for b, lead in zip(bullets, LEADS, strict=True)] == LEADS
     assert re.match(r"lossless \(seed_exact\): the arms parted at step 1: rollouts identical at [12]/2 steps, "
-                    r"weights identical at 0/2 steps\.", bullets[4])
-    assert bullets[4].endswith("The sampled distribution is exact regardless")
+                    r"weights identical at 0/2 steps\.", bullets[5])
+    assert bullets[5].endswith("The sampled distribution is exact regardless")
     assert "generated tokens per generation second" in bullets[0]  # the fair figure once the arms differ
     assert "the arms parted at step 1" in r.output and "error" not in r.output
 
@@ -87,7 +87,7 @@ def test_train_compare_exits_nonzero_on_divergence_after_writing_the_report(tiny
     assert "diverged at step 2 (rollouts identical: True, weights identical: False)" in r.output
     assert f"see {out / 'report.md'}" in r.output
     bullets = _bullets(out / "report.md")
-    assert bullets[4].startswith("lossless (seed_exact): the arms parted at step 2: rollouts identical at 2/2 steps, "
+    assert bullets[LEADS.index("lossless (seed_exact): ")].startswith("lossless (seed_exact): the arms parted at step 2: rollouts identical at 2/2 steps, "
                                  "weights identical at 1/2 steps.")
 
 

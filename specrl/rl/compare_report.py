@@ -88,12 +88,14 @@ def phase_speedups(ar: Records, sd: Records) -> dict[int, float]:
 
 
 def write_compare(out_dir: str | Path, ar: Records, sd: Records,
-                  checks: dict[str, Any] | None = None) -> tuple[Path, Path]:
+                  checks: dict[str, Any] | None = None, certificate: dict[str, Any] | None = None
+                  ) -> tuple[Path, Path]:
     """Write compare.json, compare.md and compare_reward.png (both reward curves overlaid)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ar, sd = _records(ar), _records(sd)
     summary = compare_summary(ar, sd, checks)
+    summary["certificate"] = certificate
     plt, fig, ax = _figure()
     for recs, label, color in ((ar, "autoregressive", "#3a6ea5"), (sd, "speculative", "#3aa655")):
         xs, ys = _series(recs, "reward_mean")
@@ -189,6 +191,10 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
     verdict = "" if step is None or step >= 1.0 else "; speculation is slower than plain decoding here"
     lines.append(f"RL step speed-up: {_f(step, '.2f')}× ({ar_step} s / {sd_step} s per step, validation not "
                  f"counted{verdict})")
+    if summary.get("certificate") is not None:
+        from specrl.rl.certificate import line as certificate_line
+
+        lines.append(certificate_line(summary["certificate"]))
     lines.append(f"acceptance length AL: {_f(summary['acceptance_length'], '.2f')} tokens per policy forward "
                  "(speculative arm, mean over steps)")
     lines.append(f"generation share R: {_f(summary['gen_share'], '.2f')} of the autoregressive step; bound "
@@ -230,12 +236,13 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
 
 
 def write_compare_report(out_dir: str | Path, ar: Records, sd: Records, checks: dict[str, Any] | None = None,
-                         validation: dict[str, Records] | None = None) -> tuple[Path, list[str]]:
+                         validation: dict[str, Records] | None = None, certificate: dict[str, Any] | None = None
+                         ) -> tuple[Path, list[str]]:
     """Write compare.json / compare.md / compare_reward.png (`write_compare`) and report.md, which leads with
     `headline`; return report.md's path and the headline's lines with paths for the terminal."""
     out_dir = Path(out_dir)
-    write_compare(out_dir, ar, sd, checks)
-    summary = compare_summary(ar, sd, checks)
+    write_compare(out_dir, ar, sd, checks, certificate)
+    summary = {**compare_summary(ar, sd, checks), "certificate": certificate}  # its line only when one was run
     hw = hardware_text(sd)
     lines = headline(summary, validation, hw, link=lambda rel: f"[{rel}]({rel})")
     text = [f"# specrl run `{out_dir.name}`: speculative vs autoregressive", "", lines[0] + ":", "",

@@ -315,6 +315,9 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(5, ge=0)
     """Checkpoint every N steps (0 = only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
+    certify: bool = True
+    """At the end of a speculative sync run, test the run's final policy and drafter with the losslessness probe at
+    the run's sampling settings and k (`specrl.rl.certificate`: certificate.json; a compare fails if it does)."""
     out_dir: str = "runs"
     overwrite: bool = False
     """Start over in an existing run directory that holds a finished run (deletes its checkpoints/metrics); else

@@ -34,6 +34,7 @@ import torch
 from specrl.cpu import ThreadGovernor
 from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir
+from specrl.rl import certificate
 from specrl.rl.checkpoint import CheckpointError, load_latest, save_checkpoint, step_dirname
 from specrl.rl.compare_report import identity_checks, write_compare_report
 from specrl.rl.config import TrainConfig, validate_config
@@ -287,10 +288,20 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
             stop.uninstall()
             display.close()
         report = run.finish()
+        cert = _certify(run) if cfg.run.certify else None
     finally:
         run.trainer.close()
+    if cert is not None:
+        print(f"[specrl] {certificate.line(cert)}", flush=True)
     print(f"[specrl] done: {cfg.run.steps} steps; report: {report}", flush=True)
     return run_dir
+
+
+def _certify(run: _Run) -> dict[str, Any] | None:
+    """The run's certificate (`specrl.rl.certificate`), written next to its report."""
+    cert = certificate.certify(run.trainer)
+    certificate.write_certificate(run.run_dir, cert)
+    return cert
 
 
 def _weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -343,11 +354,13 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
         raise SpecRLError(f"compare run: {e}") from None
     for r in runs.values():
         r.finish()
+    cert = _certify(sd) if cfg.run.certify else None
     checks = identity_checks(cfg.speculative.verify, same_rollouts, same_weights)
     report, lines = write_compare_report(
         run_dir, read_records(ar.writer.path), read_records(sd.writer.path), checks,
-        validation={name: read_records(r.val_path) for name, r in runs.items()})
+        validation={name: read_records(r.val_path) for name, r in runs.items()}, certificate=cert)
     print("\n[specrl] " + lines[0] + ":\n" + "\n".join(f"  - {line}" for line in lines[1:]), flush=True)
+    certificate.require(cert, report)
     bad = checks["parted_at_step"]
     if bad is not None and stop_on_divergence:
         raise SpecRLError(f"seed_exact compare: the autoregressive and speculative runs diverged at step {bad} "

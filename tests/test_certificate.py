@@ -1,0 +1,58 @@
+"""A speculative run certifies its own losslessness: the probe on its final policy and drafter passes for the real
+verifier and fails (a compare exits with an error) for a lossy one that accepts every draft."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from specrl.errors import SpecRLError
+from tests.test_rl_trainer import cfg_dict
+from tests.tiny import make_tiny_checkpoint
+
+
+def _config(tmp_path, name):
+    tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
+    draft = make_tiny_checkpoint(tmp_path / "draft", seed=1)  # another model: its drafts are often rejected
+    d = cfg_dict(tiny, speculative__drafter=f"draft-model:{draft}", speculative__num_draft_tokens=2,
+                 speculative__verify="rejection", grpo__val_every=0, run__steps=1, run__checkpoint_every=0,
+                 run__name=name)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def test_a_speculative_run_writes_a_passing_certificate(tmp_path, capsys):
+    from specrl.rl.run import train_main
+
+    run = train_main(str(_config(tmp_path, "ok")), [], None, str(tmp_path / "ok"), compare=True)
+    cert = json.loads((run / "speculative" / "certificate.json").read_text())
+    assert cert["passed"] and cert["k"] == 2 and cert["num_tokens"] >= 1000 and cert["p_value"] >= cert["alpha"]
+    assert 0 < cert["detectable_w"] < 0.2
+    summary = json.loads((run / "compare.json").read_text())
+    assert summary["certificate"]["passed"]
+    assert "losslessness certificate: PASS" in (run / "report.md").read_text()
+    assert "losslessness certificate: PASS" in capsys.readouterr().out
+
+
+def test_a_lossy_verifier_fails_the_certificate_and_the_compare(tmp_path, monkeypatch):
+    import specrl.rollout.engine as engine
+    from specrl.rl.run import train_main
+
+    real = engine.verify
+
+    def accept_everything(mode, target_probs, draft_tokens, *a, **k):  # "lenient" acceptance: lossy
+        r = real(mode, target_probs, draft_tokens, *a, **k)
+        n, kk = draft_tokens.shape
+        r.tokens[:, :kk] = draft_tokens
+        r.num_accepted[:] = kk
+        r.num_emitted[:] = kk + 1
+        return r
+
+    monkeypatch.setattr(engine, "verify", accept_everything)
+    with pytest.raises(SpecRLError, match="losslessness certificate failed: FAIL"):
+        train_main(str(_config(tmp_path, "lossy")), [], None, str(tmp_path / "lossy"), compare=True)
+    cert = json.loads((tmp_path / "lossy" / "speculative" / "certificate.json").read_text())
+    assert not cert["passed"] and cert["p_value"] < cert["alpha"]
