@@ -19,7 +19,8 @@ from tests.tiny import make_tiny_checkpoint
 runner = CliRunner()
 
 LEADS = ["generation speed-up: ", "RL step speed-up: ", "losslessness certificate: ", "acceptance length AL: ",
-         "generation share R: ", "lossless (seed_exact): ", "learning: validation accuracy ", "hardware: ", "per-arm reports: "]
+         "generation share R: ", "lossless (seed_exact): ", "learning: validation accuracy ", "hardware: ",
+         "per-arm reports: "]
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +88,9 @@ def test_train_compare_exits_nonzero_on_divergence_after_writing_the_report(tiny
     assert "diverged at step 2 (rollouts identical: True, weights identical: False)" in r.output
     assert f"see {out / 'report.md'}" in r.output
     bullets = _bullets(out / "report.md")
-    assert bullets[LEADS.index("lossless (seed_exact): ")].startswith("lossless (seed_exact): the arms parted at step 2: rollouts identical at 2/2 steps, "
-                                 "weights identical at 1/2 steps.")
+    identity = bullets[LEADS.index("lossless (seed_exact): ")]
+    assert identity.startswith("lossless (seed_exact): the arms parted at step 2: rollouts identical at 2/2 steps, "
+                            "weights identical at 1/2 steps.")
 
 
 def test_run_with_a_missing_config_names_it(tmp_path, monkeypatch):
