@@ -72,6 +72,10 @@ class StepRecord:
     acceptance_rate: float | None = None
     acceptance_rate_per_position: list[float] = field(default_factory=list)
     num_draft_tokens_mean: float | None = None
+    draft_tokens: int | None = None  # drafts verified this step (padding of ragged proposals not counted)
+    accepted_tokens: int | None = None  # of those, accepted
+    verify_steps: int | None = None  # row-steps that speculated (a row verified once)
+    sequence_steps: int | None = None  # row-steps in all (speculative or plain)
     token_mult_prob_error: float | None = None
     draft_loss: float | None = None
     draft_updates: int | None = None

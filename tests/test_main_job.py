@@ -109,3 +109,10 @@ def test_run_demo_and_the_fallback_outside_a_checkout(tmp_path, monkeypatch):
     assert "examples/default.yaml is not here" in r.output
     r = runner.invoke(app, ["run", "--demo", "--config", "whatever.yaml"])
     assert r.exit_code == 0 and calls == ["demo", "demo"]
+
+
+def test_shared_tokens_counts_the_common_prefix_of_each_pair():
+    from specrl.rl.run import shared_tokens
+
+    assert shared_tokens([[1, 2, 3], [4, 5], [6]], [[1, 2, 9, 9], [4, 5], [7, 6]]) == \
+        {"shared": 4, "autoregressive": 6, "speculative": 8}

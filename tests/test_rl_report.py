@@ -188,7 +188,7 @@ def test_headline_leads_report_and_terminal(tmp_path):
     bound = amdahl_bound(4.0 / 5.61, 2.5)
     assert text[4:12] == [
         "- generation speed-up: 2.00× (4.00 s autoregressive / 2.00 s speculative per step)",
-        "- RL step speed-up: 1.55× (5.61 s / 3.61 s per step, validation not counted)",
+        "- RL step speed-up: 1.55× (5.61 s / 3.61 s per step, validation not counted); per generated token 1.55×",
         "- acceptance length AL: 2.50 tokens per policy forward (speculative arm, mean over steps)",
         f"- generation share R: 0.71 of the autoregressive step; bound 1/(R/AL + 1 − R) = {bound:.2f}× (the step "
         "speed-up if generation ran AL× faster and nothing else changed)",
@@ -213,7 +213,7 @@ def test_headline_says_plainly_when_speculation_is_slower():
                                               "weights_identical_per_step": [True] * 4}))
     assert lines[1].startswith("generation speed-up: 0.80× (2.00 s autoregressive / 2.50 s speculative per step)")
     assert lines[2] == ("RL step speed-up: 0.88× (3.61 s / 4.11 s per step, validation not counted; speculation is "
-                        "slower than plain decoding here)")
+                        "slower than plain decoding here); per generated token 0.88×")
     assert lines[6] == "learning: validation accuracy n/a, speculative arm; autoregressive arm n/a"
 
 

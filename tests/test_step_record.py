@@ -15,6 +15,7 @@ SYNC_LINE = {
     "stage_seconds": {"data": 0.001, "prepare": 0.01, "gen": 1.2, "logprob": 0.0, "train": 0.4},
     "step_seconds": 1.611, "gen_share": 0.745, "logprob_skipped": True, "acceptance_length": 2.1,
     "acceptance_rate": 0.55, "acceptance_rate_per_position": [0.7, 0.4], "num_draft_tokens_mean": 2.0,
+    "draft_tokens": 40, "accepted_tokens": 22, "verify_steps": 20, "sequence_steps": 24,
     "token_mult_prob_error": 1.0001, "draft_loss": None, "draft_updates": 0, "draft_refreshed": False,
     "drafter_collapsed": False, "acceptance_length_reference": 2.0, "generated_tokens": 43,
     "gen_tokens_per_second": 35.8, "train_accuracy": 0.375, "format_rate": None,

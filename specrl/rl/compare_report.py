@@ -47,6 +47,8 @@ def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = No
         "steps": n,
         "gen_speedup": gen_speedup,
         "gen_throughput_speedup": tps[1] / tps[0] if None not in tps and tps[0] > 0 else None,
+        # step time per generated token, autoregressive ÷ speculative: the arms' lengths differ once they part
+        "step_per_token_speedup": _per_token_speedup(sa, ss, "step_seconds"),
         "step_speedup": step_speedup,
         "gen_share": sa.get("gen_share"),
         "gen_share_speculative": ss.get("gen_share"),
@@ -64,6 +66,12 @@ def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = No
     out["phase_speedup_min"] = min(phases.values()) if phases else None
     out.update(checks or {})
     return out
+
+
+def _per_token_speedup(sa: dict, ss: dict, key: str) -> float | None:
+    if not (sa.get("generated_tokens") and ss.get("generated_tokens") and ss.get(key)):
+        return None
+    return (sa[key] / sa["generated_tokens"]) / (ss[key] / ss["generated_tokens"])
 
 
 def phase_speedups(ar: Records, sd: Records) -> dict[int, float]:
@@ -170,6 +178,16 @@ def _accuracy(validation: Records | None) -> tuple[str, tuple[int, int] | None]:
     return f"{acc[0]:.3f} → {acc[-1]:.3f}", (xs[0], xs[-1])
 
 
+def _draft_counters(ss: dict) -> str:
+    """`; drafted D, accepted A (rate), rows that speculated V of S row-steps` where the arm counted them."""
+    d, a, v, s = (ss.get(k) for k in ("draft_tokens", "accepted_tokens", "verify_steps", "sequence_steps"))
+    if d is None:
+        return ""
+    rate = f" ({a / d:.2f})" if d else ""
+    rows = f", rows that speculated {v} of {s} row-steps" if v is not None and s else ""
+    return f"; drafted {d}, accepted {a}{rate}{rows}"
+
+
 def headline(summary: dict[str, Any], validation: dict[str, Records] | None = None, hardware: str = "",
              link: Callable[[str], str] = str) -> list[str]:
     """The lines a compare run leads with (report.md's bullets, the terminal's last lines), from `compare_summary`'s
@@ -189,14 +207,15 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
     lines.append(gen)
     step = summary["step_speedup"]
     verdict = "" if step is None or step >= 1.0 else "; speculation is slower than plain decoding here"
+    per_tok = summary.get("step_per_token_speedup")
     lines.append(f"RL step speed-up: {_f(step, '.2f')}× ({ar_step} s / {sd_step} s per step, validation not "
-                 f"counted{verdict})")
+                 f"counted{verdict}); per generated token {_f(per_tok, '.2f')}×")
     if summary.get("certificate") is not None:
         from specrl.rl.certificate import line as certificate_line
 
         lines.append(certificate_line(summary["certificate"]))
     lines.append(f"acceptance length AL: {_f(summary['acceptance_length'], '.2f')} tokens per policy forward "
-                 "(speculative arm, mean over steps)")
+                 "(speculative arm, mean over steps)" + _draft_counters(ss))
     lines.append(f"generation share R: {_f(summary['gen_share'], '.2f')} of the autoregressive step; bound "
                  f"1/(R/AL + 1 − R) = {_f(summary['bound'], '.2f')}× (the step speed-up if generation ran AL× "
                  "faster and nothing else changed)")

@@ -302,7 +302,16 @@ def summarize(records: Records) -> dict[str, Any]:
         "gen_share": gen / total if total > 0 else None,
         "acceptance_length_mean": _mean(al),
         "generated_tokens": sum(int(r.generated_tokens or 0) for r in records),
+        "draft_tokens": _total(records, "draft_tokens"),
+        "accepted_tokens": _total(records, "accepted_tokens"),
+        "verify_steps": _total(records, "verify_steps"),
+        "sequence_steps": _total(records, "sequence_steps"),
     }
+
+
+def _total(records: list, key: str) -> int | None:
+    vals = [getattr(r, key) for r in records if getattr(r, key) is not None]
+    return int(sum(vals)) if vals else None
 
 
 def _f(v: Any, spec: str = ".3f") -> str:

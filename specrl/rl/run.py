@@ -312,6 +312,20 @@ def _weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 _COMPARE = "a compare (`specrl run`, `specrl train --compare`)"
 
 
+def shared_tokens(a: list[list[int]], b: list[list[int]]) -> dict[str, int]:
+    """How far two arms' rollouts of one step agree: tokens in common before each pair of responses parts, summed,
+    next to the tokens the two arms generated."""
+    common = 0
+    for x, y in zip(a, b, strict=True):
+        n = 0
+        for s, t in zip(x, y, strict=False):
+            if s != t:
+                break
+            n += 1
+        common += n
+    return {"shared": common, "autoregressive": sum(map(len, a)), "speculative": sum(map(len, b))}
+
+
 def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True) -> Path:
     """Same config twice — autoregressive and speculative — steps interleaved; write report.md, compare.json/.md.
 
@@ -339,6 +353,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
     exact = cfg.speculative.verify == "seed_exact"
     same_rollouts: list[bool] = []
     same_weights: list[bool] = []
+    shared: list[dict[str, int]] = []  # per step: tokens the arms' rollouts shared before they parted
     ar, sd = runs["autoregressive"], runs["speculative"]
     try:
         for _ in range(cfg.run.steps):
@@ -347,6 +362,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
                 rec = r.trainer.step()
                 rec.torch_threads = threads
                 r.after_step(rec, label="[ar]   " if name == "autoregressive" else "[spec] ")
+            shared.append(shared_tokens(ar.trainer.last_rollouts.responses, sd.trainer.last_rollouts.responses))
             if exact:
                 same_rollouts.append(ar.trainer.last_rollouts.responses == sd.trainer.last_rollouts.responses)
                 same_weights.append(_weights_equal(ar.trainer.policy, sd.trainer.policy))
@@ -355,7 +371,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
     for r in runs.values():
         r.finish()
     cert = _certify(sd) if cfg.run.certify else None
-    checks = identity_checks(cfg.speculative.verify, same_rollouts, same_weights)
+    checks = {**identity_checks(cfg.speculative.verify, same_rollouts, same_weights), "shared_tokens_per_step": shared}
     report, lines = write_compare_report(
         run_dir, read_records(ar.writer.path), read_records(sd.writer.path), checks,
         validation={name: read_records(r.val_path) for name, r in runs.items()}, certificate=cert)
