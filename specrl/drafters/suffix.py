@@ -11,6 +11,10 @@ continuation, whether it lies in a sibling, an earlier rollout or the sequence's
 the sequence's own current suffix is skipped). Deterministic: q is one-hot, verification stays exact. Proposals
 are ragged (`num_drafts`): a short continuation is not padded with guesses, and a row without a match drafts
 nothing.
+
+Memory is bounded by a sliding window: a group keeps its `max_history` most recent sequences (the current rollouts
+and the previous epochs' of the same prompt; older ones are dropped with their index entries), and the drafter keeps
+its `max_groups` most recently used groups. `memory()` counts what is held (tokens and index entries).
 """
 
 from __future__ import annotations
@@ -19,22 +23,48 @@ from specrl.drafters.base import DraftBatch, Drafter, Proposal, ragged_proposal
 from specrl.errors import SpecRLError
 
 RECENT_PER_NGRAM = 4  # occurrences remembered per n-gram (the most recent ones)
+MAX_HISTORY = 64  # sequences kept per group: e.g. 8 samples x the last 8 epochs of one prompt
+MAX_GROUPS = 4096
 
 
 class _GroupIndex:
-    def __init__(self, lengths: tuple[int, ...], per_ngram: int = RECENT_PER_NGRAM):
+    def __init__(self, lengths: tuple[int, ...], per_ngram: int = RECENT_PER_NGRAM, max_history: int = MAX_HISTORY):
         self.lengths = lengths
         self.per_ngram = per_ngram
-        self.seqs: dict[int, list[int]] = {}  # internal sequence id -> tokens
+        self.max_history = max_history
+        self.next_id = 0
+        self.seqs: dict[int, list[int]] = {}  # internal sequence id -> tokens, oldest first
         self.ids: dict[int, int] = {}  # caller's sequence key -> current internal id
         self.table: dict[tuple, list[tuple[int, int]]] = {}  # n-gram -> recent (internal id, end position)
+
+    def _evict_oldest(self) -> None:
+        """Drop the oldest sequence and every index entry that points into it."""
+        sid = next(iter(self.seqs))
+        old = self.seqs.pop(sid)
+        self.ids = {k: v for k, v in self.ids.items() if v != sid}
+        for end in range(1, len(old) + 1):
+            for n in self.lengths:
+                if end >= n:
+                    key = tuple(old[end - n:end])
+                    hits = self.table.get(key)
+                    if hits is not None:
+                        hits[:] = [h for h in hits if h[0] != sid]
+                        if not hits:
+                            del self.table[key]
+
+    def memory(self) -> dict[str, int]:
+        return {"sequences": len(self.seqs), "tokens": sum(map(len, self.seqs.values())),
+                "index_entries": sum(map(len, self.table.values()))}
 
     def extend(self, key: int, tokens: list[int]) -> int:
         sid = self.ids.get(key)
         own = self.seqs.get(sid) if sid is not None else None
         if own is None or len(own) > len(tokens) or (own and own[-1] != tokens[len(own) - 1]):
-            sid = self.ids[key] = len(self.seqs)  # a new sequence (an old one under this key stays as history)
+            sid = self.ids[key] = self.next_id  # a new sequence (an old one under this key stays as history)
+            self.next_id += 1
             own = self.seqs[sid] = []
+            while len(self.seqs) > self.max_history:
+                self._evict_oldest()
         start = len(own)
         own.extend(tokens[start:])
         for end in range(max(start, 1), len(own) + 1):
@@ -63,20 +93,34 @@ class _GroupIndex:
 class SuffixDrafter(Drafter):
     kind = "suffix"
 
-    def __init__(self, match_lengths: tuple[int, ...] = (8, 5, 3, 2), max_groups: int = 4096):
+    def __init__(self, match_lengths: tuple[int, ...] = (8, 5, 3, 2), max_groups: int = MAX_GROUPS,
+                 max_history: int = MAX_HISTORY):
         if not match_lengths or min(match_lengths) < 1:
             raise SpecRLError(f"match_lengths must be positive integers, got {match_lengths!r}")
+        for name, v in (("max_groups", max_groups), ("max_history", max_history)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SpecRLError(f"{name} must be an integer >= 1, got {v!r}")
         self.lengths = tuple(sorted(set(match_lengths), reverse=True))
         self.max_groups = max_groups
+        self.max_history = max_history
         self.groups: dict[int, _GroupIndex] = {}
 
     def _group(self, gid: int) -> _GroupIndex:
-        g = self.groups.get(gid)
+        g = self.groups.pop(gid, None)  # re-inserted last: the groups are kept in order of last use
         if g is None:
-            if len(self.groups) >= self.max_groups:  # forget the oldest prompt's history
+            if len(self.groups) >= self.max_groups:  # forget the least recently used prompt's history
                 self.groups.pop(next(iter(self.groups)))
-            g = self.groups[gid] = _GroupIndex(self.lengths)
+            g = _GroupIndex(self.lengths, max_history=self.max_history)
+        self.groups[gid] = g
         return g
+
+    def memory(self) -> dict[str, int]:
+        """What the index holds: groups, sequences, tokens and n-gram entries (bounded by the window)."""
+        out = {"groups": len(self.groups), "sequences": 0, "tokens": 0, "index_entries": 0}
+        for g in self.groups.values():
+            for k, v in g.memory().items():
+                out[k] += v
+        return out
 
     def continuations(self, batch: DraftBatch, k: int) -> list[tuple[list[int], int]]:
         """Per row: (up to k continuation tokens, context tokens matched), after indexing the batch's new tokens."""
