@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "specrl"
 # package (or top-level module) -> rank; a module may import its own package and strictly lower ranks only
 LAYERS = {
     "specrl.errors": 0,
-    "specrl.plugins": 0,
+    "specrl.plugins": 1,
     "specrl.fileio": 0,
     "specrl.step_record": 0,
     "specrl.cpu": 1,

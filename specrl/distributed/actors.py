@@ -35,6 +35,7 @@ from specrl.rl.learner import Learner
 from specrl.rl.producer import RolloutProducer, Rollouts
 from specrl.rl.sharded_state import SHARDED_PART, load_sharded_learner
 from specrl.rl.trainer import seed_everything
+from specrl.rl.weight_sync import cast_in_place
 from specrl.rollout.digest import check_refit
 from specrl.step_record import StepRecord
 
@@ -95,16 +96,6 @@ class RayWeightSync:
         """Register weights already in the object store (`[ref]` of a (policy, drafter) pair) as `version`."""
         ray.get(self.store.set.remote(version, refs))
 
-
-def cast_in_place(policy: dict, dtype: torch.dtype) -> dict:
-    """`policy` with its floating tensors cast to `dtype`, one at a time, each original dropped as its copy is
-    made: the caller never holds the policy twice (a publish keeps one copy in flight)."""
-    for k in list(policy):
-        v = policy[k]
-        if v.is_floating_point() and v.dtype != dtype:
-            policy[k] = v.to(dtype)
-        del v
-    return policy
 
     def wait_for(self, version: int, timeout: float | None = WAIT_TIMEOUT_SECONDS) -> int:
         t0 = time.monotonic()

@@ -103,7 +103,7 @@ class LearnerRank:
     def published_weights(self, dtype: torch.dtype) -> tuple[int, list | None]:
         """(version, [ref]) on rank 0: the gathered policy cast to `dtype` as it is gathered, and the drafter, put
         into the object store from here; (version, None) on the other ranks."""
-        from specrl.distributed.actors import cast_in_place
+        from specrl.rl.weight_sync import cast_in_place
 
         version, policy, drafter = self.learner.named_weights(cast=dtype)
         if policy is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from specrl.errors import SpecRLError
@@ -65,3 +66,14 @@ class LocalWeightSync:
             raise SpecRLError(f"weight sync: version {version} was never pushed (live: {self.version}); an "
                               "in-process sync has no other publisher to wait for")
         return self.version
+
+
+def cast_in_place(policy: dict, dtype: torch.dtype) -> dict:
+    """`policy` with its floating tensors cast to `dtype`, one at a time, each original dropped as its copy is
+    made: the caller never holds the policy twice (a publish keeps one copy in flight)."""
+    for k in list(policy):
+        v = policy[k]
+        if v.is_floating_point() and v.dtype != dtype:
+            policy[k] = v.to(dtype)
+        del v
+    return policy
