@@ -59,6 +59,9 @@ def test_recipes_name_wrong_and_unknown_fields(tmp_path):
     bad.write_text(json.dumps({"name": "x", "epoch": 3}))
     with pytest.raises(SpecRLError, match="unknown field.*epoch"):
         Recipe.load(bad)
+    bad.write_text(json.dumps({"name": "x", "train_dtype": "fp8"}))
+    with pytest.raises(SpecRLError, match="train_dtype must be float32 or bfloat16"):
+        Recipe.load(bad)
     bad.write_text(json.dumps({"name": "x", "temperature": 0}))
     with pytest.raises(SpecRLError, match="temperature must be > 0"):
         Recipe.load(bad)
@@ -131,6 +134,12 @@ def test_a_killed_training_resumes_from_its_checkpoint_and_ends_where_an_unbroke
     with pytest.raises(SpecRLError, match="other settings.*epochs"):
         run_train(Recipe(**{**recipe.as_dict(), "curve": (1, 2), "epochs": 3}), tmp_path / "b", model,
                   progress=False)
+    # bf16 autocast (the shipped think recipe's train_dtype) trains too, into its own directory
+    _, _ = tiny_build(tmp_path / "c")
+    bf = run_train(Recipe(**{**recipe.as_dict(), "curve": (1, 2), "train_dtype": "bfloat16"}), tmp_path / "c",
+                   model, progress=False)
+    assert bf["finished"] and bf["loss_per_epoch"][-1] < bf["loss_per_epoch"][0]
+    assert bf["loss_per_epoch"] != full["loss_per_epoch"]
 
 
 def test_package_then_eval_writes_a_verified_manifest_with_the_heldout_figures(tmp_path):

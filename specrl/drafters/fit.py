@@ -94,11 +94,13 @@ def _save_atomic(obj, path: Path) -> None:
 
 def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, batch_size: int, ttt_steps: int,
         seed: int = 0, checkpoint_every: int = 200, snapshot_steps: tuple[int, ...] = (), progress: bool = True,
-        log=print, stop_after: int | None = None) -> dict:
+        log=print, stop_after: int | None = None, autocast: str = "float32") -> dict:
     """Train `drafter` on `examples` for `epochs`, checkpointing into `out`; resume from `out`'s checkpoint.
 
     `snapshot_steps`: global steps after which the head is saved to `out/snapshots/step-NNNNNN` (save_drafter).
     `stop_after`: stop (checkpointed) after this many steps of this call: a test's way to kill a training.
+    `autocast` "bfloat16": the forward and backward matrix products in bf16 (torch.autocast; weights, optimizer
+    state and the loss stay float32), about 2x faster on CPUs with bf16 units; "float32": none.
     Returns dict(steps, epochs, train_loss (mean of the last epoch's steps), loss_per_epoch, seconds,
     snapshots: [{step, tokens_seen, path}], resumed_from).
     """
@@ -106,6 +108,8 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
 
     if not examples:
         raise SpecRLError("no training examples: the build's feature stage produced none")
+    if autocast not in ("float32", "bfloat16"):
+        raise SpecRLError(f"train_dtype must be float32 or bfloat16 (autocast), got {autocast!r}")
     out.mkdir(parents=True, exist_ok=True)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=ADAM_BETAS)
@@ -113,7 +117,7 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
     total_steps = steps_per_epoch * epochs
     warmup = max(1, min(MAX_WARMUP_STEPS, total_steps // WARMUP_DIVISOR))
     setting = {"examples": len(examples), "epochs": epochs, "lr": lr, "batch_size": batch_size,
-               "ttt_steps": ttt_steps, "seed": seed, "draft_vocab_size": int(drafter.d2t.numel())}
+               "ttt_steps": ttt_steps, "seed": seed, "draft_vocab_size": int(drafter.d2t.numel()), "autocast": autocast}
 
     def lr_at(step: int) -> float:
         if step < warmup:
@@ -167,7 +171,8 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
         tick()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss, _ = batch_loss(drafter, _pad(chunk, device), ttt_steps)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bfloat16"):
+            loss, _ = batch_loss(drafter, _pad(chunk, device), ttt_steps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP_NORM)

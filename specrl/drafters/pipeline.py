@@ -188,7 +188,8 @@ def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, st
     spe = math.ceil(len(examples) / recipe.batch_size)
     marks = curve_steps(recipe, spe)
     res = fit(drafter, examples, work / "train", recipe.epochs, recipe.lr, recipe.batch_size, recipe.ttt_steps,
-              seed=recipe.seed, snapshot_steps=tuple(marks), progress=progress, log=log, stop_after=stop_after)
+              seed=recipe.seed, snapshot_steps=tuple(marks), progress=progress, log=log, stop_after=stop_after,
+              autocast=recipe.train_dtype)
     for s in res["snapshots"]:
         s["shards"] = marks.get(s["step"])
     prev = stage_record(work, "train") or {}
