@@ -1,7 +1,8 @@
 """The drafters shipped inside the package: verified files, a manifest that matches the target, a held-out AL floor.
 
 The floor is behavioural, far below the measured figure (the manifest's eval), so it is not flaky: an untrained
-or mis-loaded head accepts ~1.0 tokens per verify step; the shipped eagle:think measures more than 2 at k=3.
+or mis-loaded head accepts ~1.0 tokens per verify step; the shipped eagle:think measures 2.55 at k=3 (64 held-out
+prompts x 512 tokens, its manifest).
 """
 
 import json
