@@ -126,7 +126,7 @@ def plot_curve(rows: list[dict], out: Path, title: str) -> Path:
     ax.plot(xs, ys, "o-")
     for r, x, y in zip(rows, xs, ys, strict=True):
         ax.annotate(f"ep {r['epoch']:.2g}", (x, y), textcoords="offset points", xytext=(4, -12), fontsize=7)
-    ax.set_xlabel("response tokens the head has trained on (thousands; repeats counted after epoch 1)")
+    ax.set_xlabel("response tokens trained on (thousands; epochs 2+ count repeats)")
     ax.set_ylabel(f"held-out AL at k={rows[0]['k']}")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
