@@ -342,22 +342,125 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
 @draft_app.command("build")
 def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or a shipped recipe's name (think)"),
                 work: Path = typer.Option(None, help="build directory (resumable); default builds/<recipe name>"),
+                stage: str = typer.Option("all", help="all | rollouts | features | train | eval | package: run one "
+                                          "stage (each resumes; later ones need the earlier ones' output)"),
+                partial: bool = typer.Option(False, help="--stage features: extract the rollout shards present so "
+                                             "far (while the rollouts stage still runs elsewhere)"),
                 threads: str = typer.Option("auto", help=THREADS_HELP)):
-    """Reproduce a drafter from its recipe: on-policy rollouts in checked shards (resumable after a kill)."""
-    from specrl.drafters.pipeline import run_rollouts
+    """Reproduce a drafter from its recipe: rollouts in checked shards, target features, the trained head, its
+    held-out evaluation and the packaged files (every stage resumable after a kill)."""
+    from specrl.drafters import pipeline, release
+    from specrl.drafters.heldout import summary
     from specrl.drafters.recipe import Recipe
     from specrl.rl.default_drafter import task_prompts
 
     _threads(threads)
     try:
+        if stage not in ("all", *pipeline.STAGES):
+            raise SpecRLError(f"--stage must be all or one of {', '.join(pipeline.STAGES)}, got {stage!r}")
         r = Recipe.load(recipe)
+        w = work or Path("builds") / r.name
         # the task drops questions that coincide with validation ones: ask for a margin, the build takes `prompts`
         prompts = task_prompts(r.task, r.prompts + r.prompts // 4, heldout=r.heldout_prompts, difficulty=r.difficulty,
                                seed=r.task_seed, answer_format=r.answer_format)
-        infos = run_rollouts(r, work or Path("builds") / r.name, prompts)
+        if stage in ("all", "rollouts"):
+            infos = pipeline.run_rollouts(r, w, prompts)
+            typer.echo(f"[specrl] {r.name}: {len(infos)} shards, {sum(s.tokens for s in infos)} response tokens")
+        if stage in ("all", "features"):
+            feats = pipeline.run_features(r, w, partial=partial)
+            typer.echo(f"[specrl] {r.name}: features of {len(feats)} shards ({sum(f.tokens for f in feats)} tokens)")
+        if stage in ("all", "train"):
+            rec = pipeline.run_train(r, w)
+            typer.echo(f"[specrl] {r.name}: head trained, {rec['steps']} steps, {rec['seconds']:.0f} s, last "
+                       f"epoch's loss {rec['train_loss']:.3f}; draft vocabulary {rec['vocab']['size']} covers "
+                       f"{rec['vocab']['coverage']:.4f} of the response tokens")
+        if stage in ("all", "package"):
+            out = release.run_package(r, w)
+            typer.echo(f"[specrl] {r.name}: packaged in {out}")
+        if stage in ("all", "eval"):
+            ev = release.run_eval(r, w, prompts)
+            typer.echo(f"[specrl] {r.name}: {summary(ev)}")
     except SpecRLError as e:
         _fail(e)
-    typer.echo(f"[specrl] {r.name}: {len(infos)} shards, {sum(s.tokens for s in infos)} response tokens")
+
+
+def _recipe_prompts(recipe: str):
+    from specrl.drafters.recipe import Recipe
+    from specrl.rl.default_drafter import task_prompts
+
+    r = Recipe.load(recipe)
+    return r, task_prompts(r.task, r.prompts + r.prompts // 4, heldout=r.heldout_prompts, difficulty=r.difficulty,
+                           seed=r.task_seed, answer_format=r.answer_format)
+
+
+@draft_app.command("eval")
+def draft_eval(drafter: str = typer.Option("eagle:think", help="eagle:DIR (a drafter directory) or a shipped name "
+                                           "(eagle:think)"),
+               recipe: str = typer.Option("think", help="the workload: a recipe file or a shipped recipe's name"),
+               k: str = typer.Option("1,2,3,4,5,6,7", help="comma-separated draft lengths"),
+               prompts: int = typer.Option(None, help="held-out prompts (default: the recipe's heldout_prompts)"),
+               max_new_tokens: int = typer.Option(None, help="default: the recipe's"),
+               cost: str = typer.Option("1,8", help="batch sizes at which to time the cost c ('' for none)"),
+               json_out: Path = typer.Option(None, "--json", help="write the result as JSON here"),
+               threads: str = typer.Option("auto", help=THREADS_HELP)):
+    """Held-out AL at each k, per-position acceptance, top-1 and cost c of a drafter, on the recipe's validation
+    prompts (never rolled out by a build) at the recipe's temperature."""
+    import json
+
+    from specrl.drafters.heldout import evaluate_drafter, summary
+    from specrl.drafters.pipeline import _load_target
+    from specrl.rl.default_drafter import resolve_drafter
+
+    _threads(threads)
+    try:
+        r, source = _recipe_prompts(recipe)
+        target, tokenizer, stops = _load_target(r, None)
+        d = resolve_drafter(drafter, target)
+        if d is None:
+            raise SpecRLError("--drafter none has nothing to evaluate; give eagle:DIR or eagle:think")
+        _, held = source(tokenizer)
+        held = list(held)[: prompts or r.heldout_prompts]
+        ev = evaluate_drafter(target, d, held, r.temperature, max_new_tokens or r.max_new_tokens, stops,
+                              ks=_parse_int_list(k, "--k"), seed=r.seed, ttt_steps=r.ttt_steps,
+                              cost_batches=_parse_int_list(cost, "--cost") if cost else ())
+        ev["drafter"] = drafter
+    except SpecRLError as e:
+        _fail(e)
+    typer.echo(f"[specrl] {drafter}: {summary(ev)}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(ev, indent=1) + "\n")
+        typer.echo(f"[specrl] wrote {json_out}")
+
+
+def _parse_int_list(text: str, name: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecRLError(f"{name} must be comma-separated integers, e.g. 1,3,7; got {text!r}") from None
+    if not out or min(out) < 1:
+        raise SpecRLError(f"{name} must list integers >= 1, got {text!r}")
+    return out
+
+
+@draft_app.command("curve")
+def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(None, help="the build directory"),
+                k: int = typer.Option(None, help="draft length (default: the recipe's k)"),
+                prompts: int = typer.Option(None, help="held-out prompts (default: the recipe's heldout_prompts)"),
+                plot: Path = typer.Option(Path("docs/img/drafter_scaling.png"), help="where to draw the curve"),
+                threads: str = typer.Option("auto", help=THREADS_HELP)):
+    """The scaling curve: held-out AL at k of the head's snapshots along its training (WORK/eval/curve.json)."""
+    from specrl.drafters.release import plot_curve, run_curve
+
+    _threads(threads)
+    try:
+        r, source = _recipe_prompts(recipe)
+        w = work or Path("builds") / r.name
+        rows = run_curve(r, w, source, k=k, n_prompts=prompts, log=typer.echo)
+        plot_curve(rows, plot, f"eagle:{r.name} ({r.model}, {r.task} {r.answer_format}, T={r.temperature}): "
+                               f"{rows[0]['prompts']} held-out prompts")
+    except SpecRLError as e:
+        _fail(e)
+    typer.echo(f"[specrl] curve of {len(rows)} points -> {plot}")
 
 
 @draft_app.command("export")

@@ -59,6 +59,9 @@ def test_recipes_name_wrong_and_unknown_fields(tmp_path):
     bad.write_text(json.dumps({"name": "x", "epoch": 3}))
     with pytest.raises(SpecRLError, match="unknown field.*epoch"):
         Recipe.load(bad)
+    bad.write_text(json.dumps({"name": "x", "train_dtype": "fp8"}))
+    with pytest.raises(SpecRLError, match="train_dtype must be float32 or bfloat16"):
+        Recipe.load(bad)
     bad.write_text(json.dumps({"name": "x", "temperature": 0}))
     with pytest.raises(SpecRLError, match="temperature must be > 0"):
         Recipe.load(bad)
@@ -66,3 +69,141 @@ def test_recipes_name_wrong_and_unknown_fields(tmp_path):
         Recipe.load(tmp_path / "missing.json")
     assert Recipe(name="a").hash() != Recipe(name="a", temperature=0.5).hash()
     assert Recipe(name="a").hash() == Recipe(name="a", epochs=9).hash()  # training settings keep the data
+
+
+def tiny_build(tmp_path, **over):
+    """A tiny model's rollouts in a build directory, as the rollouts stage leaves them."""
+    model = tiny_model("llama", vocab_size=64, seed=0, num_layers=5)
+    recipe = Recipe(name="tiny", prompts=6, shard_size=3, heldout_prompts=2, max_new_tokens=12, temperature=1.0,
+                    draft_vocab_size=24, target_topk=8, epochs=2, batch_size=2, curve=(1, 2), **over)
+    prompts = [[1, 5 + i, 7, 9] for i in range(recipe.prompts)]
+    sp = SamplingParams(temperature=recipe.temperature, max_new_tokens=recipe.max_new_tokens, seed=recipe.seed)
+    collect_rollouts(model, prompts, tmp_path / "rollouts", sp, recipe.shard_size, progress=False)
+    return model, recipe
+
+
+def test_features_are_reused_only_for_their_shard_and_a_damaged_file_is_extracted_again(tmp_path):
+    from specrl.drafters.features import feature_path, load_features
+    from specrl.drafters.pipeline import run_features
+
+    model, recipe = tiny_build(tmp_path)
+    feats = run_features(recipe, tmp_path, model, progress=False)
+    assert [f.rows for f in feats] == [3, 3]
+    sf = load_features(feature_path(tmp_path / "features", 1))
+    rows = list(read_shard(shard_path(tmp_path / "rollouts", 1)))
+    assert sf.offsets.tolist()[-1] == sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+    assert sf.feats.shape == (sf.tokens.numel(), 3 * model.args.hidden_size)
+    assert sf.loss_from.tolist() == [len(r["prompt_ids"]) for r in rows]
+    before = feature_path(tmp_path / "features", 0).stat().st_mtime_ns
+    feature_path(tmp_path / "features", 1).write_bytes(b"damaged")
+    logged = []
+    from specrl.drafters.features import extract_features
+    from specrl.drafters.pipeline import whole_shards
+
+    extract_features(model, tmp_path / "rollouts", tmp_path / "features", whole_shards(recipe, tmp_path),
+                     (0, 2, 3), 8, progress=False, log=logged.append)  # other layers: both files are redone
+    assert len(logged) == 2
+    run_features(recipe, tmp_path, model, progress=False)
+    assert feature_path(tmp_path / "features", 0).stat().st_mtime_ns != before
+    assert load_features(feature_path(tmp_path / "features", 1)).tokens.tolist() == sf.tokens.tolist()
+
+
+def test_a_killed_training_resumes_from_its_checkpoint_and_ends_where_an_unbroken_one_does(tmp_path):
+    import torch
+
+    from specrl.drafters.io import load_drafter
+    from specrl.drafters.pipeline import run_train
+
+    model, recipe = tiny_build(tmp_path / "a")
+    full = run_train(recipe, tmp_path / "a", model, progress=False)
+    assert full["finished"] and full["steps"] == 6 and full["vocab"]["size"] == 24
+    assert 0 < full["vocab"]["coverage"] <= 1
+    # one and two of two shards' worth of epoch 1, then the end of epoch 2
+    assert [(s["shards"], s["step"]) for s in full["snapshots"]] == [(1, 2), (2, 3), (-2, 6)]
+    _, _ = tiny_build(tmp_path / "b")
+    part = run_train(recipe, tmp_path / "b", model, progress=False, stop_after=2)
+    assert not part["finished"] and part["steps"] == 2 and not (tmp_path / "b" / "train" / "drafter").exists()
+    logged = []
+    rest = run_train(recipe, tmp_path / "b", model, progress=False, log=logged.append)
+    assert rest["resumed_from"] == 2 and rest["finished"] and any("resuming" in m for m in logged)
+    assert rest["loss_per_epoch"] == full["loss_per_epoch"]
+    a = load_drafter(tmp_path / "a" / "train" / "drafter", model)
+    b = load_drafter(tmp_path / "b" / "train" / "drafter", model)
+    for (n, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), n
+    with pytest.raises(SpecRLError, match="other settings.*epochs"):
+        run_train(Recipe(**{**recipe.as_dict(), "curve": (1, 2), "epochs": 3}), tmp_path / "b", model,
+                  progress=False)
+    # bf16 autocast (the shipped think recipe's train_dtype) trains too, into its own directory
+    _, _ = tiny_build(tmp_path / "c")
+    bf = run_train(Recipe(**{**recipe.as_dict(), "curve": (1, 2), "train_dtype": "bfloat16"}), tmp_path / "c",
+                   model, progress=False)
+    assert bf["finished"] and bf["loss_per_epoch"][-1] < bf["loss_per_epoch"][0]
+    assert bf["loss_per_epoch"] != full["loss_per_epoch"]
+
+
+def test_package_then_eval_writes_a_verified_manifest_with_the_heldout_figures(tmp_path):
+    from specrl.drafters.release import run_eval, run_package
+    from specrl.drafters.shipped import check_shipped, load_shipped
+
+    model, recipe = tiny_build(tmp_path)
+    from specrl.drafters.pipeline import run_train
+
+    run_train(recipe, tmp_path, model, progress=False)
+    out = run_package(recipe, tmp_path, model)
+    held = [[1, 30 + i, 7, 9] for i in range(2)]  # prompts the build never rolled out
+    ev = run_eval(recipe, tmp_path, lambda tok: ([], held), model, ks=(1, 3), log=lambda *_: None)
+    assert set(ev["acceptance_length"]) == {"1", "3"} and all(1 <= v <= 4 for v in ev["acceptance_length"].values())
+    assert len(ev["per_k"]["3"]["accepted_at_least"]) == 3 and 0 <= ev["heldout_top1"] <= 1
+    assert set(ev["cost"]) == {"1"} and ev["cost"]["1"]["c"] > 0  # B=8 needs 8 prompts; 2 were given
+    m = check_shipped(out, model)
+    assert m["eval"]["acceptance_length"] == ev["acceptance_length"] and m["dtype"] == "bfloat16"
+    assert m["draft_vocab_size"] == 24 and m["data_hash"] and m["recipe"]["name"] == "tiny"
+    d = load_shipped("eagle", "package", model, root=tmp_path)
+    assert d.dtype.is_floating_point and str(d.dtype) == "torch.bfloat16"
+
+
+def test_a_shipped_drafter_refuses_a_tampered_file_or_a_manifest_that_disagrees(tmp_path):
+    import shutil
+
+    from specrl.drafters.pipeline import run_train
+    from specrl.drafters.release import run_package
+    from specrl.drafters.shipped import MANIFEST, check_shipped, load_shipped
+
+    model, recipe = tiny_build(tmp_path)
+    run_train(recipe, tmp_path, model, progress=False)
+    good = run_package(recipe, tmp_path, model)
+
+    def copy(name):
+        d = tmp_path / "root" / name
+        shutil.copytree(good, d)
+        return d
+
+    d = copy("tampered")
+    raw = bytearray((d / "model.safetensors").read_bytes())
+    raw[-1] ^= 1
+    (d / "model.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(SpecRLError, match="sha256 of model.safetensors.*manifest records"):
+        load_shipped("eagle", "tampered", model, root=tmp_path / "root")
+
+    def edit(name, **fields):
+        d = copy(name)
+        m = json.loads((d / MANIFEST).read_text())
+        for k, v in fields.items():
+            m[k] = v(m[k]) if callable(v) else v
+        (d / MANIFEST).write_text(json.dumps(m))
+        return d
+
+    with pytest.raises(SpecRLError, match=r"target with vocab_size 999.*this target has vocab_size 64"):
+        check_shipped(edit("vocab", target=lambda t: {**t, "vocab_size": 999}), model)
+    with pytest.raises(SpecRLError, match="manifest dtype is 'float32'.*config.json says 'bfloat16'"):
+        check_shipped(edit("dtype", dtype="float32"), model)
+    with pytest.raises(SpecRLError, match="manifest target_model is 'other-model'.*serves 'smollm2-135m'"):
+        check_shipped(edit("model", target_model="other-model"), model, target_model="smollm2-135m")
+    with pytest.raises(SpecRLError, match="manifest draft_vocab_size is 8192.*config.json says 24"):
+        check_shipped(edit("dvocab", draft_vocab_size=8192), model)
+    with pytest.raises(SpecRLError, match="manifest kind is 'mtp'.*config.json says 'eagle'"):
+        load_shipped("eagle", "kind", model, root=tmp_path / "root") if edit("kind", kind="mtp") else None
+    other = tiny_model("llama", vocab_size=64, seed=0, num_layers=5, hidden_size=48, head_dim=12)
+    with pytest.raises(SpecRLError, match="hidden_size 32, but this target has hidden_size 48"):
+        check_shipped(good, other)

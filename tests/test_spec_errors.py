@@ -6,6 +6,7 @@ import pytest
 
 from specrl import RolloutEngine
 from specrl.drafters import DraftModelDrafter, NGramDrafter, make_drafter
+from specrl.drafters.shipped import shipped_dir
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
 
@@ -78,9 +79,11 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
     assert calls == [("smollm2-135m", "eagle", "chain_sum (number)", dd.DEFAULT_BUILD["samples"],
                       dd.DEFAULT_BUILD["epochs"], 64, 1.0)]
     assert dd.ensure_default_drafter("eagle", progress=False) == path and len(calls) == 1  # cached
-    think = dd.ensure_default_drafter("eagle", "think", progress=False)  # the long-reasoning workload's own
-    assert think == dd.default_drafter_dir("eagle", "think") != path
-    assert calls[-1] == ("smollm2-135m", "eagle", "chain_sum (reasoning)", 320, 3, 512, 0.7)
+    think = dd.ensure_default_drafter("mtp", "think", progress=False)  # the long-reasoning workload's own
+    assert think == dd.default_drafter_dir("mtp", "think") != path
+    assert calls[-1] == ("smollm2-135m", "mtp", "chain_sum (reasoning)", 320, 3, 512, 0.7)
+    n = len(calls)  # eagle:think ships in the package: verified and used, never built
+    assert dd.ensure_default_drafter("eagle", "think", progress=False) == shipped_dir("think") and len(calls) == n
     with pytest.raises(SpecRLError, match="not an embedded drafter name"):
         dd.default_drafter_dir("eagle", "thinking")
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, think.name])  # no temporary dirs
@@ -103,21 +106,24 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
 
     monkeypatch.setattr(build, "train_drafter_offline", fake_build)
     epochs = seen
-    path = dd.ensure_default_drafter("eagle", "think", progress=False)
+    path = dd.ensure_default_drafter("mtp", "think", progress=False)  # (eagle:think ships: it is never built)
     assert json.loads((path / dd.RECIPE_FILE).read_text()) == dd.DEFAULT_BUILDS["think"]
-    assert dd.ensure_default_drafter("eagle", "think", progress=False) == path and epochs == [3]  # current: kept
+    assert dd.ensure_default_drafter("mtp", "think", progress=False) == path and epochs == [3]  # current: kept
     monkeypatch.setitem(dd.DEFAULT_BUILDS, "think", {**dd.DEFAULT_BUILDS["think"], "epochs": 8})
-    assert dd.ensure_default_drafter("eagle", "think", progress=False) == path and epochs == [3, 8]
+    assert dd.ensure_default_drafter("mtp", "think", progress=False) == path and epochs == [3, 8]
     out = capsys.readouterr().out
     assert 'was built with recipe {"task": "chain_sum"' in out and "rebuilding it" in out
     (path / dd.RECIPE_FILE).unlink()  # a cache from a specrl that recorded no recipe
-    dd.ensure_default_drafter("eagle", "think", progress=False)
+    dd.ensure_default_drafter("mtp", "think", progress=False)
     assert epochs == [3, 8, 8] and "an unrecorded recipe (an older specrl)" in capsys.readouterr().out
     # an EAGLE head of drafter format 1 (the layer before EAGLE-3's) under the current recipe: rebuilt
+    path = dd.ensure_default_drafter("eagle", "default", progress=False)
     (path / "config.json").write_text(json.dumps({"kind": "eagle", "format_version": 1}))
-    dd.ensure_default_drafter("eagle", "think", progress=False)
-    assert epochs == [3, 8, 8, 8] and "is in drafter format 1; this specrl writes format 2" in capsys.readouterr().out
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary directory left behind
+    dd.ensure_default_drafter("eagle", "default", progress=False)
+    assert epochs == [3, 8, 8, 3, 3] and "is in drafter format 1; this specrl writes format 2" in \
+        capsys.readouterr().out
+    left = sorted(p.name for p in path.parent.iterdir())
+    assert left == sorted([path.name, dd.default_drafter_dir("mtp", "think").name])  # no temporary directory
 
 
 def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):
@@ -154,8 +160,8 @@ def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_
 
     with pytest.raises(SpecRLError, match="stop here"):
         make_drafter("mtp:default", embedded, build_default=build_default)
-    with pytest.raises(SpecRLError, match=r"eagle:think.*not built yet.*specrl prepare --drafter eagle:think"):
-        make_drafter("eagle:think", embedded)
+    with pytest.raises(SpecRLError, match=r"mtp:think.*not built yet.*specrl prepare --drafter mtp:think"):
+        make_drafter("mtp:think", embedded)
     with pytest.raises(SpecRLError, match="stop here"):
-        make_drafter("eagle:think", embedded, build_default=build_default)
-    assert built == [("mtp", "default"), ("eagle", "think")]
+        make_drafter("mtp:think", embedded, build_default=build_default)
+    assert built == [("mtp", "default"), ("mtp", "think")]

@@ -137,6 +137,12 @@ def make_drafter(spec: str | None, target=None, dtype=None,
     from specrl.drafters.io import load_drafter
 
     if parsed.info.embedded and arg in EMBEDDED_NAMES:
+        from specrl.drafters.shipped import is_shipped, load_shipped
+
+        if is_shipped(kind, arg):  # trained ahead of time, inside the package: verified, never rebuilt
+            if target is None:
+                raise SpecRLError(f"{kind}:{arg} needs the target model it drafts for (pass target=)")
+            return load_shipped(kind, arg, target)
         arg = str(_default_dir(kind, arg, target, build_default))
     return load_drafter(arg, target, expected_kind=kind)
 

@@ -49,6 +49,7 @@ class Recipe:
     epochs: int = 6
     lr: float = 1e-3
     batch_size: int = 8
+    train_dtype: str = "float32"  # the head's training matmuls: float32, or bfloat16 autocast (float32 weights)
     k: int = 3
     curve: tuple[int, ...] = field(default_factory=tuple)  # shard counts to train on for the scaling curve
 
@@ -93,6 +94,9 @@ class Recipe:
             raise SpecRLError(f"recipe {self.name!r}: top_p must be in (0, 1], got {self.top_p!r}")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise SpecRLError(f"recipe {self.name!r}: lr must be > 0, got {self.lr!r}")
+        if self.train_dtype not in ("float32", "bfloat16"):
+            raise SpecRLError(f"recipe {self.name!r}: train_dtype must be float32 or bfloat16, got "
+                              f"{self.train_dtype!r}")
         n_shards = -(-self.prompts // self.shard_size)
         for c in self.curve:
             if not isinstance(c, int) or not 1 <= c <= n_shards:

@@ -116,16 +116,15 @@ def select_draft_vocab(sequences: list[list[int]], size: int, always: tuple[int,
 
 
 @torch.no_grad()
-def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, topk: int = TARGET_TOPK,
-            prompt_lens: list[int] | None = None, progress: bool = False) -> list[Example]:
-    """One no-grad target forward per batch: the hidden states and top-K next-token distributions."""
-    kind = _kind(drafter)
+def target_outputs(target, sequences: list[list[int]], capture: tuple[int, ...] = (), batch_size: int = 8,
+                   topk: int = TARGET_TOPK, progress: bool = False):
+    """One no-grad target forward per batch of similar-length sequences; yields, per sequence index i,
+    (i, tokens [T], captured layers {layer: [T, H]}, final-normed hidden [T, H], top-K target ids [T, K],
+    their probabilities [T, K], argmax [T]) on the host. The shared core of `collect` and the build's feature
+    stage (`specrl.drafters.features`)."""
     vocab = target.args.vocab_size
-    t2d = drafter.target_to_draft() if kind == "eagle" else None  # None: draft index = target id
-    capture = drafter.fuse_layers if kind == "eagle" else ()
     dev = target.embed_tokens.weight.device
     kk = min(topk, vocab)
-    out: list[Example | None] = [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     starts = range(0, len(order), batch_size)
     if progress:
@@ -141,18 +140,30 @@ def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, to
             tok[b, : len(sequences[i])] = torch.tensor(sequences[i])
         hidden, captured = target.forward_hidden(tok.to(dev), capture=capture)
         logits = target.logits(hidden)
-        probs = torch.softmax(logits, dim=-1)
-        top_p, top_i = probs.topk(kk, dim=-1)
+        top_p, top_i = torch.softmax(logits, dim=-1).topk(kk, dim=-1)
         top1 = logits.argmax(-1)
-        feats = torch.cat([captured[i] for i in capture], -1) if kind == "eagle" else \
-            hidden[..., :0] if kind == "draft-model" else hidden
         for b, i in enumerate(idx):
             n = len(sequences[i])
-            top_idx = top_i[b, :n] if t2d is None else t2d.to(top_i.device)[top_i[b, :n]]
-            # the corpus lives in host memory (all sequences' features); `_pad` moves each batch to the device
-            out[i] = Example(tokens=tok[b, :n].clone(), feats=feats[b, :n].cpu().clone(), top_idx=top_idx.cpu(),
-                             top_p=top_p[b, :n].cpu().half(),
-                             top1=top1[b, :n].cpu(), loss_from=int(prompt_lens[i]) if prompt_lens else 1)
+            yield (i, tok[b, :n].clone(), {k: v[b, :n].cpu() for k, v in captured.items()}, hidden[b, :n].cpu(),
+                   top_i[b, :n].cpu(), top_p[b, :n].cpu(), top1[b, :n].cpu())
+
+
+@torch.no_grad()
+def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, topk: int = TARGET_TOPK,
+            prompt_lens: list[int] | None = None, progress: bool = False) -> list[Example]:
+    """One no-grad target forward per batch: the hidden states and top-K next-token distributions."""
+    kind = _kind(drafter)
+    t2d = drafter.target_to_draft() if kind == "eagle" else None  # None: draft index = target id
+    capture = drafter.fuse_layers if kind == "eagle" else ()
+    out: list[Example | None] = [None] * len(sequences)
+    for i, tok, captured, hidden, top_i, top_p, top1 in target_outputs(target, sequences, capture, batch_size, topk,
+                                                                       progress):
+        feats = torch.cat([captured[j] for j in capture], -1) if kind == "eagle" else \
+            hidden[..., :0] if kind == "draft-model" else hidden
+        top_idx = top_i if t2d is None else t2d.to(top_i.device)[top_i]
+        # the corpus lives in host memory (all sequences' features); `_pad` moves each batch to the device
+        out[i] = Example(tokens=tok, feats=feats.clone(), top_idx=top_idx, top_p=top_p.half(), top1=top1,
+                         loss_from=int(prompt_lens[i]) if prompt_lens else 1)
     return out  # type: ignore[return-value]
 
 

@@ -6,7 +6,9 @@ prompts, distilled with a small fixed budget (`DEFAULT_BUILDS["default"]`) by
 replies (`DEFAULT_BUILDS["think"]`: the `reasoning` answer format, its temperature and length). Both are cached
 next to the model (`specrl.drafters.default_drafter_dir`). The drafters layer only loads it; the build lives here
 because only this layer knows tasks: `task_prompts` renders a task's train and held-out prompts
-exactly as the trainer does (`PromptFormatter`). `ensure_default_drafter` builds it once; `resolve_drafter` is
+exactly as the trainer does (`PromptFormatter`). A drafter the package ships (`specrl.drafters.shipped`, today
+`eagle:think`, trained by `specrl draft build --recipe think`) is used as shipped, never built: `ensure_default_drafter`
+verifies and returns its directory. Otherwise `ensure_default_drafter` builds it once; `resolve_drafter` is
 `make_drafter` with that builder, what the CLI, the trainer, the rollout backends and the benchmarks call.
 """
 
@@ -96,6 +98,11 @@ def ensure_default_drafter(kind: str, name: str = "default", progress: bool = Tr
     """
     if kind not in DEFAULT_KINDS:
         raise SpecRLError(f"there is no default {kind!r} drafter; defaults exist for 'eagle' and 'mtp'")
+    from specrl.drafters.shipped import check_shipped, is_shipped, shipped_dir
+
+    if is_shipped(kind, name):  # trained ahead of time and shipped in the package: nothing to build
+        check_shipped(shipped_dir(name), target_model=DEFAULT_DRAFTER_MODEL)
+        return shipped_dir(name)
     final = default_drafter_dir(kind, name)
     b = DEFAULT_BUILDS[name]
     if _current(final, b):

@@ -1,0 +1,76 @@
+"""The drafters shipped inside the package: verified files, a manifest that matches the target, a held-out AL floor.
+
+The floor is behavioural, far below the measured figure (the manifest's eval), so it is not flaky: an untrained
+or mis-loaded head accepts ~1.0 tokens per verify step; the shipped eagle:think measures 2.55 at k=3 (64 held-out
+prompts x 512 tokens, its manifest).
+"""
+
+import json
+
+import pytest
+
+from specrl.drafters.shipped import MANIFEST, check_shipped, is_shipped, shipped_dir
+from specrl.errors import SpecRLError
+
+pytestmark = pytest.mark.slow
+AL_FLOOR = 1.5  # at k=3, T=0.7, on 4 held-out prompts x 96 tokens
+
+
+@pytest.fixture(scope="module")
+def target():
+    from specrl import load_model
+
+    model, tok = load_model("smollm2-135m", dtype="auto")
+    return model, tok
+
+
+def test_eagle_think_ships_and_its_manifest_matches_its_files_and_recipe():
+    from specrl.drafters.recipe import Recipe
+
+    assert is_shipped("eagle", "think")
+    m = check_shipped(shipped_dir("think"), target_model="smollm2-135m")
+    assert m["kind"] == "eagle" and m["dtype"] == "bfloat16" and m["target"]["vocab_size"] == 49152
+    recipe = Recipe.load("think")
+    assert m["recipe"]["temperature"] == recipe.temperature and m["recipe"]["task"] == recipe.task
+    assert len(m["data_hash"]) == 64 and m["commit"]
+    per_k = m["eval"]["per_k"]
+    assert sorted(int(k) for k in per_k) == list(range(1, 8))
+    assert len(per_k["7"]["accepted_at_least"]) == 7
+
+
+def test_eagle_think_loads_without_a_build_and_beats_the_al_floor_on_heldout_prompts(target, monkeypatch):
+    from specrl.drafters.training import heldout_acceptance
+    from specrl.model.tokenizer import stop_token_ids
+    from specrl.rl import default_drafter
+    from specrl.rl.default_drafter import resolve_drafter, task_prompts
+
+    def no_build(*a, **k):
+        raise AssertionError("a shipped drafter must not be built")
+
+    monkeypatch.setattr(default_drafter.drafter_build, "train_drafter_offline", no_build)
+    model, tok = target
+    d = resolve_drafter("eagle:think", model)
+    assert str(d.dtype) == "torch.bfloat16"
+    _, held = task_prompts("chain_sum", 8, heldout=4, answer_format="reasoning")(tok)
+    al = heldout_acceptance(model, d, held, k=3, temperature=0.7, max_new_tokens=96,
+                            stop_token_ids=stop_token_ids(tok, model.args), seed=0)
+    assert al >= AL_FLOOR, f"eagle:think accepts {al:.2f} tokens per verify step (floor {AL_FLOOR})"
+    assert default_drafter.ensure_default_drafter("eagle", "think") == shipped_dir("think")
+
+
+def test_a_tampered_shipped_file_is_refused_by_name(tmp_path, target):
+    import shutil
+
+    from specrl.drafters.shipped import load_shipped
+
+    shutil.copytree(shipped_dir("think"), tmp_path / "think")
+    cfg = tmp_path / "think" / "config.json"
+    cfg.write_text(cfg.read_text().replace('"draft_vocab_size"', '"draft_vocab_size" ', 1))
+    with pytest.raises(SpecRLError, match="sha256 of config.json"):
+        load_shipped("eagle", "think", target[0], root=tmp_path)
+    shutil.copy(shipped_dir("think") / "config.json", cfg)
+    m = json.loads((tmp_path / "think" / MANIFEST).read_text())
+    m["target"]["num_layers"] = 24
+    (tmp_path / "think" / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(SpecRLError, match="num_layers 24, but this target has num_layers 30"):
+        load_shipped("eagle", "think", target[0], root=tmp_path)
