@@ -64,7 +64,7 @@ def test_a_good_refit_is_acknowledged_and_compares_real_values(backend, model):
     compared = [n for n, d in ack.items() if d != OPAQUE]
     assert "model.embed_tokens.weight" in compared and any("norm" in n for n in compared)
     assert set(sent) <= set(ack)
-    # every prepacked linear is read back through its kernel (before: OPAQUE, acknowledged by name only), and the
+    # every prepacked linear is read back through its kernel (none is acknowledged by name only, OPAQUE), and the
     # tied LM head's packed copy of the embedding too
     assert [n for n in sent if ack[n] == OPAQUE] == []
     assert any(ack[n].startswith(READBACK) for n in sent if n.endswith("q_proj.weight"))

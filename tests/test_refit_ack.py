@@ -197,8 +197,8 @@ class _Packed(torch.nn.Module):
 
 
 def test_a_prepacked_weight_and_a_tied_heads_packed_copy_are_read_back_and_compared():
-    """Before: a prepacked weight was acknowledged by name only (OPAQUE), and the tied LM head's packed copy of the
-    embedding not at all, so a stale kernel (the failure vLLM's CPU reload had: log-probs off by 0.14) passed."""
+    """A prepacked weight and the tied LM head's packed copy of the embedding are compared through their kernels,
+    so a stale kernel (the failure vLLM's CPU reload had: log-probs off by 0.14) fails the refit."""
     from specrl.backends.vllm_worker import held_digest
     from specrl.rollout.digest import HEAD_SUFFIX, READBACK
 

@@ -498,7 +498,7 @@ def test_a_few_drafts_do_not_count_as_drafter_health(tiny, monkeypatch):
 
 def test_importance_sampling_correction_in_a_sync_step(tiny):
     """On-policy fp32 rollouts: weights ~1, with top-p < 1 too: the trainer scores tokens under the same truncated,
-    renormalised distribution the sampler drew them from (before it did, pi_old / mu was < 1 under top-p)."""
+    renormalised distribution the sampler drew them from."""
     off = GRPOTrainer.from_config(validate_config(cfg_dict(tiny))).step()
     assert off["is_ratio_mean"] is None and off["is_clipped_fraction"] is None
     rec = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, grpo__importance_sampling_correction=True))).step()
