@@ -2,7 +2,8 @@
 
 One step's rollouts of a config (its own sampling settings), then the trainer's log-probabilities of those tokens
 with the sampler's top-p / top-k filter (what the learner computes) and without it (temperature only), each
-compared with the rollout engine's behaviour log-probs by `token_mult_prob_error` (1.0 = a match). Use fp32 on both sides to see the filter alone:
+compared with the rollout engine's behaviour log-probs by `token_mult_prob_error` (1.0 = a match).
+Use fp32 on both sides to see the filter alone:
 
     .venv/bin/python tools/logprob_match.py --config examples/default.yaml --set generation.top_p=0.9 \\
         --set generation.top_k=50 --set model.rollout_dtype=float32 --set policy.precision=fp32
