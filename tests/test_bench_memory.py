@@ -176,7 +176,14 @@ def test_load_processes_are_started_and_killed(mem):
         assert len(pids) == 2
         for pid in pids:
             p = psutil.Process(pid)
-            assert p.is_running() and p.cmdline()[-1] == mem.LOAD_CODE
+            # Popen returns once exec has begun; the kernel fills /proc/<pid>/cmdline a moment later, so an
+            # empty list is "not yet", not a wrong command
+            for _ in range(500):
+                cmd = p.cmdline()
+                if cmd:
+                    break
+                time.sleep(0.01)
+            assert p.is_running() and cmd[-1] == mem.LOAD_CODE, cmd
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
