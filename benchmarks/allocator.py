@@ -37,7 +37,7 @@ def worker(a) -> None:
     from common import prompt_ids
 
     from specrl import RolloutEngine, SamplingParams, load_model
-    from specrl.model.checkpoint import load_tokenizer
+    from specrl.model.hf_checkpoint import load_tokenizer
     from specrl.model.presets import prepare
 
     model, _ = load_model("smollm2-135m", dtype=getattr(torch, a.dtype))

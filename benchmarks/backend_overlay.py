@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import KEEP_RUNS_HELP, config_dtypes, hardware_line, run_dirs, run_header  # noqa: E402
 
-from specrl.step_record import StepRecord, read_records  # noqa: E402
+from specrl.observability.step_record import StepRecord, read_records  # noqa: E402
 
 PYTHONS = {"native": ROOT / ".venv" / "bin" / "python", "vllm": ROOT / ".venv-vllm" / "bin" / "python"}
 

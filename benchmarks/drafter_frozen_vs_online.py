@@ -32,10 +32,10 @@ ARMS = {"frozen": False, "online": True}
 def run_arm(cfg, arm_dir: Path, label: str) -> list:
     """Train cfg for cfg.run.steps in arm_dir; return the step records."""
     from specrl.drafters.io import save_drafter
-    from specrl.rl.metrics import MetricsWriter, ProgressDisplay
-    from specrl.rl.report import write_report
-    from specrl.rl.trainer import GRPOTrainer, seed_everything
-    from specrl.step_record import read_records
+    from specrl.observability.metrics import MetricsWriter, ProgressDisplay
+    from specrl.observability.run_report import write_report
+    from specrl.observability.step_record import read_records
+    from specrl.trainer.sync_trainer import GRPOTrainer, seed_everything
 
     arm_dir.mkdir(parents=True, exist_ok=True)
     (arm_dir / "config.yaml").write_text(cfg.to_yaml())
@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> Path:
     a = ap.parse_args(argv)
     import torch
 
+    from specrl.config.schema import load_config, validate_config
     from specrl.errors import SpecRLError
-    from specrl.rl.config import load_config, validate_config
-    from specrl.rl.report import write_acceptance_compare
+    from specrl.observability.run_report import write_acceptance_compare
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -135,7 +135,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from specrl import RolloutEngine, SamplingParams, load_model
-    from specrl.model.checkpoint import load_tokenizer
+    from specrl.model.hf_checkpoint import load_tokenizer
     from specrl.model.presets import prepare
 
     model_dir = str(prepare("smollm2-135m"))

@@ -39,13 +39,13 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from common import prompt_ids, run_header
 
-    from specrl.distributed.learner_group import LearnerGroup
-    from specrl.model.checkpoint import parse_dtype
+    from specrl.algorithms.rollouts import Rollouts
+    from specrl.cluster.learner_group import LearnerGroup
+    from specrl.config.hardware import resolve_hardware
+    from specrl.config.schema import load_config
+    from specrl.model.hf_checkpoint import parse_dtype
     from specrl.model.loader import load_model
-    from specrl.rl.config import load_config
-    from specrl.rl.hardware import resolve_hardware
-    from specrl.rl.learner import Learner
-    from specrl.rl.producer import Rollouts
+    from specrl.trainer.learner import Learner
 
     sets = ["speculative.drafter=none", "drafter.online=false", f"learner.world_size={a.world_size}",
             f"learner.threads={a.threads // a.world_size}"]

@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import KEEP_RUNS_HELP, config_dtypes, hardware_line, run_dirs, run_header  # noqa: E402
 
 MB = 1e6
-STAGES = ("data", "prepare", "gen", "logprob", "train")  # specrl.rl.metrics.STAGES, the order they run in
+STAGES = ("data", "prepare", "gen", "logprob", "train")  # specrl.observability.metrics.STAGES, the order they run in
 ARMS_COMPARE = ("autoregressive", "speculative")
 LOAD_CODE = "while True: pass"
 
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.interval <= 0 or a.load < 0 or a.warmup < 0 or (a.timeout is not None and a.timeout <= 0):
         ap.error("--interval and --timeout must be > 0, --load and --warmup >= 0")
-    from specrl.rl.config import load_config
+    from specrl.config.schema import load_config
 
     config = str(Path(a.config).resolve()) if Path(a.config).exists() else a.config
     cfg = load_config(config, a.sets)

@@ -36,7 +36,7 @@ ARMS = ("sync-ar", "sync-spec", "async-ar", "async-spec")
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import KEEP_RUNS_HELP, config_dtypes, hardware_line, run_dirs, run_header  # noqa: E402
 
-from specrl.step_record import read_records  # noqa: E402
+from specrl.observability.step_record import read_records  # noqa: E402
 
 
 def arm_sets(arm: str, threads: int, lag: int) -> list[str]:

@@ -3,7 +3,8 @@
 For each batch size B, answer length and k (fixed or auto), two engines on the same model and prompts (B chain_sum
 prompts by default, one wave of continuous batching) run interleaved, in alternating order per repeat, with the same
 seeds: per-step k (every row drafts the step's k) and per-sequence k (row i keeps k_i <= k from its own recent
-acceptance, `specrl.rollout.seq_budget`). Printed per point: tokens/s of both arms and their ratio (median of the
+acceptance, `specrl.rollout.spec_decode.seq_budget`). Printed per point: tokens/s of both arms and their ratio
+(median of the
 per-repeat ratios), the acceptance length AL (1 + accepted drafts per row and speculative step), drafts per row and
 step (`drafts`), the mean verified width (columns of the verify forward, `width`; per-row budgets shrink it only when
 the longest row in the batch is shorter) and the share of rows that drafted nothing (`k_i=0`).
@@ -110,9 +111,9 @@ def main() -> None:
     a.dtype = dtype_name(a.dtype)
     hw = run_header({"model": a.dtype}, a.threads)
     from specrl import RolloutEngine, SamplingParams, load_model
+    from specrl.data.tasks import ANSWER_FORMATS, PromptFormatter, make_task, resolve_answer_format
+    from specrl.drafters.default import resolve_drafter
     from specrl.model.tokenizer import stop_token_ids
-    from specrl.rl.default_drafter import resolve_drafter
-    from specrl.rl.tasks import ANSWER_FORMATS, PromptFormatter, make_task, resolve_answer_format
 
     model, tok = load_model("smollm2-135m", dtype=getattr(torch, a.dtype))
     stops = stop_token_ids(tok, model.args)

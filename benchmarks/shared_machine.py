@@ -32,7 +32,7 @@ def worker(a) -> None:
 
     from specrl import RolloutEngine, SamplingParams, load_model
     from specrl.cpu import ThreadGovernor
-    from specrl.model.checkpoint import load_tokenizer
+    from specrl.model.hf_checkpoint import load_tokenizer
     from specrl.model.presets import prepare
 
     g = ThreadGovernor("auto" if a.threads == "auto" else int(a.threads), "--threads")

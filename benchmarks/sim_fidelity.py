@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from specrl.sim.hardware import profile_cpu, save_profile
+from specrl.sim.accelerators import profile_cpu, save_profile
 from specrl.sim.pipeline import SimConfig, prepare, run_generation
 from specrl.sim.roofline import Efficiency
 from specrl.sim.workload import Workload
@@ -58,7 +58,7 @@ CALIBRATION_POINTS = {("none", 0, 1), ("none", 0, 16), ("ngram", 2, 1)}
 
 def make_runner(model, tok, drafter_kind: str, k: int, batch: int, tokens: int):
     from specrl import RolloutEngine, SamplingParams
-    from specrl.rl.default_drafter import resolve_drafter
+    from specrl.drafters.default import resolve_drafter
 
     prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
     drafter = resolve_drafter(drafter_kind if drafter_kind != "none" else None, model)

@@ -20,8 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from specrl.sim.accelerators import get_hardware, with_threads
 from specrl.sim.fromrun import cpu_efficiency
-from specrl.sim.hardware import get_hardware, with_threads
 from specrl.sim.models import eagle3_head, get_model
 from specrl.sim.roofline import ForwardCost
 

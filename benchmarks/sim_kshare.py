@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specrl.sim.pipeline import cudagraph_max_tokens, prepare, run_generation
-from specrl.sim.presets import get_preset
+from specrl.sim.scenarios import get_preset
 from specrl.sim.speculation import Acceptance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

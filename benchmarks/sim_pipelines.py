@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from specrl.sim.fromrun import predict_run, read_metrics
+from specrl.sim.fromrun import predict_run, run_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import run_header  # noqa: E402
@@ -49,7 +49,7 @@ def run_dtypes(run: Path) -> dict[str, str]:
 
 
 def measured(run: Path) -> dict:
-    rows = read_metrics(run)
+    rows = run_records(run)
     steady = rows[1:] or rows
 
     def med(get) -> float:

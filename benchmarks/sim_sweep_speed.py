@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from specrl.sim.presets import get_preset
+from specrl.sim.scenarios import get_preset
 from specrl.sim.sweep import grid_gpus_lag, grid_k_al
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--verify", default="rejection")
     ap.add_argument("--task", default=None, help="task name (e.g. chain_sum): held-out in-domain prompts from "
-                    "specrl.rl.tasks instead of the generic prompt set")
+                    "specrl.data.tasks instead of the generic prompt set")
     ap.add_argument("--answer-format", default="auto", help="with --task: the answer instruction (reasoning = the "
                     "long step-by-step replies of examples/think.yaml)")
     ap.add_argument("--difficulty", default="easy")
@@ -102,14 +102,14 @@ def main() -> None:
     a.dtype = dtype_name(a.dtype)
     hw = run_header({"model": a.dtype}, a.threads)
     from specrl import RolloutEngine, SamplingParams, load_model
+    from specrl.drafters.default import resolve_drafter
     from specrl.model.tokenizer import stop_token_ids
-    from specrl.rl.default_drafter import resolve_drafter
 
     model, tok = load_model("smollm2-135m", dtype=getattr(torch, a.dtype))
     stops = stop_token_ids(tok, model.args)
     task_prompts = None
     if a.task:
-        from specrl.rl.tasks import ANSWER_FORMATS, PromptFormatter, make_task, resolve_answer_format
+        from specrl.data.tasks import ANSWER_FORMATS, PromptFormatter, make_task, resolve_answer_format
 
         _, val = make_task(a.task, difficulty=a.difficulty, train_size=64, val_size=64, seed=0)
         fmt = PromptFormatter(tok, instruction=ANSWER_FORMATS[resolve_answer_format(a.task, a.answer_format)])

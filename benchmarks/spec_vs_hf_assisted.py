@@ -34,14 +34,14 @@ from common import DTYPES, dtype_name, prompt_ids, run_header, timed  # noqa: E4
 
 
 def layer_skip_draft(n_layers: int):
-    from specrl.drafters.build import save_draft_model
+    from specrl.drafters.build.from_rollouts import save_draft_model
     from specrl.drafters.draft_model import slice_layers
-    from specrl.model.checkpoint import load_checkpoint
+    from specrl.model.hf_checkpoint import load_hf_checkpoint
     from specrl.model.presets import cache_root, prepare
 
     out = cache_root() / "models" / f"smollm2-135m-first{n_layers}"
     if not (out / "tokenizer.json").exists():
-        full = load_checkpoint(prepare("smollm2-135m"), dtype=torch.float32)
+        full = load_hf_checkpoint(prepare("smollm2-135m"), dtype=torch.float32)
         save_draft_model(slice_layers(full, range(n_layers)), "smollm2-135m", out)
     return out
 
@@ -69,7 +69,7 @@ def main() -> None:
 
     from specrl import RolloutEngine, SamplingParams, load_model
     from specrl.drafters import DraftModelDrafter, read_draft_vocab
-    from specrl.model.checkpoint import load_checkpoint
+    from specrl.model.hf_checkpoint import load_hf_checkpoint
     from specrl.model.presets import prepare
     from specrl.model.tokenizer import stop_token_ids
 
@@ -77,7 +77,7 @@ def main() -> None:
     target, tok = load_model("smollm2-135m", dtype=tdt)
     stops = stop_token_ids(tok, target.args)
     if a.task:
-        from specrl.rl.tasks import PromptFormatter, make_task
+        from specrl.data.tasks import PromptFormatter, make_task
 
         _, val = make_task(a.task, difficulty="easy", train_size=4, val_size=a.prompts, seed=1)
         fmt = PromptFormatter(tok)
@@ -95,7 +95,7 @@ def main() -> None:
         setattr(hf_default.generation_config, key, None)  # -> library defaults (20, constant, 0.4)
 
     def ours(k):  # with the draft vocabulary stored next to the checkpoint, if any (transformers ignores it)
-        draft = load_checkpoint(draft_dir, dtype=tdt)
+        draft = load_hf_checkpoint(draft_dir, dtype=tdt)
         vocab = read_draft_vocab(Path(draft_dir), draft.args.vocab_size)
         return RolloutEngine(target, max_batch_size=1, max_seq_len=512,
                              drafter=DraftModelDrafter(draft, draft_vocab=vocab), num_draft_tokens=k)

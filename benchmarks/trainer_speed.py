@@ -5,7 +5,8 @@ fp32 weights, --precision as `make run` trains (auto: bf16-mixed on CPUs with bf
 `Learner.stage_logprob` and `Learner.stage_train` (micro-batches of --micro, LM head on response positions only,
 clipped surrogate, grad clip, AdamW), each group's prompt run once (the default), and the same with whole sequences
 (`Learner.share_prefixes = False`, the column "ours, whole sequences"). Theirs: the HF `LlamaForCausalLM` of the
-same checkpoint, full-sequence logits, the same loss function (`specrl.rl.grpo.clipped_surrogate_loss`) and micro-
+same checkpoint, full-sequence logits, the same loss function (`specrl.algorithms.grpo.clipped_surrogate_loss`) and
+micro-
 batches, torch AdamW (foreach, torch's default; ours is fused). Also times one AdamW step over the policy's
 parameters, foreach vs fused. tokens/s counts every token of the batch (prompt + response). --one-update: the step a
 batch with one optimizer step takes (what `Learner.learn` runs at the defaults and TRL runs with one update per
@@ -52,13 +53,13 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from specrl import load_model
+    from specrl.algorithms.batch import chunks as _chunks
+    from specrl.algorithms.batch import micro
+    from specrl.algorithms.grpo import clipped_surrogate_loss
+    from specrl.algorithms.rollouts import Rollouts
+    from specrl.config.schema import validate_config
     from specrl.model.presets import prepare
-    from specrl.rl.batch import chunks as _chunks
-    from specrl.rl.batch import micro
-    from specrl.rl.config import validate_config
-    from specrl.rl.grpo import clipped_surrogate_loss
-    from specrl.rl.learner import Learner
-    from specrl.rl.producer import Rollouts
+    from specrl.trainer.learner import Learner
 
     n = a.prompts * a.group
     policy, tok = load_model("smollm2-135m", dtype=torch.float32)

@@ -13,13 +13,13 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "train": "specrl.api",
-    "TrainConfig": "specrl.rl.config",
-    "load_config": "specrl.rl.config",
+    "TrainConfig": "specrl.config.schema",
+    "load_config": "specrl.config.schema",
     "load_model": "specrl.model.loader",
     "RolloutEngine": "specrl.rollout.engine",
-    "RolloutOutput": "specrl.rollout.api",
-    "RolloutRequest": "specrl.rollout.api",
-    "GenerationResult": "specrl.rollout.api",
+    "RolloutOutput": "specrl.rollout.protocol",
+    "RolloutRequest": "specrl.rollout.protocol",
+    "GenerationResult": "specrl.rollout.protocol",
     "SamplingParams": "specrl.rollout.sampling",
 }
 

@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from specrl.config.schema import TrainConfig, load_config, validate_config
 from specrl.errors import SpecRLError
 from specrl.fileio import atomic_write
-from specrl.rl.config import TrainConfig, load_config, validate_config
-from specrl.rl.run import RunLock, train_main
+from specrl.run.loop import RunLock, train_main
 
 __all__ = ["train", "TrainConfig", "load_config", "reward_spec"]
 
@@ -140,6 +140,6 @@ def train(model: str | Path | None = None, dataset: str | Path | Iterable[dict] 
 
 def _make_trainer() -> Any:
     """Sync in-process, async on Ray: the factory `specrl train` uses."""
-    from specrl.distributed import make_trainer
+    from specrl.cluster import make_trainer
 
     return make_trainer

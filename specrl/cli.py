@@ -26,7 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="specrl: RL p
 draft_app = typer.Typer(no_args_is_help=True, help="Drafter lifecycle: offline initialisation.")
 app.add_typer(draft_app, name="draft")
 
-from specrl.sim.cli import app as _sim_app  # noqa: E402  (the simulator registers `specrl simulate ...`)
+from specrl.sim.commands import app as _sim_app  # noqa: E402  (the simulator registers `specrl simulate ...`)
 
 app.add_typer(_sim_app, name="simulate")
 
@@ -64,7 +64,7 @@ DTYPE_HELP = "auto (bf16 where the device has bf16 units: AVX512-BF16/AMX CPUs, 
 def _dtype(value: str, device: str = "auto"):
     """A --dtype option (auto | bf16 | fp32 | bfloat16 | float32) -> torch dtype, resolved for `device`."""
     from specrl.device import resolve_device, resolve_dtype
-    from specrl.model.checkpoint import parse_dtype
+    from specrl.model.hf_checkpoint import parse_dtype
 
     names = {"auto": "auto", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
     if value not in names:
@@ -94,7 +94,7 @@ def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import int
         path = presets.prepare(model)
         typer.echo(f"[specrl] model {model} ready at {path}")
         if drafter != "none":
-            from specrl.rl.default_drafter import ensure_default_drafter
+            from specrl.drafters.default import ensure_default_drafter
 
             typer.echo(f"[specrl] {kind}:{name} drafter ready at {ensure_default_drafter(kind, name)}")
     except SpecRLError as e:
@@ -126,8 +126,8 @@ DEMO_PROMPTS = [
 
 
 def _make_trainer():
-    """The trainer factory for `specrl train`: sync in-process, async on Ray (specrl.distributed)."""
-    from specrl.distributed import make_trainer
+    """The trainer factory for `specrl train`: sync in-process, async on Ray (specrl.cluster)."""
+    from specrl.cluster import make_trainer
 
     return make_trainer
 
@@ -151,7 +151,7 @@ def run(config: str | None = typer.Option(None, help=f"Training config [default:
     if demo:
         _demo()
         return
-    from specrl.rl.run import train_main
+    from specrl.run.loop import train_main
 
     try:
         if config is not None and not Path(config).is_file():
@@ -183,9 +183,9 @@ def _demo() -> None:
 
 
 def _read_prompts(path: Path, tok, raw: bool) -> list[list[int]]:
+    from specrl.config.schema import read_text_file
     from specrl.model.tokenizer import encode_chat, encode_raw
-    from specrl.rl.config import read_text_file
-    from specrl.rollout.api import token_id_list
+    from specrl.rollout.protocol import token_id_list
 
     if not path.exists():
         raise SpecRLError(f"--prompts file {path} does not exist")
@@ -249,9 +249,9 @@ def generate(
     """Generate continuations for a JSONL of prompts (autoregressive or speculative)."""
     from tqdm import tqdm
 
+    from specrl.drafters.default import resolve_drafter
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
-    from specrl.rl.default_drafter import resolve_drafter
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
 
@@ -300,7 +300,7 @@ def train(config: str | None = typer.Option(None, help="YAML config [default: ex
           out: str | None = typer.Option(None, help="Run directory (default runs/NAME)."),
           compare: bool = typer.Option(False, help="Run autoregressive and speculative side by side.")):
     """GRPO training with speculative rollouts (see examples/*.yaml)."""
-    from specrl.rl.run import train_main
+    from specrl.run.loop import train_main
 
     t0 = time.time()
     if config is None and resume is None:
@@ -324,8 +324,8 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
                threads: str = typer.Option("auto", help=THREADS_HELP),
                dtype: str = typer.Option("auto", help="the target's dtype for rollouts and features: " + DTYPE_HELP)):
     """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
-    from specrl.drafters.build import train_drafter_offline
-    from specrl.rl.default_drafter import task_prompts
+    from specrl.drafters.build.from_rollouts import train_drafter_offline
+    from specrl.drafters.default import task_prompts
 
     try:
         _threads(threads)
@@ -349,10 +349,11 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
                 threads: str = typer.Option("auto", help=THREADS_HELP)):
     """Reproduce a drafter from its recipe: rollouts in checked shards, target features, the trained head, its
     held-out evaluation and the packaged files (every stage resumable after a kill)."""
-    from specrl.drafters import pipeline, release
-    from specrl.drafters.heldout import summary
-    from specrl.drafters.recipe import Recipe
-    from specrl.rl.default_drafter import task_prompts
+    from specrl.drafters.build import release
+    from specrl.drafters.build import stages as pipeline
+    from specrl.drafters.build.heldout import summary
+    from specrl.drafters.build.recipe import Recipe
+    from specrl.drafters.default import task_prompts
 
     _threads(threads)
     try:
@@ -385,8 +386,8 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
 
 
 def _recipe_prompts(recipe: str):
-    from specrl.drafters.recipe import Recipe
-    from specrl.rl.default_drafter import task_prompts
+    from specrl.drafters.build.recipe import Recipe
+    from specrl.drafters.default import task_prompts
 
     r = Recipe.load(recipe)
     return r, task_prompts(r.task, r.prompts + r.prompts // 4, heldout=r.heldout_prompts, difficulty=r.difficulty,
@@ -407,9 +408,9 @@ def draft_eval(drafter: str = typer.Option("eagle:think", help="eagle:DIR (a dra
     prompts (never rolled out by a build) at the recipe's temperature."""
     import json
 
-    from specrl.drafters.heldout import evaluate_drafter, summary
-    from specrl.drafters.pipeline import _load_target
-    from specrl.rl.default_drafter import resolve_drafter
+    from specrl.drafters.build.heldout import evaluate_drafter, summary
+    from specrl.drafters.build.stages import _load_target
+    from specrl.drafters.default import resolve_drafter
 
     _threads(threads)
     try:
@@ -449,7 +450,7 @@ def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(N
                 plot: Path = typer.Option(Path("docs/img/drafter_scaling.png"), help="where to draw the curve"),
                 threads: str = typer.Option("auto", help=THREADS_HELP)):
     """The scaling curve: held-out AL at k of the head's snapshots along its training (WORK/eval/curve.json)."""
-    from specrl.drafters.release import plot_curve, run_curve
+    from specrl.drafters.build.release import plot_curve, run_curve
 
     _threads(threads)
     try:
@@ -473,10 +474,10 @@ def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGL
                                            "an HF checkpoint directory."),
                  dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 (default: the head's)")):
     """Export a trained EAGLE head (also one trained online during RL) to vLLM's EAGLE-3 checkpoint layout."""
+    from specrl.drafters.default import default_head_spec
     from specrl.drafters.export import FORMATS, export_vllm_eagle3
     from specrl.model.presets import PRESETS
     from specrl.model.presets import prepare as prepare_preset
-    from specrl.rl.default_drafter import default_head_spec
     from specrl.rollout.drafter_spec import parse_drafter_spec
 
     try:
@@ -520,10 +521,10 @@ def check_backend(backend: str = typer.Option("vllm", help="A registered rollout
     import torch
 
     from specrl.backends.probe import chat_prompts, probe_backend
+    from specrl.backends.registry import BACKENDS, build_backend
     from specrl.model.loader import load_model
     from specrl.model.presets import PRESETS
     from specrl.model.presets import prepare as prepare_preset
-    from specrl.rl.backends import BACKENDS, build_backend
     from specrl.rollout.sampling import SamplingParams
 
     try:
@@ -562,7 +563,7 @@ def _probe_config(backend: str, model: str, drafter: str, k: int, dtype: str, sa
                   tokens: int, max_len: int):
     """The training config `check-backend` builds its backend from (the registry's one construction path): the
     backend's dtype, the probe's batch and context, the drafter and k; no start-up probe (this is the probe)."""
-    from specrl.rl.config import validate_config
+    from specrl.config.schema import validate_config
 
     data = {"model": {"name": model, "max_seq_len": max_len},
             "generation": {"max_new_tokens": tokens, "max_batch_size": min(samples, 256)},

@@ -4,7 +4,7 @@ A registry (drafter kinds, backends, losses) is a per-process table, and the asy
 learner ranks rebuild the config in fresh processes: a loss registered in the user's script would be unknown
 there. So extensions live in importable modules, named in the config's top-level `plugins` list (a dotted module
 name, or a path to a `.py` file) and/or advertised by an installed package under the entry-point group
-`specrl.plugins` (as vLLM's plugins are). `specrl.rl.config.validate_config` calls `load_plugins` first, in the
+`specrl.plugins` (as vLLM's plugins are). `specrl.config.schema.validate_config` calls `load_plugins` first, in the
 driver, every actor and every rank alike, so the registries hold the same names everywhere before the config is
 checked against them. Importing is idempotent (a module is imported once per process); a file path is made
 absolute on the driver, so a process with another working directory imports the same file. Lower layer: imports

@@ -9,7 +9,7 @@ os.environ["OMP_NUM_THREADS"] = "1"  # tests run on one thread; run.threads=auto
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from specrl.model.checkpoint import args_from_hf_config, load_state_into  # noqa: E402
+from specrl.model.hf_checkpoint import args_from_hf_config, load_state_into  # noqa: E402
 from specrl.model.transformer import Transformer  # noqa: E402
 
 torch.set_num_threads(1)
@@ -74,7 +74,7 @@ def local_ray():
     tests that started it."""
     import ray
 
-    from specrl.distributed.local_ray import start_local_ray
+    from specrl.cluster.local_ray import start_local_ray
 
     start_local_ray(4)
     yield

@@ -4,7 +4,7 @@ In the test's own process a test patches through these functions (or pytest's mo
 training in a subprocess starts it with `python -c subprocess_code(faults, call)`: the code installs the faults
 in that process, then makes the call (`train_main(...)` or the CLI). Rollout workers are Ray actors in processes
 of their own: `faulty_worker(...)` is a `RolloutWorker` subclass defined here, which `install` puts where the
-async trainer looks the class up (`specrl.distributed.actors.RolloutWorker`); Ray ships it, closure included, to
+async trainer looks the class up (`specrl.cluster.actors.RolloutWorker`); Ray ships it, closure included, to
 the worker processes.
 
 Faults (keys of `install`):
@@ -33,7 +33,7 @@ REFIT_FAULTS = ("drop-drafter", "partial-policy", "wrong-name", "stale")
 
 def kill_learner_at(step: int) -> None:
     """SIGKILL this process at the start of the train stage of step `step`."""
-    from specrl.rl.learner import Learner
+    from specrl.trainer.learner import Learner
 
     original = Learner.stage_train
 
@@ -50,7 +50,7 @@ def parting_step(step: int):
     weight moves by 1e-3 (its rollouts of that step are untouched), so a seed_exact compare parts at `step`."""
     import torch
 
-    from specrl.rl.trainer import GRPOTrainer
+    from specrl.trainer.sync_trainer import GRPOTrainer
 
     original = GRPOTrainer.step
 
@@ -68,7 +68,7 @@ def at_async_step(step: int, action) -> None:
     """Run `action()` in the async driver when step `step`'s rollouts are gathered, before the learner trains on
     them (the driver merges each step's shares once, with their wall time; dynamic sampling's extra merges are
     not counted)."""
-    import specrl.distributed.async_trainer as at
+    import specrl.cluster.async_trainer as at
 
     current: list[Any] = [None]
     original_step, original_merge = at.AsyncGRPOTrainer.step, at.merge_rollouts
@@ -98,7 +98,7 @@ def faulty_worker(kill_at_step: int | None = None, marker: str | None = None, in
     goes wrong the way `REFIT_FAULTS` names (the refit acknowledgement must stop it)."""
     import ray
 
-    from specrl.distributed.actors import RolloutWorker
+    from specrl.cluster.actors import RolloutWorker
     from specrl.errors import SpecRLError
     from specrl.rollout.digest import check_refit
 
@@ -163,7 +163,7 @@ def install(kill_learner_at_step: int | None = None, kill_driver_at_step: int | 
         step, name, count = signal_at_step
         at_async_step(step, lambda: send_signal(name, count))
     if kill_worker_at_step is not None or in_flight_delay:
-        import specrl.distributed.actors as actors
+        import specrl.cluster.actors as actors
 
         step, marker = kill_worker_at_step or (None, None)
         actors.RolloutWorker = faulty_worker(step, marker, in_flight_delay)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specrl.rollout.adaptive import DraftLengthController
+from specrl.rollout.spec_decode.adaptive import DraftLengthController
 
 
 def accepted(n: int, k: int, rate: float, gen: torch.Generator) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from specrl.distributed import async_trainer
+from specrl.cluster import async_trainer
 from specrl.errors import SpecRLError
 
 

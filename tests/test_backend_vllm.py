@@ -21,11 +21,11 @@ import torch  # noqa: E402
 from specrl.backends.probe import probe_backend  # noqa: E402
 from specrl.backends.vllm import VLLMBackend, VLLMOptions  # noqa: E402
 from specrl.errors import SpecRLError  # noqa: E402
-from specrl.model.checkpoint import hf_named_tensors  # noqa: E402
+from specrl.model.hf_checkpoint import hf_named_tensors  # noqa: E402
 from specrl.model.loader import load_model  # noqa: E402
 from specrl.model.presets import prepare  # noqa: E402
-from specrl.rollout.api import RolloutBackend, RolloutRequest  # noqa: E402
 from specrl.rollout.engine import RolloutEngine  # noqa: E402
+from specrl.rollout.protocol import RolloutBackend, RolloutRequest  # noqa: E402
 from specrl.rollout.sampling import SamplingParams, behaviour_logprobs, scaled_logits  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

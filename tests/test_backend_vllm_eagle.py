@@ -58,7 +58,7 @@ def prompts(target):
 def head(tmp_path_factory, target, prompts):
     """An EAGLE-3 head for SmolLM2 trained for a few seconds on the test prompts' own greedy continuations (so it
     drafts them well), over a reduced draft vocabulary: those sequences' tokens plus every 7th id."""
-    from specrl.drafters.training import train_drafter
+    from specrl.drafters.training.offline import train_drafter
 
     model, _ = target
     outs = RolloutEngine(model, max_batch_size=len(prompts), max_seq_len=512).generate(
@@ -171,7 +171,7 @@ def test_failed_refit_restarts_the_engine_with_the_newest_weights(backend, targe
     loads the newest policy and drafter into it, so generation continues with exactly those weights."""
     from specrl.backends.vllm import VLLMEngineError, VLLMRefitError
     from specrl.drafters.io import load_drafter
-    from specrl.model.checkpoint import hf_named_tensors
+    from specrl.model.hf_checkpoint import hf_named_tensors
 
     model, _ = target
     new = copy_perturbed(model)
@@ -208,8 +208,8 @@ def test_online_drafter_training_reaches_vllm(ckpt, head, prompts, tmp_path):
     """GRPO on the vLLM backend with the specrl head trained online: every step the learner's drafter is pushed
     (under specrl's names, renamed by the backend), and afterwards vLLM drafts exactly what the learner's
     drafter drafts in specrl's engine on the learner's policy."""
-    from specrl.rl.config import load_config
-    from specrl.rl.trainer import GRPOTrainer
+    from specrl.config.schema import load_config
+    from specrl.trainer.sync_trainer import GRPOTrainer
 
     cfg = load_config("examples/default.yaml", [
         "rollout.backend=vllm", "rollout.vllm.dtype=float32", "rollout.vllm.probe=false",

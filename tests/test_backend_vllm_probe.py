@@ -10,8 +10,8 @@ from specrl.backends.probe import detectable_w, probe_backend
 from specrl.drafters import NGramDrafter
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
-from specrl.rollout.api import BackendCapabilities, GenerationResult, RolloutOutput
 from specrl.rollout.engine import RolloutEngine
+from specrl.rollout.protocol import BackendCapabilities, GenerationResult, RolloutOutput
 from specrl.rollout.sampling import SamplingParams
 
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 8, 5, 6, 7], [9, 10, 9, 10, 9]]
@@ -119,8 +119,8 @@ def test_vllm_backend_without_vllm_says_how_to_install(monkeypatch, tmp_path):
 
 
 def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
-    from specrl.rl import backends
-    from specrl.rl.config import load_config
+    from specrl.backends import registry as backends
+    from specrl.config.schema import load_config
 
     cfg = load_config(None, ["rollout.backend=vllm", "run.steps=1"])
     called = {}
@@ -138,7 +138,7 @@ def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
     with pytest.raises(SpecRLError, match="rollout.vllm.tensor_parallel_size: must be 1"):
         load_config(None, ["rollout.vllm.tensor_parallel_size=2"])
     with pytest.raises(SpecRLError, match=r"rollout.backend: unknown rollout backend 'sglang'; registered: native, "
-                                          r"vllm \(more with specrl.rl.backends.register_backend\)"):
+                                          r"vllm \(more with specrl.backends.registry.register_backend\)"):
         load_config(None, ["rollout.backend=sglang"])
     with pytest.raises(SpecRLError, match=r"rollout.vllm.max_model_len \(64\) is below model.max_seq_len"):
         load_config(None, ["rollout.backend=vllm", "rollout.vllm.max_model_len=64"])
@@ -147,7 +147,7 @@ def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
 @pytest.mark.parametrize("key", ["dtype", "max_model_len", "kv_cache_space_gib", "enforce_eager",
                                  "tensor_parallel_size", "sampling_fix", "probe", "probe_samples"])
 def test_vllm_keys_outside_their_section_name_the_section(key):
-    from specrl.rl.config import load_config
+    from specrl.config.schema import load_config
 
     with pytest.raises(SpecRLError, match=rf"rollout\.{key}: unknown key; did you mean 'rollout\.vllm\.{key}'\? "
                                           r"\(rollout\.vllm holds those settings\)"):

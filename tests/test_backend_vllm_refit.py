@@ -15,11 +15,11 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed here (make venv
 import torch  # noqa: E402
 
 from specrl.backends.vllm import VLLMBackend, VLLMOptions  # noqa: E402
-from specrl.model.checkpoint import hf_named_tensors  # noqa: E402
+from specrl.model.hf_checkpoint import hf_named_tensors  # noqa: E402
 from specrl.model.loader import load_model  # noqa: E402
 from specrl.model.presets import prepare  # noqa: E402
-from specrl.rl.weight_sync import refit  # noqa: E402
 from specrl.rollout.digest import HEAD_SUFFIX, OPAQUE, READBACK, RefitError  # noqa: E402
+from specrl.trainer.weight_sync import refit  # noqa: E402
 from tests.test_backend_vllm import perturbed  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -25,7 +25,7 @@ def _config(tmp_path, name):
 
 
 def test_a_speculative_run_writes_a_passing_certificate(tmp_path, capsys):
-    from specrl.rl.run import train_main
+    from specrl.run.loop import train_main
 
     run = train_main(str(_config(tmp_path, "ok")), [], None, str(tmp_path / "ok"), compare=True)
     cert = json.loads((run / "speculative" / "certificate.json").read_text())
@@ -39,7 +39,7 @@ def test_a_speculative_run_writes_a_passing_certificate(tmp_path, capsys):
 
 def test_a_lossy_verifier_fails_the_certificate_and_the_compare(tmp_path, monkeypatch):
     import specrl.rollout.engine as engine
-    from specrl.rl.run import train_main
+    from specrl.run.loop import train_main
 
     real = engine.verify
 

@@ -5,14 +5,14 @@ import json
 from typer.testing import CliRunner
 
 from specrl.cli import app
-from specrl.model.checkpoint import save_checkpoint
+from specrl.model.hf_checkpoint import save_hf_checkpoint
 from specrl.model.transformer import tiny_model
 
 runner = CliRunner()
 
 
 def _setup(tmp_path):
-    ck = save_checkpoint(tiny_model("qwen2", vocab_size=64), tmp_path / "ck")
+    ck = save_hf_checkpoint(tiny_model("qwen2", vocab_size=64), tmp_path / "ck")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt_token_ids": p}) for p in ([1, 2, 3], [4, 5])) + "\n")
     return ck, prompts
@@ -64,7 +64,7 @@ def test_prepare_bad_drafter_is_rejected_before_any_work():
 def test_draft_init_passes_draft_model_options(tmp_path):
     """`specrl draft init --drafter draft-model --draft-layers N` reaches train_drafter_offline (checked before any
     work)."""
-    tdir = save_checkpoint(tiny_model("llama", vocab_size=32, seed=0), tmp_path / "t")
+    tdir = save_hf_checkpoint(tiny_model("llama", vocab_size=32, seed=0), tmp_path / "t")
     r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "draft-model", "--draft-layers", "9",
                             "--out", str(tmp_path / "d")])
     assert r.exit_code == 2 and "draft_layers must be an integer in [1, 3]" in r.output, r.output
@@ -80,8 +80,8 @@ def test_bad_threads_option_exits_2_with_the_rule():
 
 
 def test_check_backend_builds_through_the_registry(tmp_path, monkeypatch):
-    """`specrl check-backend` builds its backend with `specrl.rl.backends.build_backend` (the trainer's path)."""
-    from specrl.rl import backends
+    """`specrl check-backend` builds its backend with `specrl.backends.registry.build_backend` (the trainer's path)."""
+    from specrl.backends import registry as backends
     from tests.tiny import make_tiny_checkpoint
 
     ck = make_tiny_checkpoint(tmp_path / "ck")

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from specrl import cpu as th
+from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
-from specrl.rl.config import validate_config
 
 
 @pytest.fixture(autouse=True)
@@ -175,5 +175,5 @@ def test_the_engine_and_drafter_training_tick(monkeypatch):
     e = RolloutEngine(tiny_model(), max_batch_size=2, max_seq_len=32)
     e.generate([[1, 2, 3]], SamplingParams(max_new_tokens=5, temperature=1.0, seed=0))
     assert len(calls) >= 4  # prefill emits the first token; each later token is one decode step
-    import specrl.drafters.training as tr
+    import specrl.drafters.training.offline as tr
     assert tr.tick is th.tick

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specrl.config.schema import load_config, validate_config
+from specrl.data.datasets import make_dataset_task, read_rows
+from specrl.data.rewards import load_reward_fn, user_rewards
 from specrl.errors import SpecRLError
-from specrl.rl.config import load_config, validate_config
-from specrl.rl.data import make_dataset_task, read_rows
-from specrl.rl.metrics import read_metrics
-from specrl.rl.rewards import load_reward_fn, user_rewards
-from specrl.rl.run import train_main
-from specrl.rl.trainer import GRPOTrainer
+from specrl.observability.metrics import read_jsonl
+from specrl.run.loop import train_main
+from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.tiny import make_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def test_example_config_is_valid_as_shipped():
 
 def test_custom_task_trains_two_steps(tiny, tmp_path):
     run = train_main(str(example_cfg(tiny, tmp_path)), [], None, str(tmp_path / "run"), False)
-    recs = read_metrics(run / "metrics.jsonl")
+    recs = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2]
     names = {f"{EXAMPLE / 'reward.py'}:exact_match", f"{EXAMPLE / 'reward.py'}:brevity"}
     for r in recs:
@@ -57,7 +57,7 @@ def test_custom_task_trains_two_steps(tiny, tmp_path):
         expected = comp[f"{EXAMPLE / 'reward.py'}:exact_match"] + 0.1 * comp[f"{EXAMPLE / 'reward.py'}:brevity"]
         assert r["reward_mean"] == pytest.approx(expected, abs=1e-6)
         assert r["acceptance_length"] is not None  # speculation (suffix drafter) was on
-    val = read_metrics(run / "validation.jsonl")
+    val = read_jsonl(run / "validation.jsonl")
     assert [v["step"] for v in val] == [0, 2] and val[0]["val_format_rate"] is None
 
 

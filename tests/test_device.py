@@ -17,12 +17,13 @@ from specrl import RolloutEngine
 from specrl.model.transformer import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1] / "specrl"
-HOT_PATH = ["rollout/engine.py", "rollout/verify.py", "rollout/sampling.py", "rollout/adaptive.py",
-            "rollout/metrics.py", "model/transformer.py", "model/packed.py", "drafters/base.py",
-            "drafters/ngram.py", "drafters/suffix.py", "drafters/hybrid.py", "drafters/eagle.py",
-            "drafters/mtp.py", "drafters/draft_model.py",
+HOT_PATH = ["rollout/engine.py", "rollout/spec_decode/verify.py", "rollout/sampling.py",
+            "rollout/spec_decode/adaptive.py", "rollout/generation_metrics.py", "model/transformer.py",
+            "model/packed.py", "drafters/base.py", "drafters/ngram.py", "drafters/suffix.py", "drafters/hybrid.py",
+            "drafters/eagle.py", "drafters/mtp.py", "drafters/draft_model.py",
             # training follows run.device too: the learner's stages, drafter training and the online drafter
-            "rl/learner.py", "drafters/training.py", "rl/draft_online.py", "rl/grpo.py"]
+            "trainer/learner.py", "drafters/training/offline.py", "drafters/training/online.py",
+            "algorithms/grpo.py"]
 
 
 def test_the_engine_generates_under_its_models_device():
@@ -54,7 +55,7 @@ def _cpu_calls(path: Path) -> list[str]:
 HOST_ON_PURPOSE = {
     # target_outputs(): the drafter's training corpus (each sequence's captured layers, final hidden state, top-K ids
     # and probabilities, argmax) is kept in host memory or written to feature shards; _pad moves each batch back
-    "training.py": 5,
+    "offline.py": 5,
 }
 
 

@@ -13,8 +13,8 @@ import socket
 import pytest
 import torch
 
+from specrl.algorithms.rollouts import Rollouts
 from specrl.model.loader import load_model
-from specrl.rl.producer import Rollouts
 from tests.conftest import TEST_DEVICE
 from tests.device_guard import HostAllocationError, HostAllocationGuard
 from tests.test_learner_group import SECONDS, dp_cfg
@@ -56,7 +56,7 @@ def group_rollouts(n=8, group=4, seed=3) -> Rollouts:
 ], ids=["updates", "kl", "online-drafter"])
 def test_a_learner_step_allocates_nothing_on_the_host(tmp_path, over):
     from specrl.drafters import EagleDrafter
-    from specrl.rl.learner import Learner
+    from specrl.trainer.learner import Learner
     from tests.tiny import make_tiny_checkpoint
 
     tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
@@ -70,7 +70,7 @@ def test_a_learner_step_allocates_nothing_on_the_host(tmp_path, over):
 
 
 def test_the_weight_probe_allocates_nothing_on_the_host(tmp_path):
-    from specrl.rl.weight_check import check_weights
+    from specrl.trainer.weight_check import check_weights
     from tests.tiny import make_tiny_checkpoint
 
     policy = load_model(str(make_tiny_checkpoint(tmp_path / "ckpt", seed=0)), dtype=torch.float32)[0].to(TEST_DEVICE)
@@ -87,7 +87,7 @@ def _free_port() -> int:
 def test_the_sharded_learners_step_and_probe_allocate_nothing_on_the_host(tmp_path):
     import torch.distributed as dist
 
-    from specrl.rl.data_parallel import ShardedLearner
+    from specrl.parallel.data_parallel import ShardedLearner
     from tests.tiny import make_tiny_checkpoint
 
     tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)

@@ -159,7 +159,7 @@ def test_python_api_refuses_an_empty_prompt_naming_its_index():
     ("a manifest that is a list", lambda m: [1, 2], r"unknown manifest format 'list'"),
 ])
 def test_malformed_checkpoint_manifest_is_a_clear_error(tmp_path, label, mutate, match):
-    from specrl.rl.checkpoint import CheckpointError, save_checkpoint, verify_checkpoint
+    from specrl.checkpoint.store import CheckpointError, save_checkpoint, verify_checkpoint
 
     p = save_checkpoint(tmp_path, 1, {"policy": {"w": torch.zeros(2)}})
     m = json.loads((p / "manifest.json").read_text())
@@ -177,7 +177,7 @@ def test_malformed_checkpoint_manifest_is_a_clear_error(tmp_path, label, mutate,
     ("model.name=", r"model\.name: String should have at least 1 character"),
 ])
 def test_config_values_that_used_to_fail_late_or_silently(override, match):
-    from specrl.rl.config import load_config
+    from specrl.config.schema import load_config
 
     with pytest.raises(SpecRLError, match=match):
         load_config(None, [override])
@@ -185,8 +185,8 @@ def test_config_values_that_used_to_fail_late_or_silently(override, match):
 
 def test_files_with_a_byte_order_mark_are_read_as_utf8(tmp_path):
     from specrl.cli import _read_prompts
-    from specrl.rl.config import load_config
-    from specrl.rl.data import read_rows
+    from specrl.config.schema import load_config
+    from specrl.data.datasets import read_rows
     from tests.tiny import char_tokenizer
 
     p = tmp_path / "p.jsonl"
@@ -212,7 +212,7 @@ def test_generate_with_a_seed_beyond_int64_is_a_clear_error(tiny, tmp_path):
 
 
 def test_draft_init_refuses_to_write_into_a_directory_that_is_not_a_drafter(tiny, tmp_path):
-    from specrl.drafters.build import train_drafter_offline
+    from specrl.drafters.build.from_rollouts import train_drafter_offline
 
     busy = tmp_path / "busy"
     busy.mkdir()

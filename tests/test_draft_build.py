@@ -4,8 +4,15 @@ import json
 
 import pytest
 
-from specrl.drafters.recipe import Recipe
-from specrl.drafters.shards import CorruptShard, check_shard, collect_rollouts, read_shard, shard_path, write_shard
+from specrl.drafters.build.recipe import Recipe
+from specrl.drafters.build.shards import (
+    CorruptShard,
+    check_shard,
+    collect_rollouts,
+    read_shard,
+    shard_path,
+    write_shard,
+)
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
 from specrl.rollout.sampling import SamplingParams
@@ -83,8 +90,8 @@ def tiny_build(tmp_path, **over):
 
 
 def test_features_are_reused_only_for_their_shard_and_a_damaged_file_is_extracted_again(tmp_path):
-    from specrl.drafters.features import feature_path, load_features
-    from specrl.drafters.pipeline import run_features
+    from specrl.drafters.build.features import feature_path, load_features
+    from specrl.drafters.build.stages import run_features
 
     model, recipe = tiny_build(tmp_path)
     feats = run_features(recipe, tmp_path, model, progress=False)
@@ -97,8 +104,8 @@ def test_features_are_reused_only_for_their_shard_and_a_damaged_file_is_extracte
     before = feature_path(tmp_path / "features", 0).stat().st_mtime_ns
     feature_path(tmp_path / "features", 1).write_bytes(b"damaged")
     logged = []
-    from specrl.drafters.features import extract_features
-    from specrl.drafters.pipeline import whole_shards
+    from specrl.drafters.build.features import extract_features
+    from specrl.drafters.build.stages import whole_shards
 
     extract_features(model, tmp_path / "rollouts", tmp_path / "features", whole_shards(recipe, tmp_path),
                      (0, 2, 3), 8, progress=False, log=logged.append)  # other layers: both files are redone
@@ -111,8 +118,8 @@ def test_features_are_reused_only_for_their_shard_and_a_damaged_file_is_extracte
 def test_a_killed_training_resumes_from_its_checkpoint_and_ends_where_an_unbroken_one_does(tmp_path):
     import torch
 
+    from specrl.drafters.build.stages import run_train
     from specrl.drafters.io import load_drafter
-    from specrl.drafters.pipeline import run_train
 
     model, recipe = tiny_build(tmp_path / "a")
     full = run_train(recipe, tmp_path / "a", model, progress=False)
@@ -143,11 +150,11 @@ def test_a_killed_training_resumes_from_its_checkpoint_and_ends_where_an_unbroke
 
 
 def test_package_then_eval_writes_a_verified_manifest_with_the_heldout_figures(tmp_path):
-    from specrl.drafters.release import run_eval, run_package
+    from specrl.drafters.build.release import run_eval, run_package
     from specrl.drafters.shipped import check_shipped, load_shipped
 
     model, recipe = tiny_build(tmp_path)
-    from specrl.drafters.pipeline import run_train
+    from specrl.drafters.build.stages import run_train
 
     run_train(recipe, tmp_path, model, progress=False)
     out = run_package(recipe, tmp_path, model)
@@ -166,8 +173,8 @@ def test_package_then_eval_writes_a_verified_manifest_with_the_heldout_figures(t
 def test_a_shipped_drafter_refuses_a_tampered_file_or_a_manifest_that_disagrees(tmp_path):
     import shutil
 
-    from specrl.drafters.pipeline import run_train
-    from specrl.drafters.release import run_package
+    from specrl.drafters.build.release import run_package
+    from specrl.drafters.build.stages import run_train
     from specrl.drafters.shipped import MANIFEST, check_shipped, load_shipped
 
     model, recipe = tiny_build(tmp_path)

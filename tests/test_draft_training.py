@@ -6,7 +6,7 @@ import torch
 from specrl import RolloutEngine, SamplingParams
 from specrl.drafters.eagle import EagleDrafter
 from specrl.drafters.mtp import MTPDrafter
-from specrl.drafters.training import heldout_acceptance, select_draft_vocab, train_drafter
+from specrl.drafters.training.offline import heldout_acceptance, select_draft_vocab, train_drafter
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
 
@@ -91,9 +91,9 @@ def test_draft_model_distillation_lowers_loss_and_accepts_more(target, data, tmp
     """A slice of the target's layers, distilled on its rollouts, matches it better; target and the
     (frozen, tied) embeddings are untouched; the saved checkpoint reloads as the same draft model."""
     from specrl.drafters import make_drafter
-    from specrl.drafters.build import save_draft_model
+    from specrl.drafters.build.from_rollouts import save_draft_model
     from specrl.drafters.draft_model import DraftModelDrafter, slice_layers
-    from specrl.model.checkpoint import save_checkpoint
+    from specrl.model.hf_checkpoint import save_hf_checkpoint
 
     prompts, seqs = data
     before = {n: p.clone() for n, p in target.named_parameters()}
@@ -113,7 +113,7 @@ def test_draft_model_distillation_lowers_loss_and_accepts_more(target, data, tmp
     assert torch.equal(draft.embed_tokens.weight, emb) and draft.lm_head.weight is draft.embed_tokens.weight
     for n, p in target.named_parameters():
         assert torch.equal(p, before[n]) and p.grad is None
-    tdir = save_checkpoint(target, tmp_path / "target")
+    tdir = save_hf_checkpoint(target, tmp_path / "target")
     save_draft_model(draft, tdir, tmp_path / "draft")
     again = make_drafter(f"draft-model:{tmp_path / 'draft'}", target, dtype=torch.float32)
     assert isinstance(again, DraftModelDrafter)
@@ -141,10 +141,10 @@ def test_draft_model_with_other_vocab_is_refused(target, data):
 
 
 def test_draft_init_rejects_bad_layer_count(target, tmp_path):
-    from specrl.drafters.build import train_drafter_offline
-    from specrl.model.checkpoint import save_checkpoint
+    from specrl.drafters.build.from_rollouts import train_drafter_offline
+    from specrl.model.hf_checkpoint import save_hf_checkpoint
 
-    tdir = save_checkpoint(target, tmp_path / "target")
+    tdir = save_hf_checkpoint(target, tmp_path / "target")
     for bad in (0, 4, "3"):
         with pytest.raises(SpecRLError, match=r"draft_layers must be an integer in \[1, 3\]"):
             train_drafter_offline(str(tdir), "draft-model", out=tmp_path / "d", draft_layers=bad, progress=False)
@@ -155,9 +155,9 @@ def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
 
     from specrl.drafters import make_drafter
     from specrl.drafters.draft_model import DRAFT_VOCAB_FILE
-    from specrl.model.checkpoint import save_checkpoint
+    from specrl.model.hf_checkpoint import save_hf_checkpoint
 
-    d = save_checkpoint(tiny_model("llama", vocab_size=32, seed=7, num_layers=1), tmp_path / "draft")
+    d = save_hf_checkpoint(tiny_model("llama", vocab_size=32, seed=7, num_layers=1), tmp_path / "draft")
     assert make_drafter(f"draft-model:{d}", target, dtype=torch.float32).d2t is None
     (d / DRAFT_VOCAB_FILE).write_text(json.dumps([3, 1, 4]))
     assert make_drafter(f"draft-model:{d}", target, dtype=torch.float32).d2t.tolist() == [3, 1, 4]
@@ -172,7 +172,7 @@ def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
 def test_build_takes_prompts_as_token_ids_strings_or_a_callable():
     """`train_drafter_offline`'s prompt forms: token-id lists and strings are split into train / held-out the same way;
     a callable tokenizer -> (train, held-out) decides the split itself (how task prompts arrive from rl)."""
-    from specrl.drafters.build import split_prompts
+    from specrl.drafters.build.from_rollouts import split_prompts
 
     ids = [[i, i + 1] for i in range(30)]
     train, held = split_prompts(ids, None, samples=5, heldout=32)

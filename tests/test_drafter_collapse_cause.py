@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrl.rl.draft_online import DrafterCollapseWarning, DrafterHealth
+from specrl.drafters.training.online import DrafterCollapseWarning, DrafterHealth
 from tests.test_rl_trainer import fake_acceptance, online_trainer
 from tests.tiny import make_tiny_checkpoint
 

@@ -12,7 +12,7 @@ from specrl.drafters.eagle import EagleDrafter
 from specrl.drafters.io import load_drafter, save_drafter
 from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import save_checkpoint
+from specrl.model.hf_checkpoint import save_hf_checkpoint
 from specrl.model.transformer import tiny_model
 from tests.stats import SETTINGS, V, speculative_pvalue
 
@@ -222,7 +222,7 @@ def test_load_wrong_kind(target, tmp_path):
 
 
 def test_load_hf_checkpoint_is_not_a_drafter(target, tmp_path):
-    save_checkpoint(target, tmp_path / "hf")
+    save_hf_checkpoint(target, tmp_path / "hf")
     with pytest.raises(SpecRLError, match=r"is an HF model checkpoint, not a specrl drafter directory"):
         load_drafter(tmp_path / "hf", target, expected_kind="eagle")
 

@@ -6,8 +6,8 @@ import torch
 from specrl import RolloutEngine, SamplingParams
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
-from specrl.rollout.api import RolloutRequest
-from specrl.rollout.metrics import phase_rates
+from specrl.rollout.generation_metrics import phase_rates
+from specrl.rollout.protocol import RolloutRequest
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from specrl.drafters.export import export_vllm_eagle3, vllm_eagle3_name, vllm_ea
 from specrl.drafters.io import load_drafter, read_config, save_drafter
 from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import save_checkpoint
+from specrl.model.hf_checkpoint import save_hf_checkpoint
 from specrl.model.transformer import _rope_inv_freq, rope_cos_sin, tiny_model
 
 
@@ -38,7 +38,7 @@ def randomise(d, seed=0):
 @pytest.fixture
 def setup(tmp_path):
     target = tiny_model("llama", vocab_size=64, seed=0, num_layers=6)
-    tdir = save_checkpoint(target, tmp_path / "target")
+    tdir = save_hf_checkpoint(target, tmp_path / "target")
     vocab = [0, 1, 2, 5, 9, 11, 17, 20, 33, 40, 47, 63]
     d = randomise(EagleDrafter(target, layers=(0, 2, 4), draft_vocab=vocab)).float().eval()
     return target, tdir, d, save_drafter(d, tmp_path / "head"), vocab
@@ -120,7 +120,8 @@ def test_export_bad_input(setup, tmp_path):
     mtp = save_drafter(MTPDrafter(target), tmp_path / "mtp")
     with pytest.raises(SpecRLError, match="only EAGLE heads export"):
         export_vllm_eagle3(mtp, tdir, tmp_path / "o1")
-    other = save_checkpoint(tiny_model("llama", vocab_size=64, seed=0, hidden_size=48, num_layers=6), tmp_path / "t2")
+    other = save_hf_checkpoint(tiny_model("llama", vocab_size=64, seed=0, hidden_size=48, num_layers=6),
+                               tmp_path / "t2")
     with pytest.raises(SpecRLError, match="export it with the target it was trained for"):
         export_vllm_eagle3(head, other, tmp_path / "o2")
     with pytest.raises(SpecRLError, match="not an HF checkpoint"):

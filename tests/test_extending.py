@@ -31,11 +31,11 @@ def doc_blocks(lang: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def extended(tmp_path_factory):
     """Run the documented snippets, then one GRPO step that selects all four; unregister them afterwards."""
-    from specrl.rl.backends import unregister_backend
-    from specrl.rl.config import validate_config
-    from specrl.rl.losses import LOSSES
-    from specrl.rl.trainer import GRPOTrainer
+    from specrl.algorithms.losses import LOSSES
+    from specrl.backends.registry import unregister_backend
+    from specrl.config.schema import validate_config
     from specrl.rollout.drafter_spec import unregister_drafter_kind
+    from specrl.trainer.sync_trainer import GRPOTrainer
 
     tmp = tmp_path_factory.mktemp("ext")
     code = doc_blocks("python")
@@ -94,9 +94,9 @@ def test_reward_function(extended):
 
 
 def test_registry_errors():
+    from specrl.backends.registry import register_backend, unregister_backend
+    from specrl.config.schema import load_config
     from specrl.drafters import register_drafter
-    from specrl.rl.backends import register_backend, unregister_backend
-    from specrl.rl.config import load_config
     from specrl.rollout.drafter_spec import DrafterKind, register_drafter_kind, unregister_drafter_kind
 
     with pytest.raises(SpecRLError, match="drafter kind 'eagle' is already registered"):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specrl.algorithms import logprobs as hl
+from specrl.algorithms.grpo import token_logprobs
 from specrl.errors import SpecRLError
-from specrl.rl import head_logprobs as hl
-from specrl.rl.grpo import token_logprobs
 
 
 def _plain(hidden, head, targets, t):

@@ -7,15 +7,15 @@ oldest version. Bad combinations are config errors naming both keys."""
 import pytest
 import torch
 
+from specrl.algorithms.grpo import token_logprobs
+from specrl.backends.registry import build_backend
+from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import hf_named_tensors
+from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
-from specrl.rl.backends import build_backend
-from specrl.rl.config import validate_config
-from specrl.rl.grpo import token_logprobs
-from specrl.rl.learner import Learner
-from specrl.rl.producer import RolloutProducer
+from specrl.trainer.learner import Learner
+from specrl.trainer.producer import RolloutProducer
 from tests.test_async import async_cfg
 from tests.tiny import make_tiny_checkpoint
 
@@ -45,7 +45,7 @@ def test_config_rules_name_both_keys(tiny):
     with pytest.raises(SpecRLError, match=r"pipeline.max_trajectory_age_steps=1 .* "
                                           r"grpo.importance_sampling_correction=true"):
         validate_config(inflight_cfg(tiny, grpo__importance_sampling_correction=False))
-    from specrl.rollout.api import BackendCapabilities
+    from specrl.rollout.protocol import BackendCapabilities
 
     no = BackendCapabilities("vllm", ("rejection",), ("none",), 0, exact_seeds=False)
     with pytest.raises(SpecRLError, match=r"rollout worker: pipeline.in_flight_updates=true .* the vllm backend "

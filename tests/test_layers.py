@@ -19,20 +19,26 @@ ROOT = Path(__file__).resolve().parents[1] / "specrl"
 # package (or top-level module) -> rank; a module may import its own package and strictly lower ranks only
 LAYERS = {
     "specrl.errors": 0,
-    "specrl.plugins": 1,
     "specrl.fileio": 0,
-    "specrl.step_record": 0,
+    "specrl.plugins": 1,
     "specrl.cpu": 1,
     "specrl.device": 1,
+    "specrl.observability": 1,
+    "specrl.checkpoint": 1,
     "specrl.model": 2,
+    "specrl.data": 2,
     "specrl.rollout": 3,
-    "specrl.drafters": 4,
-    "specrl.backends": 5,
-    "specrl.rl": 6,
-    "specrl.sim": 6,
-    "specrl.distributed": 7,
-    "specrl.cli": 8,
-    "specrl.api": 8,
+    "specrl.algorithms": 4,
+    "specrl.drafters": 5,
+    "specrl.backends": 6,
+    "specrl.config": 7,
+    "specrl.trainer": 8,
+    "specrl.parallel": 9,
+    "specrl.sim": 9,
+    "specrl.run": 10,
+    "specrl.cluster": 11,
+    "specrl.cli": 12,
+    "specrl.api": 12,
 }
 FACADE = "specrl"  # specrl/__init__.py: a lazy facade for users, exempt as importer, forbidden as imported
 
@@ -232,13 +238,13 @@ def test_checker_catches_a_synthetic_upward_import_and_cycle():
     graph = {
         "specrl.model.transformer": {"specrl.errors", "specrl.model.presets"},  # down, own package: fine
         "specrl.model.presets": {"specrl.model.transformer", "specrl.rollout.engine"},  # cycle + upward
-        "specrl.rl.trainer": {"specrl.sim.pipeline", "specrl", "specrl.rollout.engine"},  # same rank, facade
-        "specrl.cli": {"specrl.rl.run", "specrl.sim"},
+        "specrl.trainer.sync_trainer": {"specrl.sim.pipeline", "specrl", "specrl.rollout.engine"},  # same rank, facade
+        "specrl.cli": {"specrl.run.loop", "specrl.sim"},
         "specrl": {"specrl.cli"},  # the facade may import anything
     }
     bad = {(e.importer, e.imported) for e, _ in layer_violations(edges_from(graph))}
-    assert bad == {("specrl.model.presets", "specrl.rollout.engine"), ("specrl.rl.trainer", "specrl.sim.pipeline"),
-                   ("specrl.rl.trainer", "specrl")}
+    assert bad == {("specrl.model.presets", "specrl.rollout.engine"),
+                   ("specrl.trainer.sync_trainer", "specrl.sim.pipeline"), ("specrl.trainer.sync_trainer", "specrl")}
     assert cycles(edges_from(graph)) == [["specrl.model.presets", "specrl.model.transformer"]]
     longer = {"specrl.rl.a": {"specrl.rl.b"}, "specrl.rl.b": {"specrl.rl.c"}, "specrl.rl.c": {"specrl.rl.a"},
               "specrl.rl.d": {"specrl.rl.a"}}
@@ -248,20 +254,21 @@ def test_checker_catches_a_synthetic_upward_import_and_cycle():
 
 
 def test_collector_sees_function_local_submodule_and_relative_imports():
-    known = {"specrl", "specrl.errors", "specrl.rl", "specrl.rl.tasks", "specrl.drafters", "specrl.drafters.base"}
+    known = {"specrl", "specrl.errors", "specrl.trainer", "specrl.trainer.producer", "specrl.drafters",
+             "specrl.drafters.base"}
     src = (
         "import os\n"
         "from specrl.errors import SpecRLError\n"
         "def f():\n"
-        "    from specrl.rl import tasks\n"          # a submodule: an edge to specrl.rl.tasks
-        "    from specrl.rl import something\n"      # a name of the package __init__: an edge to specrl.rl
+        "    from specrl.trainer import producer\n"   # a submodule: an edge to specrl.trainer.producer
+        "    from specrl.trainer import something\n"  # a name of the package __init__: an edge to specrl.trainer
         "    import specrl\n"
         "    from . import base\n"
         "    from .base import x\n"
     )
     got = {e.imported for e in imports_of_source("specrl.drafters.init_cli", src, known)}
-    assert got == {"specrl.errors", "specrl.rl.tasks", "specrl.rl", "specrl", "specrl.drafters.base"}
+    assert got == {"specrl.errors", "specrl.trainer.producer", "specrl.trainer", "specrl", "specrl.drafters.base"}
     bad = {(e.imported, why.split(":")[0]) for e, why in
            layer_violations(imports_of_source("specrl.drafters.init_cli", src, known))}
-    assert bad == {("specrl.rl.tasks", "upward"), ("specrl.rl", "upward"),
+    assert bad == {("specrl.trainer.producer", "upward"), ("specrl.trainer", "upward"),
                    ("specrl", "imports the `specrl` facade")}

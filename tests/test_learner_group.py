@@ -11,14 +11,14 @@ import ray
 import torch
 import yaml
 
+from specrl.algorithms.rollouts import Rollouts
+from specrl.config.schema import load_config, validate_config
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import hf_named_tensors
+from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.model.loader import load_model
-from specrl.rl.config import load_config, validate_config
-from specrl.rl.data_parallel import merge_rank_records
-from specrl.rl.learner import Learner
-from specrl.rl.producer import Rollouts
-from specrl.rl.trainer import seed_everything
+from specrl.parallel.data_parallel import merge_rank_records
+from specrl.trainer.learner import Learner
+from specrl.trainer.sync_trainer import seed_everything
 from tests.test_rl_trainer import cfg_dict
 from tests.tiny import make_tiny_checkpoint
 
@@ -51,8 +51,8 @@ def seeded_rollouts(n=8, group=4, seed=1) -> Rollouts:
 
 # ---------------------------------------------------------------------------------------------- bad input
 def test_bad_world_sizes_are_clear_errors(tiny, tmp_path):
-    from specrl.distributed.learner_group import LearnerGroup
-    from specrl.rl.run import sync_trainer
+    from specrl.cluster.learner_group import LearnerGroup
+    from specrl.run.loop import sync_trainer
 
     with pytest.raises(SpecRLError, match="learner.world_size"):
         load_config(None, [f"model.name={tiny}", "learner.world_size=0"])
@@ -66,12 +66,12 @@ def test_bad_world_sizes_are_clear_errors(tiny, tmp_path):
     assert not ray.is_initialized()  # refused before starting anything
     with pytest.raises(SpecRLError, match="LearnerGroup needs learner.world_size >= 2"):
         LearnerGroup(dp_cfg(tiny, world_size=1))
-    with pytest.raises(SpecRLError, match="make_trainer=specrl.distributed.make_trainer"):
+    with pytest.raises(SpecRLError, match="make_trainer=specrl.cluster.make_trainer"):
         sync_trainer(dp_cfg(tiny), tmp_path)
 
 
 def test_merge_rank_records_weights_token_means_by_tokens():
-    from specrl.step_record import StepRecord
+    from specrl.observability.step_record import StepRecord
 
     base = {"step": 1, "loss": 0.0, "clip_fraction": 0.0, "kl": None, "ratio_mean": 1.0, "is_ratio_mean": None,
             "is_clipped_fraction": None, "is_ratio_max": None, "draft_loss": 0.0, "token_mult_prob_error": 1.0,
@@ -102,7 +102,7 @@ def test_one_step_n1_equals_n2(tiny, local_ray):
     (~1e-7 relative) and the AdamW update (lr 1e-3) moves weights by ~1e-3: differences stay below 1e-6 of the
     weights' scale. The loss is summed from the same per-token terms: relative 1e-5.
     """
-    from specrl.distributed.learner_group import LearnerGroup
+    from specrl.cluster.learner_group import LearnerGroup
 
     cfg = dp_cfg(tiny)
     r = seeded_rollouts()
@@ -146,9 +146,9 @@ def run_cfg(tiny, tmp_path, name, **over) -> Path:
 
 
 def metrics(run: Path) -> list[dict]:
-    from specrl.rl.metrics import read_metrics
+    from specrl.observability.metrics import read_jsonl
 
-    return read_metrics(run / "metrics.jsonl")
+    return read_jsonl(run / "metrics.jsonl")
 
 
 def test_sync_pipeline_world_size_2_learns_like_1_and_exports_hf(tiny, tmp_path, local_ray):
@@ -156,9 +156,9 @@ def test_sync_pipeline_world_size_2_learns_like_1_and_exports_hf(tiny, tmp_path,
     same step-1 record as 1 rank (identical rollouts from identical weights)."""
     from transformers import AutoModelForCausalLM
 
-    from specrl.distributed import make_trainer
-    from specrl.rl.checkpoint import load_latest
-    from specrl.rl.run import train_main
+    from specrl.checkpoint.store import load_latest
+    from specrl.cluster import make_trainer
+    from specrl.run.loop import train_main
 
     two = train_main(str(run_cfg(tiny, tmp_path, "two")), [], None, str(tmp_path / "two"), make_trainer=make_trainer)
     one = train_main(str(run_cfg(tiny, tmp_path, "one", learner__world_size=1)), [], None, str(tmp_path / "one"))
@@ -182,11 +182,11 @@ def test_sync_pipeline_world_size_2_learns_like_1_and_exports_hf(tiny, tmp_path,
 def test_resume_across_world_sizes(tiny, tmp_path, local_ray):
     """A 2-rank checkpoint resumes on 1 rank and a 1-rank checkpoint on 2, bit-exact weights; the optimizer
     state comes along (the next step matches an uninterrupted learner's)."""
-    from specrl.distributed import make_trainer
-    from specrl.distributed.learner_group import LearnerGroup
-    from specrl.rl.checkpoint import load_latest
-    from specrl.rl.run import train_main
-    from specrl.rl.trainer import GRPOTrainer
+    from specrl.checkpoint.store import load_latest
+    from specrl.cluster import make_trainer
+    from specrl.cluster.learner_group import LearnerGroup
+    from specrl.run.loop import train_main
+    from specrl.trainer.sync_trainer import GRPOTrainer
 
     two = train_main(str(run_cfg(tiny, tmp_path, "two", run__steps=2)), [], None, str(tmp_path / "two"),
                      make_trainer=make_trainer)
@@ -227,9 +227,9 @@ def test_resume_across_world_sizes(tiny, tmp_path, local_ray):
 def test_killed_rank_stops_the_run_with_the_last_checkpoint_and_resume(tiny, tmp_path, local_ray):
     """SIGKILL of rank 1 as step 2's learner stage starts: rank 0's collective times out, the run stops naming
     step 1's checkpoint and the resume command, and the resumed run finishes."""
-    from specrl.distributed import make_trainer
-    from specrl.rl.checkpoint import list_checkpoints
-    from specrl.rl.run import train_main
+    from specrl.checkpoint.store import list_checkpoints
+    from specrl.cluster import make_trainer
+    from specrl.run.loop import train_main
 
     def killing_trainer(cfg, run_dir):
         t = make_trainer(cfg, run_dir)
@@ -258,8 +258,8 @@ def test_killed_rank_stops_the_run_with_the_last_checkpoint_and_resume(tiny, tmp
 
 
 def test_async_pipeline_world_size_2(tiny, tmp_path, local_ray):
-    from specrl.distributed import make_trainer
-    from specrl.rl.run import train_main
+    from specrl.cluster import make_trainer
+    from specrl.run.loop import train_main
 
     cfg = run_cfg(tiny, tmp_path, "async", pipeline__mode="async", pipeline__max_trajectory_age_steps=0)
     run = train_main(str(cfg), [], None, str(tmp_path / "async"), make_trainer=make_trainer)
@@ -314,7 +314,7 @@ def test_one_step_n1_equals_n2_beyond_the_plain_point(tiny, tmp_path, local_ray,
     reads the policy's embedding as updated by the first), a group count that the world
     size does not divide (dynamic sampling), and bf16-mixed (where FSDP's MixedPrecisionPolicy casts what autocast
     keeps in fp32: the bound is measured and stated in docs/scale-out.md)."""
-    from specrl.distributed.learner_group import LearnerGroup
+    from specrl.cluster.learner_group import LearnerGroup
 
     over = {"mini_batches": {"grpo__mini_batches": 2, "grpo__num_iterations": 2},
             "online_drafter": {"speculative__drafter": f"eagle:{_eagle_dir(tiny, tmp_path)}", "drafter__online": True,
@@ -377,7 +377,7 @@ def test_one_step_n1_equals_n2_beyond_the_plain_point(tiny, tmp_path, local_ray,
 def test_the_async_learner_actor_holds_no_policy_when_ranks_own_it_and_publishes_one_copy(tiny, local_ray):
     """With learner.world_size 2 the async pipeline's LearnerActor only coordinates: it loads no weights, and a
     publish hands it a reference to what rank 0 gathered and cast (bf16 here), never the tensors themselves."""
-    from specrl.distributed.actors import LearnerActor, WeightStore
+    from specrl.cluster.actors import LearnerActor, WeightStore
 
     cfg = dp_cfg(tiny, pipeline__mode="async", pipeline__max_trajectory_age_steps=0, model__rollout_dtype="bfloat16")
     store = WeightStore.remote()

@@ -7,7 +7,7 @@ import os
 
 import ray
 
-from specrl.distributed.local_ray import start_local_ray
+from specrl.cluster.local_ray import start_local_ray
 
 
 def test_workers_run_at_the_drivers_niceness():

@@ -2,8 +2,8 @@
 
 import json
 
-from specrl.rl.config import validate_config
-from specrl.rl.metrics import STEP_FIELDS, MetricsWriter
+from specrl.config.schema import validate_config
+from specrl.observability.metrics import STEP_FIELDS, MetricsWriter
 
 
 def record(step: int) -> dict:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specrl import cli
 from specrl.cli import app
 from specrl.device import processor_class
-from specrl.rl.trainer import GRPOTrainer
+from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.faults import parting_step
 from tests.test_rl_trainer import cfg_dict, write_cfg
 from tests.tiny import make_tiny_checkpoint
@@ -112,7 +112,7 @@ def test_run_demo_and_the_fallback_outside_a_checkout(tmp_path, monkeypatch):
 
 
 def test_shared_tokens_counts_the_common_prefix_of_each_pair():
-    from specrl.rl.run import shared_tokens
+    from specrl.run.loop import shared_tokens
 
     assert shared_tokens([[1, 2, 3], [4, 5], [6]], [[1, 2, 9, 9], [4, 5], [7, 6]]) == \
         {"shared": 4, "autoregressive": 6, "speculative": 8}

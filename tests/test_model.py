@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import load_checkpoint, save_checkpoint
+from specrl.model.hf_checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from specrl.model.loader import load_model
 from specrl.model.transformer import tiny_model
 from tests.conftest import specrl_twin, tiny_hf
@@ -59,8 +59,8 @@ def test_capture_hidden_states_match_transformers():
 
 def test_save_load_roundtrip_and_sharded(tmp_path):
     m = tiny_model("qwen3")
-    save_checkpoint(m, tmp_path / "ck")
-    m2 = load_checkpoint(tmp_path / "ck", dtype=torch.float32)
+    save_hf_checkpoint(m, tmp_path / "ck")
+    m2 = load_hf_checkpoint(tmp_path / "ck", dtype=torch.float32)
     x = torch.randint(0, 64, (1, 9))
     assert torch.equal(m(x)[0], m2(x)[0])
     # sharded: split the single file into two shards with an index
@@ -76,7 +76,7 @@ def test_save_load_roundtrip_and_sharded(tmp_path):
     save_file({n: state[n] for n in names[half:]}, str(shard_dir / "b.safetensors"))
     wm = {n: ("a.safetensors" if i < half else "b.safetensors") for i, n in enumerate(names)}
     (shard_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
-    m3 = load_checkpoint(shard_dir, dtype=torch.float32)
+    m3 = load_hf_checkpoint(shard_dir, dtype=torch.float32)
     assert torch.equal(m(x)[0], m3(x)[0])
 
 
@@ -88,7 +88,7 @@ def test_bf16_model_runs():
 
 # ---------------------------------------------------------------- bad input
 def _ckpt(tmp_path):
-    save_checkpoint(tiny_model("llama"), tmp_path / "ck")
+    save_hf_checkpoint(tiny_model("llama"), tmp_path / "ck")
     return tmp_path / "ck"
 
 
@@ -98,7 +98,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SpecRLError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
-        load_checkpoint(d)
+        load_hf_checkpoint(d)
 
 
 def test_missing_and_unexpected_tensors_are_named(tmp_path):
@@ -111,7 +111,7 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
     save_file(state, str(d / "model.safetensors"))
     with pytest.raises(SpecRLError, match=r"missing: \['model.layers.1.mlp.up_proj.weight'\].*"
                                           r"unexpected: \['model.layers.9.extra.weight'\]"):
-        load_checkpoint(d)
+        load_hf_checkpoint(d)
 
 
 def test_shape_mismatch_is_named(tmp_path):
@@ -120,7 +120,7 @@ def test_shape_mismatch_is_named(tmp_path):
     cfg["intermediate_size"] = 65
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SpecRLError, match="gate_proj.weight has shape"):
-        load_checkpoint(d)
+        load_hf_checkpoint(d)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
@@ -130,16 +130,16 @@ def test_corrupt_safetensors(tmp_path, damage):
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"\x07" * 64 + data[64:])
     with pytest.raises(SpecRLError, match="corrupt or truncated"):
-        load_checkpoint(d)
+        load_hf_checkpoint(d)
 
 
 def test_missing_checkpoint_files(tmp_path):
     with pytest.raises(SpecRLError, match="no config.json"):
-        load_checkpoint(tmp_path)
+        load_hf_checkpoint(tmp_path)
     d = _ckpt(tmp_path)
     (d / "model.safetensors").unlink()
     with pytest.raises(SpecRLError, match="no model.safetensors"):
-        load_checkpoint(d)
+        load_hf_checkpoint(d)
 
 
 def test_unknown_preset_lists_presets():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specrl.drafters import register_drafter
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
-from specrl.rl.losses import LOSSES, register_loss
+from specrl.algorithms.losses import LOSSES, register_loss
 
 CALLS = Path(__file__).with_suffix(".calls")
 
@@ -55,7 +55,7 @@ def plugin_reward(prompt, completion, row):
 
 @pytest.fixture
 def plugin(tmp_path):
-    from specrl.rl.losses import LOSSES
+    from specrl.algorithms.losses import LOSSES
     from specrl.rollout.drafter_spec import DRAFTER_KINDS, unregister_drafter_kind
 
     path = tmp_path / "my_ext.py"
@@ -69,9 +69,9 @@ def plugin(tmp_path):
 
 
 def _run(tmp_path, plugin, name, **over) -> tuple[Path, dict[str, set[int]]]:
-    from specrl.distributed import make_trainer
-    from specrl.rl.metrics import read_metrics
-    from specrl.rl.run import train_main
+    from specrl.cluster import make_trainer
+    from specrl.observability.metrics import read_jsonl
+    from specrl.run.loop import train_main
 
     tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
     d = cfg_dict(tiny, **{"grpo__loss_type": "plugin_dapo", "grpo__val_every": 0,
@@ -87,7 +87,7 @@ def _run(tmp_path, plugin, name, **over) -> tuple[Path, dict[str, set[int]]]:
         if line:
             what, pid = line.split()
             calls.setdefault(what, set()).add(int(pid))
-    rec, = read_metrics(run / "metrics.jsonl")
+    rec, = read_jsonl(run / "metrics.jsonl")
     assert rec["step"] == 1 and any("plugin_reward" in n for n in rec["reward_components"]), rec
     assert rec["acceptance_length"] is not None  # the plugin's drafts were verified
     return run, calls
@@ -106,7 +106,7 @@ def test_a_plugin_trains_on_two_learner_ranks(tmp_path, plugin, local_ray):
 
 
 def test_a_plugin_that_cannot_be_imported_is_named(tmp_path):
-    from specrl.rl.config import load_config
+    from specrl.config.schema import load_config
 
     with pytest.raises(SpecRLError, match="cannot import module 'no_such_ext'"):
         load_config(None, ["plugins=[no_such_ext]"])

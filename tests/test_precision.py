@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from specrl import device as dv
+from specrl.config.hardware import hardware_fields, resolve_hardware
+from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
-from specrl.rl.config import validate_config
-from specrl.rl.hardware import hardware_fields, resolve_hardware
 
 FLAGS = {
     "AVX2": "fpu sse2 avx avx2 fma",
@@ -63,7 +63,7 @@ def test_no_warning_where_bf16_is_fast(cpu_as):
 
 
 def test_resolution_is_idempotent_and_recorded_in_config_yaml(cpu_as, tmp_path):
-    from specrl.rl.run import release_run, setup_run
+    from specrl.run.loop import release_run, setup_run
 
     cpu_as("AVX2")
     cfg, run_dir = setup_run(None, ["run.steps=1"], None, str(tmp_path / "r"))
@@ -121,7 +121,7 @@ def test_a_run_saved_with_the_vllm_settings_under_rollout_resumes(tmp_path, caps
     """A run directory whose config.yaml predates the rollout.vllm section resumes with its own settings."""
     import yaml
 
-    from specrl.rl.run import release_run, setup_run
+    from specrl.run.loop import release_run, setup_run
 
     cfg, run_dir = setup_run(None, ["run.steps=1"], None, str(tmp_path / "r"))
     release_run(run_dir)

@@ -11,10 +11,10 @@ import torch
 import specrl.rollout.engine as engine_mod
 from specrl import RolloutEngine
 from specrl.drafters.eagle import EagleDrafter
-from specrl.model.checkpoint import hf_named_tensors
+from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.model.transformer import tiny_model
-from specrl.rl.weight_sync import LocalWeightSync
 from specrl.rollout.digest import SAMPLE, RefitError, check_refit, tensor_digest, weights_digest
+from specrl.trainer.weight_sync import LocalWeightSync
 
 
 def _perturbed(named, seed):
@@ -135,8 +135,8 @@ def test_a_backend_without_an_acknowledgement_or_with_missing_names_is_refused(s
 
 
 def test_sync_trainer_stops_in_the_step_whose_refit_fails(tmp_path, monkeypatch):
-    from specrl.rl.config import validate_config
-    from specrl.rl.trainer import GRPOTrainer
+    from specrl.config.schema import validate_config
+    from specrl.trainer.sync_trainer import GRPOTrainer
     from tests.test_rl_trainer import cfg_dict
     from tests.tiny import make_tiny_checkpoint
 

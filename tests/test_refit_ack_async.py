@@ -8,7 +8,7 @@ import pytest
 import ray
 import torch
 
-from specrl.rl.config import validate_config
+from specrl.config.schema import validate_config
 from specrl.rollout.digest import RefitError
 from tests.test_async import async_cfg
 from tests.tiny import make_tiny_checkpoint
@@ -38,8 +38,8 @@ def eagle(tiny, tmp_path_factory):
 ])
 def test_worker_refit_faults_stop_the_step_they_happen_in(tiny, eagle, tmp_path, local_ray, fault, which, match,
                                                           monkeypatch):
-    import specrl.distributed.actors as actors
-    from specrl.distributed.async_trainer import AsyncGRPOTrainer
+    import specrl.cluster.actors as actors
+    from specrl.cluster.async_trainer import AsyncGRPOTrainer
     from tests.faults import faulty_worker
 
     monkeypatch.setattr(actors, "RolloutWorker", faulty_worker())

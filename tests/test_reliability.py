@@ -20,13 +20,13 @@ import yaml
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from specrl.checkpoint import store as ckpt_mod
+from specrl.config.schema import load_config
+from specrl.drafters import default as default_drafter
 from specrl.errors import SpecRLError
-from specrl.rl import checkpoint as ckpt_mod
-from specrl.rl import default_drafter
-from specrl.rl.config import load_config
-from specrl.rl.learner import Learner
-from specrl.rl.metrics import read_metrics
-from specrl.rl.run import LOCK_FILE, RunInterrupted, RunLock, _StopSignals, release_run, setup_run, train_main
+from specrl.observability.metrics import read_jsonl
+from specrl.run.loop import LOCK_FILE, RunInterrupted, RunLock, _StopSignals, release_run, setup_run, train_main
+from specrl.trainer.learner import Learner
 from tests.test_rl_trainer import cfg_dict as trainer_cfg
 from tests.test_rl_trainer import write_cfg
 from tests.tiny import make_tiny_checkpoint
@@ -52,7 +52,7 @@ def dead_pid() -> int:
 
 
 def steps(run_dir: Path) -> list[int]:
-    return [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    return [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
 # ----------------------------------------------------------------------------- (1) two runs, one directory
@@ -63,7 +63,7 @@ def test_second_run_into_a_locked_directory_refuses_naming_the_pid(tiny, tmp_pat
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
     (run_dir / "final").mkdir()  # a finished run that overwrite=true would clear
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from specrl.rl.run import RunLock; "
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from specrl.run.loop import RunLock; "
             f"RunLock.acquire({str(run_dir)!r}); print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -158,7 +158,7 @@ def test_nonfinite_weights_after_an_update_are_never_checkpointed(tiny, tmp_path
 def test_huge_learning_rate_leaves_only_really_good_checkpoints(tiny, tmp_path, monkeypatch):
     """A huge lr (1e10 on the 30-layer model; 1e20 overflows this small one): the weights stay
     finite but the next forward overflows. Before, that state was checkpointed and called "last good"."""
-    from specrl.rl import batch as batch_mod
+    from specrl.algorithms import batch as batch_mod
 
     # the random tiny model never earns a reward: give the group non-zero advantages so the update is real
     monkeypatch.setattr(batch_mod, "group_advantages", lambda r, n, norm: torch.tensor([1.0, -1.0] * (len(r) // 2)))
@@ -295,7 +295,7 @@ def test_resume_with_a_new_learning_rate_applies_it_and_says_so_on_stderr(tiny, 
     err = capfd.readouterr().err  # run.progress is false: these still reach stderr
     assert "warning: skipping bad checkpoint" in err and "resumed" in err and "from step_000001" in err
     assert "policy.learning_rate 0.001 -> 0.0001" in err
-    recs = read_metrics(run / "metrics.jsonl")
+    recs = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert [r["lr"] for r in recs] == [1e-3, 1e-4, 1e-4]
     opt = torch.load(run / "checkpoints" / "step_000003" / "optimizer.pt", weights_only=False)
@@ -303,7 +303,7 @@ def test_resume_with_a_new_learning_rate_applies_it_and_says_so_on_stderr(tiny, 
 
 
 def test_simulate_gen_gpu_fraction_in_sync_mode_and_out_of_range():
-    from specrl.sim.cli import app
+    from specrl.sim.commands import app
 
     r = runner.invoke(app, ["--preset", "paper-8b-rl-think", "--mode", "sync", "--gen-gpu-fraction", "0.5"])
     assert r.exit_code == 2 and "--gen-gpu-fraction splits GPUs" in r.output and "--mode async" in r.output
@@ -315,7 +315,7 @@ def test_simulate_gen_gpu_fraction_in_sync_mode_and_out_of_range():
 
 
 def test_simulate_sweep_bad_ks_names_the_flag(tmp_path):
-    from specrl.sim.cli import app
+    from specrl.sim.commands import app
 
     r = runner.invoke(app, ["sweep", "--preset", "paper-8b-rl-think", "--ks", "a,b", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "--ks must be comma-separated integers, e.g. 1,2,3; got 'a,b'" in r.output
@@ -324,7 +324,7 @@ def test_simulate_sweep_bad_ks_names_the_flag(tmp_path):
 
 
 def test_simulate_from_run_accepts_the_run_directory_and_refuses_non_utf8(tmp_path):
-    from specrl.sim.cli import app
+    from specrl.sim.commands import app
     from specrl.sim.fromrun import metrics_file
 
     run = tmp_path / "run"
@@ -480,7 +480,7 @@ def test_overwrite_keeps_an_unfinished_run_and_offers_resume(tiny, tmp_path):
 
 
 def test_stale_default_drafter_build_dirs_are_removed(tmp_path, monkeypatch, capfd):
-    from specrl.rl.default_drafter import remove_stale_builds
+    from specrl.drafters.default import remove_stale_builds
 
     final = tmp_path / "drafters" / "smollm2-135m-eagle-default"
     final.parent.mkdir(parents=True)
@@ -526,7 +526,7 @@ def test_signal_mid_step_finishes_checkpoints_and_resumes_bitwise(tiny, tmp_path
     a = torch.load(clean_run / "checkpoints" / "step_000003" / "policy.pt")
     b = torch.load(run / "checkpoints" / "step_000003" / "policy.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    ra, rb = read_metrics(clean_run / "metrics.jsonl"), read_metrics(run / "metrics.jsonl")
+    ra, rb = read_jsonl(clean_run / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
     assert [r["reward_mean"] for r in ra] == [r["reward_mean"] for r in rb]
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from specrl.rl.checkpoint import (
+from specrl.checkpoint.store import (
     CheckpointError,
     list_checkpoints,
     load_checkpoint,
@@ -120,7 +120,7 @@ def _plant(ck_dir, part, obj):
 
 
 def test_a_part_that_would_run_code_is_refused_and_never_skipped_past(tmp_path):
-    from specrl.rl.checkpoint import UnsafeCheckpointError
+    from specrl.checkpoint.store import UnsafeCheckpointError
 
     marker = tmp_path / "ran"
     save_checkpoint(tmp_path / "ck", 1, parts(1))
@@ -164,7 +164,7 @@ def test_a_checkpoint_with_a_pickled_numpy_rng_state_still_loads(tmp_path):
 
 def test_resume_refuses_a_planted_pickle_naming_it(tmp_path):
     from specrl.errors import SpecRLError
-    from specrl.rl.run import train_main
+    from specrl.run.loop import train_main
     from tests.test_reliability import cfg_dict
     from tests.test_rl_trainer import write_cfg
     from tests.tiny import make_tiny_checkpoint
@@ -241,9 +241,9 @@ def test_a_crafted_dcp_metadata_is_refused_with_no_code_run(tmp_path, what):
 
     from torch.distributed.checkpoint import FileSystemWriter, filesystem
 
+    from specrl.checkpoint.sharded_state import SafeReader, save_dcp
     from specrl.errors import SpecRLError
     from specrl.model.transformer import tiny_model
-    from specrl.rl.sharded_state import SafeReader, save_dcp
 
     policy = tiny_model("llama", vocab_size=64)
     opt = torch.optim.AdamW(policy.parameters())

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specrl.config.schema import TrainConfig, apply_override, load_config, valid_keys, validate_config
 from specrl.errors import SpecRLError
-from specrl.rl.config import TrainConfig, apply_override, load_config, valid_keys, validate_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from specrl.errors import SpecRLError
-from specrl.rl.grpo import (
+from specrl.algorithms.grpo import (
     clipped_surrogate_loss,
     group_advantages,
     kl_k3,
@@ -14,6 +13,7 @@ from specrl.rl.grpo import (
     token_logprobs,
     token_mult_prob_error,
 )
+from specrl.errors import SpecRLError
 
 
 def test_group_advantages_normalized():

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from specrl.algorithms.grpo import clipped_surrogate_loss
+from specrl.algorithms.losses import LOSSES, get_loss, loss_normalizer, register_loss
+from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
-from specrl.rl.config import validate_config
-from specrl.rl.grpo import clipped_surrogate_loss
-from specrl.rl.losses import LOSSES, get_loss, loss_normalizer, register_loss
 
 # Two sequences. Sequence 0: two response tokens with ratios 1.1 and 1.2 (inside [0.8, 1.28]), advantage +1.
 # Sequence 1: one response token with ratio 0.5 (below 0.8: clipped), advantage -2, then padding.
@@ -165,7 +165,7 @@ def test_on_stale_needs_refresh_updates():
 
 
 def test_each_loss_has_its_own_default_clip_range_and_the_config_overrides_it():
-    from specrl.rl.config import load_config
+    from specrl.config.schema import load_config
 
     got = {lt: (c.grpo.clip_low, c.grpo.clip_high) for lt in ("dapo", "grpo", "dr_grpo", "gspo")
            for c in [load_config(None, [f"grpo.loss_type={lt}"])]}

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from specrl.rl.compare_report import amdahl_bound, compare_summary, write_compare
-from specrl.rl.metrics import STEP_FIELDS, MetricsWriter, ProgressDisplay, read_metrics, stage_bar
-from specrl.rl.report import write_report
+from specrl.observability.metrics import STEP_FIELDS, MetricsWriter, ProgressDisplay, read_jsonl, stage_bar
+from specrl.observability.run_report import write_report
+from specrl.run.compare_report import amdahl_bound, compare_summary, write_compare
 
 
 def record(step, reward=0.5, gen=2.0, al=None):
@@ -29,7 +29,7 @@ def test_metrics_writer_jsonl_tensorboard_and_resume(tmp_path):
         w.write(record(s, al=2.5))
     w.write({**record(4), "reward_mean": math.nan})
     w.close()
-    recs = read_metrics(tmp_path / "metrics.jsonl")
+    recs = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     assert recs[3]["reward_mean"] is None
     assert all(k in recs[0] for k in STEP_FIELDS)
@@ -38,7 +38,7 @@ def test_metrics_writer_jsonl_tensorboard_and_resume(tmp_path):
     w = MetricsWriter(tmp_path, tensorboard=False, resume_step=2)
     w.write(record(3))
     w.close()
-    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
     with pytest.raises(KeyError, match="reward_mean"):
         MetricsWriter(tmp_path / "x", tensorboard=False).write({"step": 1})
 
@@ -46,7 +46,7 @@ def test_metrics_writer_jsonl_tensorboard_and_resume(tmp_path):
 def test_read_metrics_ignores_torn_line(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text(json.dumps(record(1)) + "\n" + '{"step": 2, "rew')
-    assert len(read_metrics(p)) == 1
+    assert len(read_jsonl(p)) == 1
 
 
 def test_progress_line_and_bar(capsys):
@@ -77,7 +77,7 @@ def test_report_shows_the_rollout_shape(tmp_path):
     w = MetricsWriter(tmp_path / "tb", tensorboard=True)  # traces stay in metrics.jsonl, not as 500 scalars
     w.write(recs[0])
     w.close()
-    assert read_metrics(tmp_path / "tb" / "metrics.jsonl")[0]["response_lengths"][-1] == 512
+    assert read_jsonl(tmp_path / "tb" / "metrics.jsonl")[0]["response_lengths"][-1] == 512
 
 
 def test_report_without_drafter(tmp_path):
@@ -148,7 +148,7 @@ def test_progress_rich_panel_renders():
 
 
 def test_acceptance_compare(tmp_path):
-    from specrl.rl.report import acceptance_compare_table, write_acceptance_compare
+    from specrl.observability.run_report import acceptance_compare_table, write_acceptance_compare
 
     frozen = [record(s, al=2.0 - 0.1 * s) for s in range(1, 7)]
     online = [{**record(s, al=1.8 + 0.05 * s), "draft_updates": 1 + 4 * (s == 3), "draft_refreshed": s == 3}
@@ -177,7 +177,7 @@ def _arms(n=4, ar_gen=4.0, sd_gen=2.0):
 
 
 def test_headline_leads_report_and_terminal(tmp_path):
-    from specrl.rl.compare_report import identity_checks, write_compare_report
+    from specrl.run.compare_report import identity_checks, write_compare_report
 
     ar, sd = _arms()
     path, lines = write_compare_report(tmp_path, ar, sd, identity_checks("seed_exact", [True] * 4, [True] * 4), VAL)
@@ -206,7 +206,7 @@ def test_headline_leads_report_and_terminal(tmp_path):
 
 
 def test_headline_says_plainly_when_speculation_is_slower():
-    from specrl.rl.compare_report import compare_summary, headline
+    from specrl.run.compare_report import compare_summary, headline
 
     ar, sd = _arms(ar_gen=2.0, sd_gen=2.5)
     lines = headline(compare_summary(ar, sd, {"verify": "seed_exact", "rollouts_identical_per_step": [True] * 4,
@@ -218,7 +218,7 @@ def test_headline_says_plainly_when_speculation_is_slower():
 
 
 def test_headline_of_a_parted_run_says_where():
-    from specrl.rl.compare_report import compare_summary, headline, identity_checks
+    from specrl.run.compare_report import compare_summary, headline, identity_checks
 
     checks = identity_checks("seed_exact", [True, True, False, False], [True, False, False, False])
     assert checks["parted_at_step"] == 2 and checks["rollouts_identical"] is False
@@ -234,7 +234,7 @@ def test_headline_of_a_parted_run_says_where():
 def test_headline_of_a_run_whose_rollouts_differed_but_weights_did_not():
     """A token that differs without changing the update (as in a zero-advantage group) is not a parting: the
     headline lists the steps whose rollouts differed and says the training stayed the same."""
-    from specrl.rl.compare_report import compare_summary, headline, identity_checks
+    from specrl.run.compare_report import compare_summary, headline, identity_checks
 
     checks = identity_checks("seed_exact", [True, False, True, True], [True, True, True, True])
     assert checks["parted_at_step"] == 2 and checks["weights_parted_at_step"] is None
@@ -247,7 +247,7 @@ def test_headline_of_a_run_whose_rollouts_differed_but_weights_did_not():
 
 
 def test_headline_under_rejection_sampling_and_bad_checks():
-    from specrl.rl.compare_report import compare_summary, headline, identity_checks
+    from specrl.run.compare_report import compare_summary, headline, identity_checks
 
     checks = identity_checks("rejection", [], [])
     assert checks["rollouts_identical"] is None and checks["parted_at_step"] is None

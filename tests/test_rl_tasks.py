@@ -2,8 +2,7 @@
 
 import pytest
 
-from specrl.errors import SpecRLError
-from specrl.rl.tasks import (
+from specrl.data.tasks import (
     ANSWER_FORMATS,
     PromptFormatter,
     PromptSampler,
@@ -13,6 +12,7 @@ from specrl.rl.tasks import (
     resolve_answer_format,
     score_response,
 )
+from specrl.errors import SpecRLError
 
 
 class FakeTokenizer:

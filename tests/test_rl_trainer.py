@@ -10,14 +10,14 @@ import pytest
 import torch
 import yaml
 
+from specrl.config.schema import validate_config
+from specrl.drafters import default as default_drafter
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
 from specrl.errors import SpecRLError
-from specrl.rl import default_drafter
-from specrl.rl.config import validate_config
-from specrl.rl.learner import Learner, NonFiniteError
-from specrl.rl.metrics import STAGES, STEP_FIELDS, read_metrics
-from specrl.rl.run import train_main
-from specrl.rl.trainer import GRPOTrainer
+from specrl.observability.metrics import STAGES, STEP_FIELDS, read_jsonl
+from specrl.run.loop import train_main
+from specrl.trainer.learner import Learner, NonFiniteError
+from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.bench import load_benchmark
 from tests.faults import subprocess_code
 from tests.tiny import make_tiny_checkpoint
@@ -125,10 +125,10 @@ def test_run_writes_everything(tiny, tmp_path):
     for name in ("config.yaml", "metrics.jsonl", "validation.jsonl", "report.md", "reward.png", "stages.png",
                  "acceptance.png", "final/model.safetensors", "final/tokenizer.json"):
         assert (run_dir / name).exists(), name
-    recs = read_metrics(run_dir / "metrics.jsonl")
+    recs = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2]
     assert recs[1]["accuracy"] is not None  # validated at step 2 (val_every=2 and last step)
-    assert [r["step"] for r in read_metrics(run_dir / "validation.jsonl")] == [0, 2]
+    assert [r["step"] for r in read_jsonl(run_dir / "validation.jsonl")] == [0, 2]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["steps"] == 2
     with pytest.raises(SpecRLError, match="already holds a run.*--resume"):
         train_main(str(cfg), [], None, str(run_dir), False)
@@ -159,7 +159,7 @@ def test_sigkill_resume_matches_uninterrupted(tiny, tmp_path):
     clean = train_main(str(cfg), [], None, str(tmp_path / "clean"), False)
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    code = subprocess_code({"kill_learner_at_step": 3}, "from specrl.rl.run import train_main; "
+    code = subprocess_code({"kill_learner_at_step": 3}, "from specrl.run.loop import train_main; "
                            f"train_main({str(cfg)!r}, [], None, {str(killed)!r}, False)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
@@ -171,7 +171,7 @@ def test_sigkill_resume_matches_uninterrupted(tiny, tmp_path):
     a = torch.load(clean / "checkpoints" / "step_000003" / "policy.pt")
     b = torch.load(killed / "checkpoints" / "step_000003" / "policy.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    ra, rb = read_metrics(clean / "metrics.jsonl"), read_metrics(killed / "metrics.jsonl")
+    ra, rb = read_jsonl(clean / "metrics.jsonl"), read_jsonl(killed / "metrics.jsonl")
     assert [r["step"] for r in rb] == [1, 2, 3]
     assert [r["reward_mean"] for r in ra] == [r["reward_mean"] for r in rb]
 
@@ -201,7 +201,7 @@ def test_compare_seed_exact(tiny, tmp_path, monkeypatch, drafter):
     assert data["acceptance_length"] >= 1.0
     assert (out / "compare.md").exists() and (out / "compare_reward.png").exists()
     assert (out / "speculative" / "report.md").exists() and (out / "autoregressive" / "report.md").exists()
-    sd = read_metrics(out / "speculative" / "metrics.jsonl")
+    sd = read_jsonl(out / "speculative" / "metrics.jsonl")
     assert sd[0]["acceptance_length"] is not None
     # real drafts per sequence-step: k for the repeat drafter; n-gram/suffix padding is not counted (ragged drafts)
     k_mean = sd[0]["num_draft_tokens_mean"]
@@ -219,8 +219,8 @@ def test_compare_needs_drafter(tiny, tmp_path):
 
 def test_response_logprobs_matches_full_logits(tiny):
     from specrl import load_model
-    from specrl.rl.grpo import token_logprobs
-    from specrl.rl.learner import response_logprobs
+    from specrl.algorithms.grpo import token_logprobs
+    from specrl.trainer.learner import response_logprobs
 
     model, _ = load_model(tiny, dtype=torch.float32)
     toks = torch.randint(3, 120, (3, 10))
@@ -276,7 +276,7 @@ def test_non_finite_in_run_names_step_and_last_good_checkpoint(tiny, tmp_path, m
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
     with pytest.raises(SpecRLError, match=r"step 2: non-finite.*last good checkpoint is .*step_000001"):
         train_main(str(cfg), [], None, str(tmp_path / "run"), False)
-    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1]
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
 
 
@@ -311,7 +311,7 @@ def fake_acceptance(t: GRPOTrainer, values: list[float], draft_tokens: int = 64)
 
 
 def test_drafter_health_reference_and_streak():
-    from specrl.rl.draft_online import DrafterHealth
+    from specrl.drafters.training.online import DrafterHealth
 
     h = DrafterHealth(fraction=0.8, collapse_threshold=1.05, collapse_patience=2)
     assert h.observe(None) == (False, False) and h.reference is None  # no speculation: no reference yet
@@ -329,7 +329,7 @@ def test_drafter_health_reference_and_streak():
 
 
 def test_drafter_health_reference_follows_improvement_but_not_one_noisy_step():
-    from specrl.rl.draft_online import DrafterHealth
+    from specrl.drafters.training.online import DrafterHealth
 
     h = DrafterHealth(fraction=0.85, collapse_threshold=1.05, collapse_patience=2)
     h.observe(1.5)
@@ -409,7 +409,7 @@ def test_collapse_warning(tiny, monkeypatch):
     fake_acceptance(t, [1.02, 1.0, 1.01, 1.6])
     lines: list[str] = []
     t.log = lines.append
-    from specrl.rl.draft_online import DrafterCollapseWarning
+    from specrl.drafters.training.online import DrafterCollapseWarning
 
     rec1 = t.step()
     assert rec1["drafter_collapsed"] is False and not lines
@@ -426,7 +426,7 @@ def test_zeroed_drafter_collapses(tiny, monkeypatch):
     """An EAGLE head with zeroed weights drafts token 0 every time, which the policy rarely accepts (AL 1.04 and
     1.09 on the tiny model, deterministic under seed_exact; a threshold of 1.2 leaves room)."""
     from specrl.drafters import EagleDrafter
-    from specrl.rl.draft_online import DrafterCollapseWarning
+    from specrl.drafters.training.online import DrafterCollapseWarning
 
     def build(spec, model):
         if spec == "none":
@@ -482,7 +482,7 @@ def test_frozen_vs_online_benchmark(tiny, tmp_path):
         changed = any(not torch.equal(init[k], final[k].to(init[k].dtype)) for k in init)
         assert changed is should_change, arm
     for arm in ("frozen", "online"):
-        recs = read_metrics(out / arm / "metrics.jsonl")
+        recs = read_jsonl(out / arm / "metrics.jsonl")
         assert [r["step"] for r in recs] == [1, 2] and all(r["acceptance_length"] is not None for r in recs)
         assert yaml.safe_load((out / arm / "config.yaml").read_text())["drafter"]["online"] is (arm == "online")
 

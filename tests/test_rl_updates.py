@@ -6,14 +6,15 @@ import copy
 import pytest
 import torch
 
+from specrl.algorithms.batch import micro, response_logprobs, update_plan
+from specrl.algorithms.rollouts import Rollouts
+from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
-from specrl.rl import learner as learner_mod
-from specrl.rl.batch import micro, response_logprobs, update_plan
-from specrl.rl.config import validate_config
-from specrl.rl.learner import Learner
-from specrl.rl.producer import EXTRA_REQUEST_BASE, Rollouts, fill_groups
-from specrl.rl.trainer import GRPOTrainer
-from specrl.rollout.metrics import SpecMetrics
+from specrl.rollout.generation_metrics import SpecMetrics
+from specrl.trainer import learner as learner_mod
+from specrl.trainer.learner import Learner
+from specrl.trainer.producer import EXTRA_REQUEST_BASE, fill_groups
+from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.test_rl_trainer import cfg_dict, fake_acceptance, online_trainer
 from tests.tiny import make_tiny_checkpoint
 
@@ -235,8 +236,8 @@ def test_the_trainer_scores_tokens_under_the_samplers_filtered_distribution(tiny
 
 
 def test_the_filtered_log_probs_are_the_samplers_and_train_the_kept_tokens_only():
-    from specrl.rl.grpo import token_logprobs
-    from specrl.rl.head_logprobs import head_logprobs
+    from specrl.algorithms.grpo import token_logprobs
+    from specrl.algorithms.logprobs import head_logprobs
     from specrl.rollout.sampling import behaviour_logprobs, scaled_logits
 
     g = torch.Generator().manual_seed(0)

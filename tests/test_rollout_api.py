@@ -6,9 +6,9 @@ import torch
 
 from specrl import RolloutEngine, SamplingParams
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import hf_named_tensors
+from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.model.transformer import tiny_model
-from specrl.rollout.api import BackendCapabilities, GenerationResult, RolloutBackend, RolloutRequest
+from specrl.rollout.protocol import BackendCapabilities, GenerationResult, RolloutBackend, RolloutRequest
 from specrl.rollout.sampling import probs_from_logits
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [8]]
@@ -116,10 +116,10 @@ class ProtocolOnly:
 
 
 def test_trainer_runs_on_a_protocol_only_backend(tmp_path):
+    from specrl.backends.registry import build_backend
+    from specrl.config.schema import validate_config
     from specrl.model.loader import load_model
-    from specrl.rl.backends import build_backend
-    from specrl.rl.config import validate_config
-    from specrl.rl.trainer import GRPOTrainer
+    from specrl.trainer.sync_trainer import GRPOTrainer
     from tests.test_rl_trainer import cfg_dict
     from tests.tiny import make_tiny_checkpoint
 
@@ -139,7 +139,7 @@ def test_trainer_runs_on_a_protocol_only_backend(tmp_path):
 
 
 def test_local_weight_sync_versions(model):
-    from specrl.rl.weight_sync import LocalWeightSync
+    from specrl.trainer.weight_sync import LocalWeightSync
 
     e = RolloutEngine(tiny_model(vocab_size=64, seed=1), max_batch_size=2, max_seq_len=32)
     sync = LocalWeightSync(e)

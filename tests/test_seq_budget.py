@@ -1,4 +1,4 @@
-"""Per-sequence draft budgets (`specrl.rollout.seq_budget`, `RolloutEngine(per_sequence_k=True)`).
+"""Per-sequence draft budgets (`specrl.rollout.spec_decode.seq_budget`, `RolloutEngine(per_sequence_k=True)`).
 
 The rule on synthetic acceptance histories (a row that keeps rejecting drops to 0 and re-probes, a row that accepts
 keeps k, state resets on entry and moves with compaction), the engine with budgets on: seed_exact emits the plain
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from specrl import RolloutEngine, SamplingParams
+from specrl.config.schema import validate_config
 from specrl.drafters import DraftModelDrafter, NGramDrafter
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
-from specrl.rl.config import validate_config
-from specrl.rollout.seq_budget import PROBE_EVERY, SequenceDraftBudget
+from specrl.rollout.spec_decode.seq_budget import PROBE_EVERY, SequenceDraftBudget
 from tests.stats import DIST_PROMPT, FAMILY_ALPHA, V, speculative_pvalue
 
 

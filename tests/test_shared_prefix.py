@@ -9,8 +9,8 @@ help; and a learner step with it must land on the weights of a learner step with
 import pytest
 import torch
 
+from specrl.algorithms.batch import response_logprobs, response_span, shared_prefix_hidden
 from specrl.model.transformer import tiny_model
-from specrl.rl.batch import response_logprobs, response_span, shared_prefix_hidden
 
 
 def grpo_rows(groups: list[tuple[list[int], int]], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,8 +112,8 @@ def _learner_step(tiny, roll, share: bool):
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     from specrl.model.loader import load_model
-    from specrl.rl.learner import Learner
-    from specrl.rl.trainer import seed_everything
+    from specrl.trainer.learner import Learner
+    from specrl.trainer.sync_trainer import seed_everything
     from tests.test_learner_group import SECONDS, dp_cfg
 
     seed_everything(0)
@@ -146,8 +146,8 @@ def test_a_learner_step_lands_on_the_same_weights_with_and_without_shared_prompt
     an entry whose gradient is pure rounding noise (~1e-7 of the tensor's largest, where the batch's terms cancel)
     into a sizeable fraction of a step whose value depends on that noise: such entries are compared through their
     gradients only (on a 2-core AMD EPYC with AVX512-BF16 one of them sat 4.6e-5 apart after a 2e-3 step)."""
+    from specrl.algorithms.rollouts import Rollouts
     from specrl.model.loader import load_model
-    from specrl.rl.producer import Rollouts
     from tests.tiny import make_tiny_checkpoint
 
     tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)

@@ -25,7 +25,7 @@ def target():
 
 
 def test_eagle_think_ships_and_its_manifest_matches_its_files_and_recipe():
-    from specrl.drafters.recipe import Recipe
+    from specrl.drafters.build.recipe import Recipe
 
     assert is_shipped("eagle", "think")
     m = check_shipped(shipped_dir("think"), target_model="smollm2-135m")
@@ -39,10 +39,10 @@ def test_eagle_think_ships_and_its_manifest_matches_its_files_and_recipe():
 
 
 def test_eagle_think_loads_without_a_build_and_beats_the_al_floor_on_heldout_prompts(target, monkeypatch):
-    from specrl.drafters.training import heldout_acceptance
+    from specrl.drafters import default as default_drafter
+    from specrl.drafters.default import resolve_drafter, task_prompts
+    from specrl.drafters.training.offline import heldout_acceptance
     from specrl.model.tokenizer import stop_token_ids
-    from specrl.rl import default_drafter
-    from specrl.rl.default_drafter import resolve_drafter, task_prompts
 
     def no_build(*a, **k):
         raise AssertionError("a shipped drafter must not be built")

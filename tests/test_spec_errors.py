@@ -59,8 +59,8 @@ def test_embedded_model_shape_is_recognised():
 
 
 def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
-    import specrl.drafters.build as build
-    import specrl.rl.default_drafter as dd
+    import specrl.drafters.build.from_rollouts as build
+    import specrl.drafters.default as dd
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     calls = []
@@ -92,8 +92,8 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
 
 
 def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypatch, capsys):
-    import specrl.drafters.build as build
-    import specrl.rl.default_drafter as dd
+    import specrl.drafters.build.from_rollouts as build
+    import specrl.drafters.default as dd
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     seen = []
@@ -127,8 +127,8 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
 
 
 def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):
-    import specrl.drafters.build as build
-    import specrl.rl.default_drafter as dd
+    import specrl.drafters.build.from_rollouts as build
+    import specrl.drafters.default as dd
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
 

@@ -15,7 +15,7 @@ import torch
 from specrl import RolloutEngine, SamplingParams
 from specrl.drafters import DraftModelDrafter, NGramDrafter, SuffixDrafter
 from specrl.model.transformer import tiny_model
-from specrl.rollout.api import RolloutRequest
+from specrl.rollout.protocol import RolloutRequest
 from tests.stats import DIST_PROMPT, FAMILY_ALPHA, SETTINGS, V, copy_prompt, speculative_pvalue
 
 

@@ -15,7 +15,7 @@ from specrl.drafters.base import Drafter, Proposal, ragged_proposal
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
 from specrl.rollout.sampling import probs_from_logits
-from specrl.rollout.verify import verify
+from specrl.rollout.spec_decode.verify import verify
 from tests.test_verify_power import make_rows
 
 K = 3

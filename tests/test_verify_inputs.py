@@ -12,7 +12,7 @@ from specrl import RolloutEngine, SamplingParams
 from specrl.drafters.base import Drafter, Proposal
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
-from specrl.rollout.verify import verify
+from specrl.rollout.spec_decode.verify import verify
 from tests.test_verify_power import V, make_rows
 
 K = 3

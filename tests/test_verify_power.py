@@ -1,4 +1,4 @@
-"""Direct test of THE verifier (`specrl.rollout.verify.verify`) against exact outcome probabilities.
+"""Direct test of THE verifier (`specrl.rollout.spec_decode.verify.verify`) against exact outcome probabilities.
 
 10^6 synthetic rows per case (vocabulary 4, random target p and drafter q per row and position, 25% of their
 entries zeroed as top-k/top-p targets and reduced-vocabulary drafters do; noise from the real position-keyed
@@ -33,7 +33,7 @@ from scipy.stats import chi2, ncx2
 
 from specrl.errors import SpecRLError
 from specrl.rollout.sampling import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_SAMPLE, sample_inverse_cdf, uniform
-from specrl.rollout.verify import verify
+from specrl.rollout.spec_decode.verify import verify
 from tests.stats import ALPHA
 
 V = 4  # vocabulary of the synthetic rows

@@ -36,11 +36,11 @@ def char_tokenizer():
 
 def make_tiny_checkpoint(path: str | Path, seed: int = 0, arch: str = "llama", **overrides) -> Path:
     """Write a random tiny model + char tokenizer as a checkpoint directory loadable by `load_model`."""
-    from specrl.model.checkpoint import save_checkpoint
+    from specrl.model.hf_checkpoint import save_hf_checkpoint
     from specrl.model.transformer import tiny_model
 
     overrides.setdefault("eos_token_id", [2])
     model = tiny_model(arch=arch, vocab_size=128, seed=seed, **overrides)
-    out = save_checkpoint(model, path)
+    out = save_hf_checkpoint(model, path)
     char_tokenizer().save_pretrained(str(out))
     return out

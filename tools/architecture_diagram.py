@@ -17,23 +17,29 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "architecture.png"
 
-# (rank, package, what it holds), bottom to top; rl and sim share rank 5 and may not import each other
+# (rank, [(package, what it holds), ...]), bottom to top; packages of one rank may not import each other
 LAYERS = [
-    (0, "specrl.errors", "SpecRLError: the one user-input error type"),
-    (1, "specrl.model", "transformer · checkpoint (HF safetensors, names) · loader · presets · tokenizer ·\n"
-                        "packed (prepacked bf16 weights) — beside it specrl.cpu: torch threads, allocator"),
-    (2, "specrl.rollout", "api (backend protocol) · drafter (protocol) · sampling · verify · adaptive ·\n"
-                          "metrics · engine (native engine implementing the protocol)"),
-    (3, "specrl.drafters", "base · ngram · suffix · draft_model · eagle · mtp · io · training · build"),
-    (4, "specrl.backends", "other engines behind the rollout protocol (vLLM)"),
-    (5, "specrl.rl", "tasks · grpo · config · producer · learner · trainer · weight_sync\n"
-                     "draft_online · default_drafter · run · checkpoint · metrics · report"),
-    (6, "specrl.distributed", "Ray: rollout-worker and learner actors, weight store, async driver"),
-    (7, "specrl.cli", "the `specrl` command line"),
+    (0, [("specrl.errors · fileio", "SpecRLError · atomic writes")]),
+    (1, [("cpu · device · plugins", "threads · device · extensions"),
+         ("specrl.observability", "step record · metrics writers · run report"),
+         ("specrl.checkpoint", "step directories · DCP state")]),
+    (2, [("specrl.model", "transformer · HF checkpoints · loader · presets · packed"),
+         ("specrl.data", "tasks · datasets · rewards")]),
+    (3, [("specrl.rollout", "protocol · drafter protocol · sampling · engine\nspec_decode/: verify · adaptive · "
+                            "seq_budget")]),
+    (4, [("specrl.algorithms", "grpo · losses · logprobs · rollouts · batch")]),
+    (5, [("specrl.drafters", "ngram · suffix · draft_model · eagle · mtp · hybrid · io · shipped · default\n"
+                             "build/ (draft init, draft build stages) · training/ (offline, online)")]),
+    (6, [("specrl.backends", "registry · vLLM (+ its config, worker) · losslessness probe")]),
+    (7, [("specrl.config", "sections · schema (TrainConfig) · hardware")]),
+    (8, [("specrl.trainer", "producer · learner · sync_trainer · weight_sync · weight_check")]),
+    (9, [("specrl.parallel", "FSDP2 learner rank"), ("specrl.sim", "performance simulator")]),
+    (10, [("specrl.run", "loop · compare · run directory · certificate")]),
+    (11, [("specrl.cluster", "Ray: actors · async driver · learner ranks")]),
+    (12, [("specrl.cli · api", "the `specrl` command · train() from Python")]),
 ]
-SIM = (5, "specrl.sim", "performance simulator\n(independent of rl)")
-COLORS = {0: "#e8e8e8", 1: "#d6e6f5", 2: "#d4edda", 3: "#e6dcf0", 4: "#fbe5c8", 5: "#fde2e1", 6: "#fff3bf",
-          7: "#dfe7ea"}
+PALETTE = ["#e8e8e8", "#d6e6f5", "#d4edda", "#e6dcf0", "#fbe5c8", "#fde2e1", "#fff3bf", "#dfe7ea"]
+COLORS = {rank: PALETTE[rank % len(PALETTE)] for rank, _ in LAYERS}
 STAGES = [
     ("data", "#4c9be8", "next prompts of\nthe task; n samples\nper prompt (GRPO\ngroups)"),
     ("prepare", "#b07cc6", "learner: WeightSync\n.push(version,\npolicy, drafter)"),
@@ -43,12 +49,13 @@ STAGES = [
 ]
 
 
-def box(ax, x, y, w, h, color, title=None, body=None, title_size=10, body_size=8, dashed=False):
+def box(ax, x, y, w, h, color, title=None, body=None, title_size=10, body_size=8, dashed=False, title_dy=0.12,
+        body_dy=0.45):
     ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08", fc=color, ec="#444",
                                 lw=1.0, ls="--" if dashed else "-"))
     if title and body:
-        ax.text(x + 0.12, y + h - 0.12, title, ha="left", va="top", fontsize=title_size, weight="bold")
-        ax.text(x + 0.12, y + h - 0.45, body, ha="left", va="top", fontsize=body_size, linespacing=1.25)
+        ax.text(x + 0.12, y + h - title_dy, title, ha="left", va="top", fontsize=title_size, weight="bold")
+        ax.text(x + 0.12, y + h - body_dy, body, ha="left", va="top", fontsize=body_size, linespacing=1.25)
     elif title:
         ax.text(x + w / 2, y + h / 2, title, ha="center", va="center", fontsize=title_size, weight="bold")
 
@@ -63,14 +70,13 @@ def draw_layers(ax):
             weight="bold", va="top")
     ax.text(0.3, 9.38, "enforced by tests/test_layers.py (no upward imports, no cycles)", fontsize=9,
             style="italic", va="top")
-    row_h, gap, y0, x0, full_w = 0.92, 0.14, 0.35, 0.3, 6.9
-    for i, (rank, name, body) in enumerate(LAYERS):
+    row_h, gap, y0, x0, full_w = 0.6, 0.08, 0.3, 0.3, 6.9
+    for i, (rank, packages) in enumerate(LAYERS):
         y = y0 + i * (row_h + gap)
-        w = 5.05 if rank == 5 else full_w
-        box(ax, x0, y, w, row_h, COLORS[rank], f"{rank}  {name}", body, body_size=7.6)
-        if rank == 5:
-            box(ax, x0 + w + 0.1, y, full_w - w - 0.1, row_h, COLORS[rank], f"{SIM[0]}  {SIM[1]}", SIM[2],
-                body_size=7.6)
+        w = (full_w - 0.1 * (len(packages) - 1)) / len(packages)
+        for j, (name, body) in enumerate(packages):
+            box(ax, x0 + j * (w + 0.1), y, w, row_h, COLORS[rank], f"{rank}  {name}", body, title_size=8.5,
+                body_size=6.6, title_dy=0.06, body_dy=0.25)
     top = y0 + len(LAYERS) * (row_h + gap) - gap
     arrow(ax, (7.55, top - 0.1), (7.55, y0 + 0.1), color="#666", lw=2.2)
     ax.text(7.7, (top + y0) / 2, "imports point down", rotation=-90, ha="left", va="center", fontsize=9,
@@ -79,7 +85,7 @@ def draw_layers(ax):
 
 def draw_sync_step(ax):
     x0, w, gap, y = 8.35, 1.36, 0.12, 8.55
-    ax.text(x0, 9.75, "One synchronous RL step (specrl.rl.trainer = producer + learner)", fontsize=12,
+    ax.text(x0, 9.75, "One synchronous RL step (specrl.trainer.sync_trainer = producer + learner)", fontsize=12,
             weight="bold", va="top")
     centers = []
     for i, (name, color, caption) in enumerate(STAGES):
@@ -106,7 +112,7 @@ def draw_sync_step(ax):
 
 def draw_async(ax):
     x0, y_top = 8.35, 4.45
-    ax.text(x0, y_top, "Asynchronous pipeline (specrl.distributed, Ray)", fontsize=12, weight="bold",
+    ax.text(x0, y_top, "Asynchronous pipeline (specrl.cluster, Ray)", fontsize=12, weight="bold",
             va="top")
     wx, ww, wh = x0, 2.45, 0.78
     ys = [2.9, 1.95, 0.6]

@@ -1,4 +1,4 @@
-"""The end-of-run losslessness certificate (`specrl.rl.certificate`) on a config's fresh trainer: its verdict,
+"""The end-of-run losslessness certificate (`specrl.run.certificate`) on a config's fresh trainer: its verdict,
 tokens tested, detectable bias and wall time (what it adds to a run).
 
     .venv/bin/python tools/certificate_cost.py --set speculative.drafter=ngram --set drafter.online=false
@@ -19,10 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(argv: list[str] | None = None) -> None:
     import torch
 
+    from specrl.config.schema import load_config
     from specrl.device import processor_class
-    from specrl.rl.certificate import certify, line
-    from specrl.rl.config import load_config
-    from specrl.rl.trainer import GRPOTrainer
+    from specrl.run.certificate import certify, line
+    from specrl.trainer.sync_trainer import GRPOTrainer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="examples/default.yaml")

@@ -21,7 +21,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,3,16,32")
     ap.add_argument("--ks", default="1,3,7")
     a = ap.parse_args()
-    from specrl.model.checkpoint import parse_dtype
+    from specrl.model.hf_checkpoint import parse_dtype
     from specrl.model.loader import load_model
 
     torch.set_num_threads(1)

@@ -47,12 +47,12 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    from specrl.rl.config import load_config
+    from specrl.config.schema import load_config
 
     cfg = load_config(a.config, [*a.sets, f"run.steps={a.steps}"])
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
-        from specrl.rl.trainer import GRPOTrainer, seed_everything
+        from specrl.trainer.sync_trainer import GRPOTrainer, seed_everything
 
         seed_everything(cfg.run.seed)
         trainer = GRPOTrainer.from_config(cfg)

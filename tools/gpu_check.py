@@ -60,7 +60,7 @@ def build_models(shape: dict, device, dtype):
     import torch
     import transformers as tf
 
-    from specrl.model.checkpoint import args_from_hf_config, load_state_into
+    from specrl.model.hf_checkpoint import args_from_hf_config, load_state_into
     from specrl.model.transformer import Transformer
 
     torch.manual_seed(0)
@@ -172,9 +172,9 @@ def section_learner(device, dry: bool) -> dict:
 
     import torch
 
+    from specrl.config.schema import validate_config
     from specrl.model.loader import load_model
-    from specrl.rl.config import validate_config
-    from specrl.rl.learner import Learner
+    from specrl.trainer.learner import Learner
     from tests.test_learner_group import seeded_rollouts
     from tests.tiny import make_tiny_checkpoint
 

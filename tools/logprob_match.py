@@ -23,11 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(argv: list[str] | None = None) -> dict:
     import torch
 
+    from specrl.algorithms.batch import response_logprobs
+    from specrl.algorithms.grpo import token_mult_prob_error
+    from specrl.config.schema import load_config
     from specrl.device import processor_class
-    from specrl.rl.batch import response_logprobs
-    from specrl.rl.config import load_config
-    from specrl.rl.grpo import token_mult_prob_error
-    from specrl.rl.trainer import GRPOTrainer
+    from specrl.trainer.sync_trainer import GRPOTrainer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="examples/default.yaml")

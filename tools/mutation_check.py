@@ -1,6 +1,7 @@
 """Mutation check for THE verifier: plant known bugs and fail unless the losslessness suite catches every one.
 
-Each mutant is a copy of specrl/rollout/verify.py with one source substitution, written to a temporary directory
+Each mutant is a copy of specrl/rollout/spec_decode/verify.py with one source substitution, written to a temporary
+directory
 and imported from there (the real file is never edited). The direct tests of tests/test_verify_power.py
 (10^6 synthetic rows per case, exact outcome probabilities) run against each mutant until one case fails; the
 wrong-position-bonus mutant also runs one end-to-end bonus-path case of tests/test_spec_proof.py (the engine's
@@ -158,7 +159,7 @@ def power_report(reps: int) -> None:
     import torch
     from scipy.stats import kstest
 
-    from specrl.rollout.verify import verify
+    from specrl.rollout.spec_decode.verify import verify
     from tests import test_verify_power as tvp
     from tests.stats import ALPHA, FAMILY_ALPHA, N_CHI_SQUARE
 

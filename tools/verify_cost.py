@@ -36,7 +36,7 @@ def post_pieces(eng, logits, batch, drafts, tick) -> None:
         scaled_logits,
         uniform,
     )
-    from specrl.rollout.verify import verify
+    from specrl.rollout.spec_decode.verify import verify
 
     n, k1, _ = logits.shape
     k = k1 - 1

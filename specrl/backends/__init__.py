@@ -1,4 +1,4 @@
-"""specrl.backends: other generation engines behind the rollout backend protocol (`specrl.rollout.api`).
+"""specrl.backends: other generation engines behind the rollout backend protocol (`specrl.rollout.protocol`).
 
 This package owns adapters that let a trainer generate rollouts with an engine other than the native
 `specrl.rollout.engine` (`vllm.py`: vLLM, with `vllm_worker.py` running inside vLLM's worker), each declaring

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specrl.errors import SpecRLError
-from specrl.rollout.api import RolloutRequest
+from specrl.rollout.protocol import RolloutRequest
 from specrl.rollout.sampling import SamplingParams, probs_from_logits
 
 # the probe's fixed prompts (chat-formatted by `chat_prompts`); the trainer's start-up probe and `specrl

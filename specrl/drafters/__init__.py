@@ -7,7 +7,7 @@ distillation into a drafter (`training.py`) and building one from in-domain roll
 `make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
 draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH. PATH may be one of EMBEDDED_NAMES: a cached in-domain drafter of
 the embedded model (SmolLM2-135M): `default` on chain_sum's short answers, `think` on the long step-by-step replies
-of examples/think.yaml. The RL layer builds them from its task prompts (`specrl.rl.default_drafter`,
+of examples/think.yaml. The RL layer builds them from its task prompts (`specrl.drafters.default`,
 `specrl prepare --drafter eagle[:think]`). `hybrid:LEARNED` pairs a learned drafter with the suffix drafter
 (`hybrid.py`). Specs are parsed by `specrl.rollout.drafter_spec`, whose table of kinds `register_drafter` extends
 with a new kind and its builder. It imports model, rollout and errors only.
@@ -106,7 +106,7 @@ def make_drafter(spec: str | None, target=None, dtype=None,
 
     `eagle:NAME` / `mtp:NAME` with NAME in EMBEDDED_NAMES load a cached drafter of the embedded model; when it is
     not built yet, `build_default(kind, name)` builds it and returns its directory
-    (`specrl.rl.default_drafter.resolve_drafter` passes the builder), and without one the error says how to build it.
+    (`specrl.drafters.default.resolve_drafter` passes the builder), and without one the error says how to build it.
     """
     if spec is None or spec == "none":
         return None

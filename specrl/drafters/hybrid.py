@@ -7,7 +7,7 @@ engine) and each row takes the suffix continuation when the suffix matched at le
 has k tokens to offer, else the learned proposal. The choice depends only on the context (the match length), never
 on the drafted tokens, so the row's draft distribution is a proper q (one-hot for suffix rows, the learned q
 otherwise) and rejection sampling stays exact; in seed_exact mode any proposal is exact. The single verifier
-(`specrl.rollout.verify.verify`) decides as for any other drafter.
+(`specrl.rollout.spec_decode.verify.verify`) decides as for any other drafter.
 """
 
 from __future__ import annotations

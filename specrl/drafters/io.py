@@ -19,7 +19,7 @@ from specrl.drafters.base import is_full_vocab
 from specrl.drafters.eagle import EagleDrafter
 from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import check_finite, copy_state
+from specrl.model.hf_checkpoint import check_finite, copy_state
 
 FORMAT = "specrl-drafter"
 FORMAT_VERSION = 2  # 2: EAGLE heads use EAGLE-3's midlayer (vLLM's layout); MTP directories are unchanged since 1

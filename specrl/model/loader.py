@@ -14,7 +14,7 @@ import torch
 from specrl.device import resolve_device, resolve_dtype
 from specrl.errors import SpecRLError
 from specrl.model import presets
-from specrl.model.checkpoint import load_checkpoint, load_tokenizer
+from specrl.model.hf_checkpoint import load_hf_checkpoint, load_tokenizer
 
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")  # either marks a directory that carries a tokenizer
 
@@ -32,7 +32,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "auto
         dtype = resolve_dtype(dtype, dev, "dtype")
     p, preset = _checkpoint_dir(name_or_path)
     try:
-        model = load_checkpoint(p, dtype)
+        model = load_hf_checkpoint(p, dtype)
     except SpecRLError as e:
         if preset is None:
             raise
@@ -50,7 +50,7 @@ def load_model_info(name_or_path: str | os.PathLike):
     process that only renders prompts (the async learner's coordinator, whose ranks own the policy)."""
     import json
 
-    from specrl.model.checkpoint import args_from_hf_config
+    from specrl.model.hf_checkpoint import args_from_hf_config
 
     p, _ = _checkpoint_dir(name_or_path)
     cfg_path = p / "config.json"

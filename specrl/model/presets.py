@@ -104,7 +104,7 @@ def prepare(name: str, verbose: bool = True) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specrl.model.checkpoint import load_checkpoint, save_checkpoint
+    from specrl.model.hf_checkpoint import load_hf_checkpoint, save_hf_checkpoint
 
     hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
@@ -116,8 +116,8 @@ def prepare(name: str, verbose: bool = True) -> Path:
         hf.save_pretrained(str(tmp / "hf"))
         tok.save_pretrained(str(tmp / "hf"))
         # Re-save through our own writer so the cache is exactly our format (one file, tied weights).
-        model = load_checkpoint(tmp / "hf", dtype=torch.float32)
-        save_checkpoint(model, tmp / "final")
+        model = load_hf_checkpoint(tmp / "hf", dtype=torch.float32)
+        save_hf_checkpoint(model, tmp / "final")
         for f in (tmp / "hf").iterdir():
             if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
                 shutil.copy(f, tmp / "final" / f.name)

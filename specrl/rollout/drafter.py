@@ -9,7 +9,7 @@ drafting) return `probs=None`, meaning one-hot q. Drafters with state (a KV cach
 step through the hooks: `on_prefill` when new sequences enter slots, `on_verified` after each verification (and
 after each plain step, with `proposal=None`), carrying the captured target hidden states when `target_layers` is
 non-empty, and `compact` when the engine drops finished sequences from its batch. The decision which drafted
-tokens are kept is never the drafter's: it is `specrl.rollout.verify.verify`.
+tokens are kept is never the drafter's: it is `specrl.rollout.spec_decode.verify.verify`.
 """
 
 from __future__ import annotations

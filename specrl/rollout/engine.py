@@ -1,17 +1,17 @@
 """The batched rollout engine: continuous batching, autoregressive and speculative decoding.
 
-The native implementation of the rollout backend protocol (`specrl.rollout.api`), and the exact reference
+The native implementation of the rollout backend protocol (`specrl.rollout.protocol`), and the exact reference
 (the only backend with `seed_exact`). Shaped like gpt-fast's generate.py: `_prefill`, `_ar_step` and
 `_spec_step` are plain methods beside each other over one preallocated, slot-indexed KV cache. Active sequences
 always occupy slots 0..n-1: when sequences finish, the survivors are compacted, in order, into the first slots
 (one gather per cache tensor) and waiting sequences are prefilled into the slots after them, so every forward
 runs on a contiguous view of the cache. Random draws depend only on (seed, request id, position), so outputs do
 not depend on batch composition. Speculative steps ask the drafter for k tokens, score them in one target
-forward and hand the decision to `specrl.rollout.verify` — the single verification point. A ragged proposal
+forward and hand the decision to `specrl.rollout.spec_decode.verify` — the single verification point. A ragged proposal
 (n-gram, suffix) is cut to its longest real draft before the forward; after it, `_verify_logits` does the
 vocabulary-wide work only where it is needed (argmax alone for greedy batches, log-probs at emitted positions).
 With `per_sequence_k`, each row keeps only its own budget k_i <= k of the step's drafts
-(`specrl.rollout.seq_budget`, from that sequence's past acceptance), and the drafter is asked for max_i k_i.
+(`specrl.rollout.spec_decode.seq_budget`, from that sequence's past acceptance), and the drafter is asked for max_i k_i.
 An optional `between_steps` callable runs between engine steps and may load newer weights (in-flight updates);
 every emitted token records the policy version that produced it.
 """
@@ -28,10 +28,13 @@ from torch import Tensor
 
 from specrl.cpu import tick
 from specrl.errors import SpecRLError
-from specrl.model.checkpoint import copy_state, hf_named_tensors, load_state_into
+from specrl.model.hf_checkpoint import copy_state, hf_named_tensors, load_state_into
 from specrl.model.packed import pack_for_inference
-from specrl.rollout.adaptive import DraftLengthController
-from specrl.rollout.api import (
+from specrl.rollout.digest import weights_digest
+from specrl.rollout.drafter import BindContext, DraftBatch, Proposal
+from specrl.rollout.drafter_spec import kinds_offered
+from specrl.rollout.generation_metrics import SpecMetrics
+from specrl.rollout.protocol import (
     BackendCapabilities,
     GenerationResult,
     RolloutOutput,
@@ -39,10 +42,6 @@ from specrl.rollout.api import (
     check_weight_kind,
     normalize_requests,
 )
-from specrl.rollout.digest import weights_digest
-from specrl.rollout.drafter import BindContext, DraftBatch, Proposal
-from specrl.rollout.drafter_spec import kinds_offered
-from specrl.rollout.metrics import SpecMetrics
 from specrl.rollout.sampling import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -54,8 +53,9 @@ from specrl.rollout.sampling import (
     scaled_logits,
     uniform,
 )
-from specrl.rollout.seq_budget import SequenceDraftBudget
-from specrl.rollout.verify import VERIFY_MODES, VerifyResult, check_draft_ids, verify
+from specrl.rollout.spec_decode.adaptive import DraftLengthController
+from specrl.rollout.spec_decode.seq_budget import SequenceDraftBudget
+from specrl.rollout.spec_decode.verify import VERIFY_MODES, VerifyResult, check_draft_ids, verify
 
 
 @dataclass
@@ -94,7 +94,7 @@ class RolloutEngine:
     drafter on CPU run their linear layers on prepacked oneDNN weights (`specrl.model.packed`: bitwise the same
     outputs, faster at decode); float32 models are left as they are, and so is a model with packed=False (a
     model another engine packed stays packed: packing is a property of the model's modules). `per_sequence_k`
-    (default off) caps each sequence's drafts by its own recent acceptance (`specrl.rollout.seq_budget`).
+    (default off) caps each sequence's drafts by its own recent acceptance (`specrl.rollout.spec_decode.seq_budget`).
     """
 
     def __init__(self, model, max_batch_size: int = 32, max_seq_len: int = 2048, drafter=None,
@@ -155,7 +155,7 @@ class RolloutEngine:
                                                 exact_seeds=True, in_flight_updates=True)
         self.policy_version = 0
         self.drafter_version = 0
-        # in-flight weight updates (specrl.rollout.api): called between engine steps; it may call load_weights
+        # in-flight weight updates (specrl.rollout.protocol): called between engine steps; it may call load_weights
         self.between_steps: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ public
@@ -368,7 +368,8 @@ class RolloutEngine:
 
     def _spec_step(self, active: list[_Seq], k: int, metrics: SpecMetrics, budgets: Tensor | None = None) -> None:
         """One speculative step with the step's k; `budgets` [n] (per-sequence k_i <= k, from past outcomes only:
-        `specrl.rollout.seq_budget`): the drafter is asked for max_i k_i drafts and row i's drafts past k_i are
+        `specrl.rollout.spec_decode.seq_budget`): the drafter is asked for max_i k_i drafts and row i's drafts past
+        k_i are
         marked as not drafted, so the verifier treats the proposal as ragged."""
         t0 = time.perf_counter()  # like _ar_step, the step's clock includes building its batch
         n = len(active)

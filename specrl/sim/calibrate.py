@@ -67,7 +67,7 @@ def load_tables(path: str | Path) -> dict[str, dict]:
 
 
 def _config(name: str, al: float, eff: Efficiency, sigma: float) -> SimConfig:
-    from specrl.sim.presets import paper_8b
+    from specrl.sim.scenarios import paper_8b
 
     return replace(paper_8b(name, eff, sigma), acceptance_length=al)
 

@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from specrl.errors import SpecRLError
+from specrl.observability.step_record import StepRecord, read_records
 from specrl.rollout.drafter_spec import DRAFTER_KINDS, parse_drafter_spec
 from specrl.sim.calibrated import CALIBRATION
 from specrl.sim.models import CATALOG_CONFIGS, get_model
 from specrl.sim.pipeline import STAGES, SimConfig, config_dict, simulate
 from specrl.sim.roofline import Efficiency
 from specrl.sim.workload import Workload
-from specrl.step_record import StepRecord
 
-EAGLE_TTT_STEPS = 3  # specrl.drafters.training.TTT_STEPS: unrolled steps per drafter update
+EAGLE_TTT_STEPS = 3  # specrl.drafters.training.offline.TTT_STEPS: unrolled steps per drafter update
 
 
 def cpu_efficiency() -> Efficiency:
@@ -52,26 +52,13 @@ def _read_text(p: Path) -> str:
                           "files a specrl training run wrote") from None
 
 
-def read_metrics(path: str | Path) -> list[StepRecord]:
-    """The run's step records (any schema version), with errors that name the file and line."""
-    p = metrics_file(path)
-    if not p.exists():
-        raise SpecRLError(f"{p} does not exist; pass runs/NAME/metrics.jsonl of a specrl training run")
-    rows = []
-    for i, line in enumerate(_read_text(p).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecRLError(f"{p}:{i}: not a JSON line ({exc})") from exc
-        missing = [k for k in ("stage_seconds", "response_length_mean") if k not in r]
-        if missing:
-            raise SpecRLError(f"{p}:{i}: step record lacks {missing}; expected specrl trainer metrics")
-        rows.append(StepRecord.from_json(r))
-    if not rows:
-        raise SpecRLError(f"{p} has no step records")
-    return rows
+# what the simulator reads of each step record
+RUN_FIELDS = ("stage_seconds", "response_length_mean")
+
+
+def run_records(path: str | Path) -> list[StepRecord]:
+    """A finished run's step records (runs/NAME or its metrics.jsonl), strictly: errors name the file and line."""
+    return read_records(metrics_file(path), strict=True, require=RUN_FIELDS)
 
 
 def read_run_config(run_dir: Path) -> dict:
@@ -224,7 +211,7 @@ def pipeline_layout(run_cfg: dict) -> tuple[str, dict]:
 
 
 def prepare_hw(cfg: SimConfig):
-    from specrl.sim.hardware import get_hardware
+    from specrl.sim.accelerators import get_hardware
 
     return get_hardware(cfg.hardware, cfg.cpu_profile)
 
@@ -259,7 +246,7 @@ def predict_run(metrics_path: str | Path, cpu_profile: str | None = None,
     recorded, each step is simulated on its own rollouts and the prediction is the median over steps
     (`lengths: "per step"`); otherwise one step of the pooled lengths (or a log-normal) is (`"pooled"`)."""
     metrics_path = metrics_file(metrics_path)
-    records = read_metrics(metrics_path)
+    records = run_records(metrics_path)
     run_cfg = read_run_config(metrics_path.parent)
     cfg = config_for_run(run_cfg, records, cpu_profile, efficiency, prompt_tokens=prompt_tokens, threads=threads)
     steady = records[1:] or records
@@ -324,7 +311,7 @@ def _fit_inputs(path: str | Path, cpu_profile: str | None, unit: Efficiency, pro
     lengths (the fit then matches the median of per-step predictions to the median of measured steps: linear in
     each factor while the steps keep their order, which the in-sample rows check), else one pooled config."""
     metrics_path = metrics_file(path)
-    records = read_metrics(metrics_path)
+    records = run_records(metrics_path)
     run_cfg = read_run_config(metrics_path.parent)
     if pipeline_layout(run_cfg)[0] != "sync":
         raise SpecRLError(f"{metrics_path}: `fit --from-run` needs a sync run (pipeline.mode: sync), whose stage "

@@ -37,7 +37,7 @@ class EngineStats:
 
 
 @dataclass
-class GenerationResult:
+class SimulatedGeneration:
     seconds: float
     engines: int
     generated_tokens: float
@@ -160,7 +160,7 @@ def simulate_engine(prompts: np.ndarray, responses: np.ndarray, step: StepModel,
 
 def simulate_generation(prompts: np.ndarray, responses: np.ndarray, engines: int, step: StepModel,
                         prefill: ForwardCost, kv_capacity: float, max_seqs: int,
-                        generations_per_prompt: int = 1, trace: list | None = None) -> GenerationResult:
+                        generations_per_prompt: int = 1, trace: list | None = None) -> SimulatedGeneration:
     """Split rollouts over `engines` in contiguous prompt groups and simulate each; the stage ends with the
     slowest engine.
 
@@ -186,7 +186,7 @@ def simulate_generation(prompts: np.ndarray, responses: np.ndarray, engines: int
         trace.extend(traces[stats.index(slow)])
     steps = sum(s.steps for s in stats)
     gen_tokens = float(responses.sum()) / streams
-    return GenerationResult(
+    return SimulatedGeneration(
         seconds=slow.seconds / streams, engines=engines, generated_tokens=gen_tokens, steps=slow.steps // streams,
         mean_k=sum(s.k_steps for s in stats) / max(steps, 1),
         acceptance_length=gen_tokens * streams / max(sum(s.batch_steps for s in stats), 1.0),

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from specrl.errors import SpecRLError
-from specrl.sim.generation import GenerationResult, simulate_generation
-from specrl.sim.hardware import Hardware, get_hardware, with_threads
+from specrl.sim.accelerators import Hardware, get_hardware, with_threads
+from specrl.sim.generation import SimulatedGeneration, simulate_generation
 from specrl.sim.models import DTYPE_BYTES, ModelSpec, eagle3_head, get_model, mtp_head
 from specrl.sim.roofline import Efficiency, ForwardCost
 from specrl.sim.speculation import DRAFTERS, Acceptance, StepModel
@@ -248,7 +248,7 @@ def cudagraph_max_tokens(cfg: SimConfig, hw: Hardware, k_max: int) -> float:
     return float(min(cfg.max_num_seqs * (1 + k_max) * 2, hw.cudagraph_default_max))
 
 
-def run_generation(ctx: Context, speculative: bool, trace: list | None = None) -> tuple[GenerationResult, StepModel]:
+def run_generation(ctx: Context, speculative: bool, trace: list | None = None) -> tuple[SimulatedGeneration, StepModel]:
     cfg, eff, g = ctx.cfg, ctx.cfg.efficiency, ctx.layout.gpus_per_engine
     k_max = 0
     if speculative and ctx.acceptance is not None:

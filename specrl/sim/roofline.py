@@ -23,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from specrl.errors import SpecRLError
-from specrl.sim.hardware import Hardware
+from specrl.sim.accelerators import Hardware
 from specrl.sim.models import DTYPE_BYTES, ModelSpec
 
 

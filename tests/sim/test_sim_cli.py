@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specrl.sim.cli import app
+from specrl.sim.commands import app
 
 runner = CliRunner()
 CONTRACT_STAGES = {"data", "prepare", "gen", "logprob", "train"}

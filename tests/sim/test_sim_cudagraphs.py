@@ -15,12 +15,12 @@ import pytest
 from typer.testing import CliRunner
 
 from specrl.errors import SpecRLError
-from specrl.sim.cli import app
-from specrl.sim.hardware import get_hardware, save_profile
+from specrl.sim.accelerators import get_hardware, save_profile
+from specrl.sim.commands import app
 from specrl.sim.models import get_model
 from specrl.sim.pipeline import SimConfig, cudagraph_max_tokens, simulate
-from specrl.sim.presets import get_preset
 from specrl.sim.roofline import KERNELS_PER_LAYER, Efficiency, ForwardCost, eager_launch_seconds
+from specrl.sim.scenarios import get_preset
 from specrl.sim.workload import Workload
 
 runner = CliRunner()

@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from specrl.errors import SpecRLError
-from specrl.sim.cli import app
+from specrl.sim.commands import app
 from specrl.sim.pipeline import SimConfig, simulate
-from specrl.sim.presets import get_preset
+from specrl.sim.scenarios import get_preset
 
 runner = CliRunner()
 

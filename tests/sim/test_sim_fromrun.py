@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from specrl.errors import SpecRLError
-from specrl.sim.cli import app
-from specrl.sim.fromrun import config_for_run, fit_cpu_efficiency, predict_run, read_metrics, read_run_config
-from specrl.sim.hardware import get_hardware, with_threads
+from specrl.sim.accelerators import get_hardware, with_threads
+from specrl.sim.commands import app
+from specrl.sim.fromrun import config_for_run, fit_cpu_efficiency, predict_run, read_run_config, run_records
 from specrl.sim.models import get_model
 from specrl.sim.pipeline import combine, other_stages, prepare, simulate, trainer_forward_flops
 from specrl.sim.roofline import Efficiency
@@ -83,7 +83,7 @@ def test_async_run_with_unequal_sides_gives_each_actor_its_cores(tmp_path):
     assert pb["train"] == pytest.approx(pa["train"] / 2, rel=1e-6)  # two learner cores: GEMMs at twice the rate
     assert pb["gen"] == pytest.approx(pa["gen"])  # the worker is the same one-core device
     with pytest.raises(SpecRLError, match="learner_cpu_threads=2 sizes the learner of an async pipeline"):
-        simulate(replace(config_for_run(read_run_config(one), read_metrics(one), prof), mode="sync",
+        simulate(replace(config_for_run(read_run_config(one), run_records(one), prof), mode="sync",
                          learner_cpu_threads=2))
 
 
@@ -117,7 +117,7 @@ def test_trainer_pads_micro_batches_to_their_longest_sequence_and_heads_only_res
 
 def test_online_drafter_training_is_priced_in_the_train_stage(tmp_path):
     run, prof = _run(tmp_path, "spec", drafter="eagle:default", online=True)
-    cfg = config_for_run(read_run_config(run), read_metrics(run),
+    cfg = config_for_run(read_run_config(run), run_records(run),
                          prof, prompt_tokens=57)
     assert cfg.drafter_trained_online and cfg.drafter_train_passes == 3.0
     ctx = prepare(cfg)
@@ -135,7 +135,7 @@ def test_two_run_cpu_fit_recovers_known_factors(tmp_path):
     for name, new, lens in (("short", 32, [10, 14, 20, 32, 12, 18, 25, 32]),
                             ("long", 512, [150, 220, 300, 410, 180, 260, 350, 480])):
         run, prof = _run(tmp_path / "tmp", name, new_tokens=new, lengths=lens)
-        st = simulate(config_for_run(read_run_config(run), read_metrics(run), prof, truth,
+        st = simulate(config_for_run(read_run_config(run), run_records(run), prof, truth,
                                      prompt_tokens=60))["ar"]["stages"]
         made.append(_run(tmp_path, name, new_tokens=new, lengths=lens, stages=st)[0])
     out = fit_cpu_efficiency(made, cpu_profile=prof, prompt_tokens=60)
@@ -192,7 +192,7 @@ def test_one_core_gets_its_measured_bandwidth_and_bandwidth_bound_attention_foll
     assert with_threads(hw, 2).hbm_bandwidth == pytest.approx(2e10)  # never above what all threads measured
     run, _ = _run(tmp_path, "s", new_tokens=512, lengths=[300, 420, 380, 500, 260, 350, 450, 480])
     eff = Efficiency(mfu_logprob=0.5, mfu_train=0.5, mfu_attention=0.05)
-    rec = read_metrics(run)
+    rec = run_records(run)
     cfg2 = config_for_run(read_run_config(run), rec, str(tmp_path / "p.json"), eff, prompt_tokens=60)
     cfg1 = replace(cfg2, cpu_threads=1)
     only_attn = replace(eff, mfu_logprob=1.0, mfu_attention=0.05)
@@ -234,7 +234,7 @@ def test_each_recorded_step_is_simulated_on_its_own_rollouts_and_the_median_comp
     run, prof = _steps_run(tmp_path, "steps", STEP_LENGTHS)
     out = predict_run(run, cpu_profile=prof, prompt_tokens=72)
     assert out["lengths"] == "per step" and len(out["per_step"]) == 4
-    cfg = config_for_run(read_run_config(run), read_metrics(run), prof, prompt_tokens=72)
+    cfg = config_for_run(read_run_config(run), run_records(run), prof, prompt_tokens=72)
     each = []
     for lens in STEP_LENGTHS[1:]:
         wl = replace(cfg.workload, length_sample=tuple(float(x) for x in lens), length_in_order=True)
@@ -244,7 +244,7 @@ def test_each_recorded_step_is_simulated_on_its_own_rollouts_and_the_median_comp
     pooled = simulate(cfg)["ar"]["stages"]["train"]  # the old way: one step of the pooled quantiles (max 300)
     assert abs(pooled / by["train"]["predicted"] - 1) > 0.1
     # a step without its lengths: back to the pooled workload
-    rows = [r.to_json() for r in read_metrics(run)]
+    rows = [r.to_json() for r in run_records(run)]
     rows[2].pop("response_lengths")
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert predict_run(run, cpu_profile=prof, prompt_tokens=72)["lengths"] == "pooled"

@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from specrl.sim.hardware import get_hardware
+from specrl.sim.accelerators import get_hardware
 from specrl.sim.models import ModelSpec, get_model
 from specrl.sim.pipeline import SimConfig, simulate
-from specrl.sim.presets import get_preset
 from specrl.sim.roofline import Efficiency, ForwardCost
+from specrl.sim.scenarios import get_preset
 from specrl.sim.workload import Workload
 
 NO_OVERHEAD = Efficiency(bw_eff=0.8, flops_eff=0.6, step_overhead_s=0.0, draft_overhead_s=0.0,

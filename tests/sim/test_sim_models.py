@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specrl.errors import SpecRLError
-from specrl.sim.hardware import CATALOG, get_hardware, load_profile, save_profile
+from specrl.sim.accelerators import CATALOG, get_hardware, load_profile, save_profile
 from specrl.sim.models import eagle3_head, from_hf_config, get_model, load_config, model_names, mtp_head
 
 
@@ -113,7 +113,7 @@ def test_the_cpu_profile_times_the_engines_decode_gemv(monkeypatch):
     import torch
 
     from specrl.model import packed
-    from specrl.sim.hardware import profile_cpu
+    from specrl.sim.accelerators import profile_cpu
 
     calls = []
     real = packed.fused_linear

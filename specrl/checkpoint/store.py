@@ -1,0 +1,332 @@
+"""Atomic, verifiable training checkpoints (policy, optimizer, drafter, RNG states, data cursor, step).
+
+A checkpoint is a directory `checkpoints/step_NNNNNN/` holding one `torch.save` file per part plus
+`manifest.json` (step, metadata, and the size and SHA-256 of every part). It is written into a hidden
+temporary directory, every file is fsynced, the manifest is written last, and only then is the directory
+renamed into place with `os.replace` — so a kill at any moment leaves either the previous checkpoints or the
+complete new one, never a half-written `step_*`. A part may instead be an object with `write_dir(path)` (the
+sharded model and optimizer of a data-parallel learner, written by its ranks with torch.distributed.checkpoint):
+it writes a subdirectory of the temporary directory, every file of which the manifest records, and loading
+returns that subdirectory's path for the learner to read (its DCP metadata is read with an allow-listing
+unpickler, `specrl.checkpoint.sharded_state`). A part may also be an object with `write_file(path)`: its owner writes
+the
+part's file with `write_part` (the async learner actor, so its state never travels to the driver) and the manifest
+records it like any other file part. `load_latest` walks checkpoints newest first, verifies each against its
+manifest, reports every corrupt or partial one it skips, and returns the newest good one. Parts hold only
+tensors, numbers, strings, lists, tuples and dicts (numpy arrays, e.g. numpy's RNG state, are stored as tagged
+plain lists) and are read with `torch.load(weights_only=True)`: a part whose pickle would build any other
+object (and so could run code) is refused with `UnsafeCheckpointError` and the resume stops.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specrl.errors import SpecRLError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(SpecRLError):
+    """A checkpoint directory is corrupt, partial or from an incompatible run."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint part would build objects other than tensors and plain data when unpickled (it could run code)."""
+
+
+_NDARRAY = "__numpy_ndarray__"
+
+
+def _to_plain(obj: Any) -> Any:
+    """`obj` with numpy arrays and scalars replaced by plain data `torch.load(weights_only=True)` reads."""
+    if isinstance(obj, np.ndarray):
+        return {_NDARRAY: obj.tolist(), "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        out = [_to_plain(v) for v in obj]
+        return out if isinstance(obj, list) else tuple(out)
+    return obj
+
+
+def _from_plain(obj: Any) -> Any:
+    """Inverse of `_to_plain`: tagged lists become numpy arrays again."""
+    if isinstance(obj, dict):
+        if _NDARRAY in obj and set(obj) == {_NDARRAY, "dtype", "shape"}:
+            return np.asarray(obj[_NDARRAY], dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
+        return {k: _from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        out = [_from_plain(v) for v in obj]
+        return out if isinstance(obj, list) else tuple(out)
+    return obj
+
+
+# Checkpoints written before numpy arrays were stored as plain lists pickled numpy's RNG state directly: these
+# three rebuild a numeric ndarray and nothing else, so they are the only globals allowed beyond torch's own.
+_LEGACY_NUMPY = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+try:
+    from numpy._core.multiarray import _reconstruct
+except ImportError:  # numpy < 2
+    from numpy.core.multiarray import _reconstruct
+_LEGACY_NUMPY.append(_reconstruct)
+
+
+def _load_part(path: Path, name: str) -> Any:
+    try:
+        with torch.serialization.safe_globals(_LEGACY_NUMPY):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"`{found.group(1)}`" if found else "an object that is not a tensor or plain data"
+        raise UnsafeCheckpointError(
+            f"{path.parent}: part {name!r} ({path.name}) asks to build {what} when loaded, which could run code; "
+            "refused. A specrl checkpoint holds only tensors, numbers, strings, lists and dicts: resume only a "
+            "run directory written by specrl, or delete this checkpoint directory if it is not yours"
+        ) from None
+    except Exception as e:  # any other unpickling failure means a bad checkpoint
+        raise CheckpointError(f"{path.parent}: part {name!r} cannot be loaded ({type(e).__name__}: {e})") from None
+    return _from_plain(obj)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def step_dirname(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def write_part(obj: Any, path: str | Path) -> None:
+    """Write one checkpoint part (tensors and plain data) as the file `path`, fsynced, in the format
+    `load_checkpoint` reads with `weights_only=True`."""
+    torch.save(_to_plain(obj), path)
+    _fsync_file(Path(path))
+
+
+def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None = None,
+                    keep: int | None = None) -> Path:
+    """Atomically write `parts` (name -> torch-serialisable object) as checkpoint `step` under `root`.
+
+    `meta` (JSON-serialisable) goes into the manifest. With `keep`, only the newest `keep` checkpoints remain.
+    """
+    root = Path(root)
+    for name in parts:
+        if not name.replace("_", "").isalnum():
+            raise SpecRLError(f"checkpoint part name {name!r} must be alphanumeric (it names a file)")
+    final = root / step_dirname(step)
+    tmp = root / f".tmp-{step_dirname(step)}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        files: dict[str, dict[str, Any]] = {}
+        for name, obj in parts.items():
+            if hasattr(obj, "write_dir"):  # a directory part (sharded state written by its ranks)
+                obj.write_dir(tmp / name)
+                files[name] = {"dir": name, "files": _dir_files(tmp / name)}
+                continue
+            path = tmp / f"{name}.pt"
+            if hasattr(obj, "write_file"):  # a part its owner writes, in the same format
+                obj.write_file(path)
+                if not path.is_file():
+                    raise CheckpointError(f"checkpoint part {name!r}: its writer returned without writing {path}")
+            else:
+                write_part(obj, path)
+            files[name] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        manifest = {"format": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
+        mpath = tmp / MANIFEST
+        mpath.write_text(json.dumps(manifest, indent=2))
+        _fsync_file(mpath)
+        _fsync_dir(tmp)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError("... write failed")
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a partial checkpoint behind
+        why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        full = isinstance(e, OSError) and e.errno == errno.ENOSPC or "write failed" in str(e)
+        hint = "the disk is full" if full else "the directory is not writable" \
+            if isinstance(e, PermissionError) else "the write failed"
+        raise CheckpointError(f"cannot write checkpoint {final} ({hint}: {why}); the partial write was "
+                              "removed") from None
+    except SpecRLError:  # a directory part's writer failed (e.g. a learner rank died): nothing half-written stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        # Re-saving a step (e.g. after resume): move the old one aside first so the swap stays atomic.
+        old = root / f".old-{step_dirname(step)}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    if keep is not None:
+        prune(root, keep)
+    return final
+
+
+def _dir_files(path: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of every file under a directory part (fsynced), by path relative to it."""
+    out = {}
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        _fsync_file(f)
+        out[str(f.relative_to(path))] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    _fsync_dir(path)
+    return out
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `step_*` directory under root, newest first (validity not checked)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("step_"):
+            try:
+                out.append((int(p.name[5:]), p))
+            except ValueError:
+                continue
+    return sorted(out, reverse=True)
+
+
+def prune(root: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints and any leftover temporary directories."""
+    root = Path(root)
+    for _, p in list_checkpoints(root)[keep:]:
+        shutil.rmtree(p, ignore_errors=True)
+    for p in root.iterdir():
+        if p.is_dir() and (p.name.startswith(".tmp-") or p.name.startswith(".old-")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Return the manifest if every part is present with the recorded size and SHA-256; else raise."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not mpath.exists():
+        raise CheckpointError(f"{path}: no {MANIFEST} (partial checkpoint: the write did not finish)")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{mpath}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION or \
+            not isinstance(manifest.get("files"), dict):
+        what = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CheckpointError(f"{mpath}: unknown manifest format {what!r} (expected an object with \"format\": "
+                              f"{FORMAT_VERSION} and \"files\")")
+    if type(manifest.get("step")) is not int or manifest["step"] < 0:
+        raise CheckpointError(f"{mpath}: step is {manifest.get('step')!r}, expected an integer >= 0")
+    for name, info in manifest["files"].items():
+        if isinstance(info, dict) and "dir" in info:  # a directory part: every file of it is recorded
+            d = info["dir"]
+            if not (isinstance(d, str) and d == Path(d).name and isinstance(info.get("files"), dict)):
+                raise CheckpointError(f"{mpath}: entry {name!r} is {info!r:.120}; expected {{\"dir\": a directory "
+                                      "name in this checkpoint, \"files\": {relative path: {bytes, sha256}}}")
+            for rel, finfo in info["files"].items():
+                if not (isinstance(finfo, dict) and type(finfo.get("bytes")) is int and
+                        isinstance(finfo.get("sha256"), str)) or ".." in Path(rel).parts or Path(rel).is_absolute():
+                    raise CheckpointError(f"{mpath}: entry {name}/{rel!r} is {finfo!r:.120}; expected a relative "
+                                          "path inside the part with {\"bytes\": an integer, \"sha256\": a hex "
+                                          "string}")
+                _verify_file(path, f"{name}/{rel}", path / d / rel, finfo)
+            continue
+        ok = isinstance(info, dict) and isinstance(info.get("file"), str) and info["file"] == Path(info["file"]).name \
+            and type(info.get("bytes")) is int and isinstance(info.get("sha256"), str)
+        if not ok:
+            raise CheckpointError(f"{mpath}: entry {name!r} is {info!r:.120}; expected {{\"file\": a file name in "
+                                  "this directory, \"bytes\": an integer, \"sha256\": a hex string}")
+        _verify_file(path, name, path / info["file"], info)
+    return manifest
+
+
+def _verify_file(path: Path, name: str, f: Path, info: dict[str, Any]) -> None:
+    """Raise CheckpointError unless file `f` of checkpoint `path` has the recorded size and SHA-256."""
+    if not f.exists():
+        raise CheckpointError(f"{path}: part {name!r} ({f.name}) is missing")
+    if f.stat().st_size != info["bytes"]:
+        raise CheckpointError(f"{path}: part {name!r} has {f.stat().st_size} bytes, the manifest says "
+                              f"{info['bytes']} (truncated or overwritten)")
+    if _sha256(f) != info["sha256"]:
+        raise CheckpointError(f"{path}: part {name!r} fails its SHA-256 check (corrupt)")
+
+
+@dataclass
+class LoadedCheckpoint:
+    step: int
+    path: Path
+    parts: dict[str, Any]
+    meta: dict[str, Any]
+    skipped: list[str] = field(default_factory=list)
+    """One line per newer checkpoint that was corrupt or partial and therefore not used."""
+
+
+def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
+    """Verify and load one checkpoint directory."""
+    manifest = verify_checkpoint(path)
+    path = Path(path)
+    # a directory part is loaded by its reader (the data-parallel learner's ranks, through DCP)
+    parts = {name: path / info["dir"] if "dir" in info else _load_part(path / info["file"], name)
+             for name, info in manifest["files"].items()}
+    return LoadedCheckpoint(int(manifest["step"]), path, parts, manifest.get("meta", {}))
+
+
+def load_latest(root: str | Path) -> LoadedCheckpoint | None:
+    """The newest checkpoint under root that verifies; None if there are none at all.
+
+    Corrupt or partial checkpoints are skipped (and listed in `.skipped`); if checkpoints exist but none
+    verifies, raise CheckpointError naming each one and why. A part that could run code when loaded is never
+    skipped past: its UnsafeCheckpointError stops the resume (the whole directory is then untrusted).
+    """
+    candidates = list_checkpoints(root)
+    if not candidates:
+        return None
+    skipped: list[str] = []
+    for _, path in candidates:
+        try:
+            loaded = load_checkpoint(path)
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        loaded.skipped = skipped
+        return loaded
+    raise CheckpointError("no usable checkpoint under " + str(root) + ":\n  " + "\n  ".join(skipped))

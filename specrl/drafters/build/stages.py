@@ -1,0 +1,204 @@
+"""`specrl draft build`: a drafter reproduced from its recipe, in resumable stages, in one build directory.
+
+Stages, each skipped when its output is already whole (so a killed build continues where it stopped):
+1. `rollouts` — the target's on-policy rollouts of the recipe's prompts at the workload's temperature and template,
+   written as checked shards (`shards.py`) under `WORK/rollouts/`.
+2. `features` — the target's fused hidden states and top-K distributions per shard (`features.py`,
+   `WORK/features/`).
+3. `train` — the draft vocabulary chosen by coverage of the response tokens, then the EAGLE head trained on the
+   features, resumable from its checkpoint (`fit.py`, `WORK/train/`; the head in `WORK/train/drafter/`).
+4. `package` — the head in the shipped dtype with its manifest (`shipped.py`, `WORK/package/`).
+5. `eval` — held-out acceptance of the packaged head on the validation split (`heldout.py`,
+   `WORK/eval/eval.json`), written into the package's manifest.
+Stages 4-5 and the scaling curve (the head's snapshots along its training, evaluated at k) live in `release.py`.
+The build directory records the recipe's data hash (`build.json`); a different recipe's data is refused. Each
+stage after the first writes `WORK/STAGE/stage.json` (its wall seconds, threads, what it made), merged into
+`build.json`'s `stage_seconds`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from specrl.drafters.build.recipe import Recipe
+from specrl.errors import SpecRLError
+from specrl.fileio import write_text_atomic
+
+BUILD_FILE = "build.json"
+STAGES = ("rollouts", "features", "train", "package", "eval")
+STAGE_FILE = "stage.json"
+
+
+def _claim(work: Path, recipe: Recipe) -> dict:
+    """Create or re-open the build directory for `recipe`; refuse one that holds another recipe's data."""
+    work.mkdir(parents=True, exist_ok=True)
+    f = work / BUILD_FILE
+    if f.exists():
+        try:
+            state = json.loads(f.read_text())
+        except json.JSONDecodeError:
+            raise SpecRLError(f"{f} is not valid JSON; remove the build directory {work} to start over") from None
+        if state.get("data_hash") != recipe.hash():
+            other = state.get("recipe", {}).get("name")
+            raise SpecRLError(f"build directory {work} holds the data of recipe {other!r} "
+                              f"with other data settings; use a new --work directory for recipe {recipe.name!r}")
+        return state
+    state = {"recipe": recipe.as_dict(), "data_hash": recipe.hash(), "stage_seconds": {}}
+    write_text_atomic(f, json.dumps(state, indent=1) + "\n")
+    return state
+
+
+def _save_state(work: Path, state: dict) -> None:
+    write_text_atomic(work / BUILD_FILE, json.dumps(state, indent=1) + "\n")
+
+
+def run_rollouts(recipe: Recipe, work: Path, prompts: Callable, progress: bool = True) -> list:
+    """Stage 1: the rollouts, sharded under WORK/rollouts (resumes from whole shards)."""
+    from specrl.drafters.build.shards import collect_rollouts
+    from specrl.model.loader import load_model
+    from specrl.model.tokenizer import stop_token_ids
+    from specrl.rollout.sampling import SamplingParams
+
+    state = _claim(work, recipe)
+    target, tokenizer = load_model(recipe.model, dtype=recipe.rollout_dtype)
+    train, _ = prompts(tokenizer)
+    if len(train) < recipe.prompts:
+        raise SpecRLError(f"recipe {recipe.name!r} asks for {recipe.prompts} prompts; the task gave {len(train)}")
+    sp = SamplingParams(temperature=recipe.temperature, top_p=recipe.top_p, max_new_tokens=recipe.max_new_tokens,
+                        stop_token_ids=stop_token_ids(tokenizer, target.args), seed=recipe.seed)
+    t0 = time.perf_counter()
+    infos = collect_rollouts(target, train[: recipe.prompts], work / "rollouts", sp, recipe.shard_size,
+                             batch_size=recipe.rollout_batch, progress=progress)
+    state["stage_seconds"]["rollouts"] = state["stage_seconds"].get("rollouts", 0.0) + time.perf_counter() - t0
+    state["rollout_tokens"] = sum(s.tokens for s in infos)
+    _save_state(work, state)
+    return infos
+
+
+def _record(work: Path, stage: str, record: dict) -> dict:
+    """Write WORK/STAGE/stage.json and merge every stage's seconds into build.json (read afresh: another
+    process, e.g. a rollouts stage still running, may have written it since)."""
+    (work / stage).mkdir(parents=True, exist_ok=True)
+    write_text_atomic(work / stage / STAGE_FILE, json.dumps(record, indent=1) + "\n")
+    state = json.loads((work / BUILD_FILE).read_text())
+    for name in STAGES[1:]:
+        f = work / name / STAGE_FILE
+        if f.exists():
+            state["stage_seconds"][name] = json.loads(f.read_text()).get("seconds")
+    _save_state(work, state)
+    return record
+
+
+def stage_record(work: Path, stage: str) -> dict | None:
+    f = Path(work) / stage / STAGE_FILE
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def whole_shards(recipe: Recipe, work: Path, upto: int | None = None, partial: bool = False) -> list:
+    """The checked rollout shards 0..upto-1 (default all); a missing one is an error unless `partial`, and a
+    damaged one always is (the rollouts stage rebuilds it)."""
+    from specrl.drafters.build.shards import check_shard, shard_path
+
+    n = recipe.n_shards if upto is None else upto
+    infos, missing = [], []
+    for i in range(n):
+        p = shard_path(work / "rollouts", i)
+        if not p.exists():
+            missing.append(i)
+            continue
+        infos.append(check_shard(p, min(recipe.shard_size, recipe.prompts - i * recipe.shard_size)))
+    if missing and not partial:
+        raise SpecRLError(f"build {work}: rollout shards {missing[:5]}{'…' if len(missing) > 5 else ''} of "
+                          f"{n} are missing; run the rollouts stage first (`specrl draft build --stage rollouts`)")
+    return infos
+
+
+def _load_target(recipe: Recipe, target):
+    from specrl.model.loader import load_model
+    from specrl.model.tokenizer import stop_token_ids
+
+    if target is None:
+        target, tokenizer = load_model(recipe.model, dtype=recipe.rollout_dtype)
+        return target, tokenizer, stop_token_ids(tokenizer, target.args)
+    return target, None, stop_token_ids(None, target.args)
+
+
+def run_features(recipe: Recipe, work: Path, target=None, progress: bool = True, partial: bool = False) -> list:
+    """Stage 2: features of every rollout shard (with `partial`, of the shards present so far)."""
+    import torch
+
+    from specrl.drafters.eagle import default_layers
+    from specrl.drafters.build.features import extract_features
+
+    _claim(work, recipe)
+    infos = whole_shards(recipe, work, partial=partial)
+    target, _, _ = _load_target(recipe, target)
+    t0 = time.perf_counter()
+    prev = stage_record(work, "features") or {}
+    feats = extract_features(target, work / "rollouts", work / "features", infos,
+                             default_layers(target.args.num_layers), recipe.target_topk, progress=progress)
+    new = time.perf_counter() - t0
+    _record(work, "features", {"seconds": prev.get("seconds", 0.0) + new, "threads": torch.get_num_threads(),
+                               "shards": len(feats), "tokens": sum(f.tokens for f in feats),
+                               "response_tokens": sum(f.response_tokens for f in feats),
+                               "target_dtype": str(target.dtype).removeprefix("torch.")})
+    return feats
+
+
+def curve_steps(recipe: Recipe, steps_per_epoch: int) -> dict[int, int]:
+    """Scaling-curve snapshot steps of one training run: {step: shard count} for each count N in recipe.curve,
+    after N / n_shards of the first epoch (the head has then seen that share of the data, once), plus the end of
+    every later epoch (under key -epoch)."""
+    out = {max(1, round(steps_per_epoch * n / recipe.n_shards)): n for n in recipe.curve}
+    for e in range(2, recipe.epochs + 1):
+        out.setdefault(e * steps_per_epoch, -e)
+    return out
+
+
+def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, stop_after: int | None = None,
+              log=print) -> dict:
+    """Stage 3: the draft vocabulary, then the EAGLE head trained on every shard's features (resumable)."""
+    import math
+
+    import torch
+
+    from specrl.drafters.eagle import EagleDrafter
+    from specrl.drafters.build.features import feature_path
+    from specrl.drafters.build.fit import examples_from_features, fit, vocab_coverage
+    from specrl.drafters.io import save_drafter
+    from specrl.drafters.build.shards import data_hash, read_shard, shard_path
+    from specrl.drafters.training.offline import select_draft_vocab
+
+    _claim(work, recipe)
+    infos = whole_shards(recipe, work)
+    target, _, stops = _load_target(recipe, target)
+    feats = run_features(recipe, work, target, progress=progress)  # a no-op when every shard's file is current
+    t0 = time.perf_counter()
+    responses = [r["response_ids"] for s in infos for r in read_shard(shard_path(work / "rollouts", s.index))]
+    vocab = select_draft_vocab(responses, recipe.draft_vocab_size, always=stops) \
+        if recipe.draft_vocab_size < target.args.vocab_size else None
+    torch.manual_seed(recipe.seed)  # the fresh head's initial weights
+    drafter = EagleDrafter(target, draft_vocab=vocab)
+    coverage = vocab_coverage(responses, [int(t) for t in drafter.d2t], sizes=(1024, 2048, 4096, 8192))
+    examples = examples_from_features([feature_path(work / "features", f.index) for f in feats],
+                                      drafter.target_to_draft())
+    spe = math.ceil(len(examples) / recipe.batch_size)
+    marks = curve_steps(recipe, spe)
+    res = fit(drafter, examples, work / "train", recipe.epochs, recipe.lr, recipe.batch_size, recipe.ttt_steps,
+              seed=recipe.seed, snapshot_steps=tuple(marks), progress=progress, log=log, stop_after=stop_after,
+              autocast=recipe.train_dtype)
+    for s in res["snapshots"]:
+        s["shards"] = marks.get(s["step"])
+    prev = stage_record(work, "train") or {}
+    record = {**res, "seconds": prev.get("seconds_this_stage", 0.0) + time.perf_counter() - t0,
+              "threads": torch.get_num_threads(), "data_hash": data_hash(infos), "vocab": coverage,
+              "sequences": len(examples), "response_tokens": sum(f.response_tokens for f in feats)}
+    record["seconds_this_stage"] = record["seconds"]
+    if res["finished"]:
+        save_drafter(drafter, work / "train" / "drafter")
+        record["drafter"] = str(work / "train" / "drafter")
+    _record(work, "train", record)
+    return record
