@@ -2,6 +2,7 @@
 speculative arms whose report.md and terminal output lead with the speed-ups and the identity evidence; arms that
 part are reported (exit 0), while `specrl train --compare` exits non-zero after writing the same report."""
 
+import json
 import re
 from pathlib import Path
 
@@ -116,3 +117,46 @@ def test_shared_tokens_counts_the_common_prefix_of_each_pair():
 
     assert shared_tokens([[1, 2, 3], [4, 5], [6]], [[1, 2, 9, 9], [4, 5], [7, 6]]) == \
         {"shared": 4, "autoregressive": 6, "speculative": 8}
+
+
+def test_a_time_budget_ends_the_compare_early_as_a_finished_run(tiny, tmp_path, monkeypatch):
+    """run.time_budget_minutes: the first pair of steps always runs; a budget it already overran stops the
+    compare there, and both arms end like finished runs (validation, checkpoint, final policy) at that step."""
+    monkeypatch.chdir(tmp_path)
+    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
+    d["run"].update(steps=3, checkpoint_every=0, time_budget_minutes=1e-6)
+    d["grpo"]["val_every"] = 0
+    r = runner.invoke(app, ["run", "--config", str(write_cfg(tmp_path / "b.yaml", d))])
+    assert r.exit_code == 0, r.output
+    run_dir = tmp_path / "runs" / "t"
+    note = "stopped by run.time_budget_minutes=1e-06 after step 1 of 3"
+    assert note in (run_dir / "report.md").read_text().splitlines()[2]
+    assert note in r.output
+    for arm in ("speculative", "autoregressive"):
+        a = run_dir / arm
+        assert len((a / "metrics.jsonl").read_text().splitlines()) == 1
+        assert [json.loads(x)["step"] for x in (a / "validation.jsonl").read_text().splitlines()] == [0, 1]
+        assert (a / "checkpoints" / "step_000001").is_dir() and (a / "final" / "model.safetensors").exists()
+        assert note in (a / "report.md").read_text()
+    assert json.loads((run_dir / "compare.json").read_text())["stopped_early"].startswith(note)
+
+
+def test_a_time_budget_ends_a_training_run_early(tiny, tmp_path):
+    from specrl.run.loop import train_main
+
+    d = cfg_dict(tiny)
+    d["run"].update(steps=3, checkpoint_every=0, time_budget_minutes=1e-6)
+    run_dir = train_main(write_cfg(tmp_path / "b.yaml", d), [], None, str(tmp_path / "out"))
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    assert (run_dir / "checkpoints" / "step_000001").is_dir()
+    assert "stopped by run.time_budget_minutes=1e-06 after step 1 of 3" in (run_dir / "report.md").read_text()
+
+
+def test_a_time_budget_must_be_positive(tiny):
+    from specrl.config.schema import validate_config
+    from specrl.errors import SpecRLError
+
+    d = cfg_dict(tiny)
+    d["run"]["time_budget_minutes"] = 0
+    with pytest.raises(SpecRLError, match="run.time_budget_minutes"):
+        validate_config(d)

@@ -318,6 +318,11 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(5, ge=0)
     """Checkpoint every N steps (0 = only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
+    time_budget_minutes: float | None = Field(None, gt=0)
+    """Wall-clock budget of the steps (validation and checkpoints included, set-up excluded): the run stops before a
+    step (in a compare, a pair of the arms' steps) that would end past it, predicted from the slowest so far, and
+    ends normally at that step (validation, checkpoint, final policy, report), saying that it stopped at step N of
+    `steps`. None: every step runs."""
     certify: bool = True
     """At the end of a speculative sync run, test the run's final policy and drafter with the losslessness probe at
     the run's sampling settings and k (`specrl.run.certificate`: certificate.json; a compare fails if it does)."""

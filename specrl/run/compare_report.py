@@ -197,6 +197,8 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
     sa, ss = summary["autoregressive"], summary["speculative"]
     parted = summary.get("parted_at_step")
     lines = [f"speculative vs autoregressive rollouts: the same {n} GRPO steps, config and seeds, steps interleaved"]
+    if summary.get("stopped_early"):
+        lines[0] += f" ({summary['stopped_early']})"
     ar_gen, sd_gen, ar_step, sd_step = (_f(_per_step(arm.get(key), n), ".2f") for key in ("gen_seconds", "step_seconds")
                                         for arm in (sa, ss))
     gen = (f"generation speed-up: {_f(summary['gen_speedup'], '.2f')}× ({ar_gen} s autoregressive / {sd_gen} s "

@@ -123,6 +123,32 @@ def _keep_until(path: Path, step: int) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
+class _Budget:
+    """`run.time_budget_minutes`: whether another step (in a compare, another pair of the arms' steps) fits in
+    the budget, predicted from the slowest one so far. The first always runs."""
+
+    def __init__(self, minutes: float | None) -> None:
+        self.minutes = minutes
+        self.start = self._t = time.perf_counter()
+        self.slowest = 0.0
+
+    def begin(self) -> None:
+        self._t = time.perf_counter()
+
+    def end(self) -> None:
+        self.slowest = max(self.slowest, time.perf_counter() - self._t)
+
+    def fits_another(self) -> bool:
+        if self.minutes is None or self.slowest == 0.0:
+            return True
+        return time.perf_counter() - self.start + self.slowest <= self.minutes * 60.0
+
+    def note(self, done: int, planned: int) -> str:
+        """The sentence a run stopped by its budget reports."""
+        return (f"stopped by run.time_budget_minutes={self.minutes:g} after step {done} of {planned} (the next "
+                f"would have ended past the budget: the slowest so far took {self.slowest:.0f} s)")
+
+
 class _Run:
     """One trainer plus its run directory, writers and checkpoint bookkeeping."""
 
@@ -163,6 +189,7 @@ class _Run:
             self.val_path.unlink()
         elif start is not None:
             _keep_until(self.val_path, start)
+        self.stopped_early: str | None = None  # set by end_early: why the run ended before run.steps
         self.writer = MetricsWriter(run_dir, cfg.run.tensorboard, resume_step=start if resume else None,
                                     loggers=cfg.run.loggers, name=cfg.run.name, config=cfg.model_dump(mode="json"))
 
@@ -182,6 +209,15 @@ class _Run:
         self.display.update(rec, label)
         if _due(s, c.run.checkpoint_every, c.run.steps):
             self.checkpoint(s)
+
+    def end_early(self, step: int, note: str) -> None:
+        """A run stopped by its time budget after `step`: the validation and checkpoint a last step gets."""
+        c = self.cfg
+        self.stopped_early = note
+        if not _due(step, c.grpo.val_every, c.run.steps):
+            self.validate(step)
+        if not _due(step, c.run.checkpoint_every, c.run.steps):
+            self.checkpoint(step)
 
     def checkpoint(self, step: int) -> None:
         """Check the weights, then write checkpoint `step` (a clear error on a full or read-only disk)."""
@@ -225,8 +261,10 @@ class _Run:
                               f"the checkpoints in {self.ckpt_root} are intact: free space or fix the "
                               f"permissions, then rerun with --resume {self.run_dir}") from None
         replace_dir(tmp, final)
-        return write_report(self.run_dir, read_records(self.writer.path), self.cfg.to_yaml(),
-                            extra={"final policy (load_model path)": f"`{final}`"},
+        extra = {"final policy (load_model path)": f"`{final}`"}
+        if self.stopped_early:
+            extra["steps"] = self.stopped_early
+        return write_report(self.run_dir, read_records(self.writer.path), self.cfg.to_yaml(), extra=extra,
                             validation=read_records(self.val_path),
                             max_new_tokens=self.cfg.generation.max_new_tokens)
 
@@ -253,12 +291,19 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
             if run.trainer.step_count == 0:
                 v = run.validate(0)
                 display.message(f"[specrl] step 0 validation accuracy {v['accuracy']}")
-            while run.trainer.step_count < cfg.run.steps and stop.received is None:
+            budget = _Budget(cfg.run.time_budget_minutes)
+            while run.trainer.step_count < cfg.run.steps and stop.received is None and budget.fits_another():
+                budget.begin()
                 threads = governor.update() if governor else None
                 rec = run.trainer.step()
                 if threads is not None:
                     rec.torch_threads = threads
                 run.after_step(rec)
+                budget.end()
+            if stop.received is None and run.trainer.step_count < cfg.run.steps:
+                note = budget.note(run.trainer.step_count, cfg.run.steps)
+                display.message(f"[specrl] {note}")
+                run.end_early(run.trainer.step_count, note)
             if stop.received is not None:
                 s = run.trainer.step_count
                 if s > 0 and not (run.last_ckpt and run.last_ckpt.name == step_dirname(s)):
@@ -293,7 +338,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
         run.trainer.close()
     if cert is not None:
         print(f"[specrl] {certificate.line(cert)}", flush=True)
-    print(f"[specrl] done: {cfg.run.steps} steps; report: {report}", flush=True)
+    print(f"[specrl] done: {run.trainer.step_count} of {cfg.run.steps} steps; report: {report}", flush=True)
     return run_dir
 
 
@@ -355,8 +400,12 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
     same_weights: list[bool] = []
     shared: list[dict[str, int]] = []  # per step: tokens the arms' rollouts shared before they parted
     ar, sd = runs["autoregressive"], runs["speculative"]
+    budget = _Budget(cfg.run.time_budget_minutes)
     try:
         for _ in range(cfg.run.steps):
+            if not budget.fits_another():
+                break
+            budget.begin()
             threads = governor.update()  # once per pair: both arms of a step run on the same thread count
             for name, r in runs.items():
                 rec = r.trainer.step()
@@ -366,12 +415,20 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
             if exact:
                 same_rollouts.append(ar.trainer.last_rollouts.responses == sd.trainer.last_rollouts.responses)
                 same_weights.append(_weights_equal(ar.trainer.policy, sd.trainer.policy))
+            budget.end()
+        done = len(shared)
+        budget_note = budget.note(done, cfg.run.steps) if done < cfg.run.steps else None
+        if budget_note:
+            display.message(f"[specrl] {budget_note}")
+            for r in runs.values():
+                r.end_early(done, budget_note)
     except NonFiniteError as e:
         raise SpecRLError(f"compare run: {e}") from None
     for r in runs.values():
         r.finish()
     cert = _certify(sd) if cfg.run.certify else None
-    checks = {**identity_checks(cfg.speculative.verify, same_rollouts, same_weights), "shared_tokens_per_step": shared}
+    checks = {**identity_checks(cfg.speculative.verify, same_rollouts, same_weights), "shared_tokens_per_step": shared,
+              "stopped_early": budget_note}
     report, lines = write_compare_report(
         run_dir, read_records(ar.writer.path), read_records(sd.writer.path), checks,
         validation={name: read_records(r.val_path) for name, r in runs.items()}, certificate=cert)
