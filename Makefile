@@ -21,8 +21,10 @@ export TOKENIZERS_PARALLELISM := false
 
 install: .venv/.installed
 
+# `make run`: examples/default.yaml (long-reasoning GRPO, speculative vs autoregressive side by side) with the
+# shipped eagle:think drafter (nothing to build: `prepare` checks its SHA-256).
 run: .venv/.installed
-	$(PY) -m specrl.cli prepare --drafter eagle
+	$(PY) -m specrl.cli prepare --drafter eagle:think
 	$(PY) -m specrl.cli run
 
 test: .venv/.installed

@@ -96,7 +96,7 @@ def plot(runs: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="examples/default.yaml")
+    ap.add_argument("--config", default="examples/short.yaml")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--val-every", type=int, default=6)
     ap.add_argument("--k", type=int, default=3)

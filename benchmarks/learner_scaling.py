@@ -1,6 +1,6 @@
 """Learner stage seconds (logprob + train) of one learner with T threads vs N data-parallel ranks of T/N threads.
 
-The batch is `make run`'s (examples/default.yaml: 4 prompts x 8 samples, 32 response tokens, micro-batch 16,
+The batch is `make run`'s (examples/short.yaml: 4 prompts x 8 samples, 32 response tokens, micro-batch 16,
 bf16-mixed, SmolLM2-135M): real chat prompts, random response tokens, random rewards. Arm `single`: the
 in-process `Learner` with --threads torch threads. Arm `ranks`: a `LearnerGroup` of --world-size ranks with
 --threads / --world-size threads each (FSDP2 over gloo on loopback, the rollouts shipped through Ray's object
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default=str(ROOT / "examples" / "default.yaml"))
+    ap.add_argument("--config", default=str(ROOT / "examples" / "short.yaml"))
     ap.add_argument("--model", default=None, help="override model.name (a preset or a checkpoint directory)")
     ap.add_argument("--threads", type=int, default=2, help="the single learner's threads = world size x rank threads")
     ap.add_argument("--world-size", type=int, default=2)

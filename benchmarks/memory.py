@@ -27,7 +27,7 @@ and kills them at the end, also on Ctrl-C or an error. The run directory (a fres
 
 The soak (200 async steps with one step of policy lag and one competing load; a long run):
 
-    .venv/bin/python benchmarks/memory.py --config examples/default.yaml --set pipeline.mode=async \\
+    .venv/bin/python benchmarks/memory.py --config examples/short.yaml --set pipeline.mode=async \\
         --set pipeline.max_trajectory_age_steps=1 --set grpo.importance_sampling_correction=true \\
         --set run.steps=200 --set grpo.val_every=0 --set run.checkpoint_every=10 --load 1 --timeout 7200 \\
         --json runs/bench/soak.json
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="Removed at the end unless --keep-runs: the training run directory (--out, "
                                         "or the fresh one under runs/bench/); the --json file stays.")
-    ap.add_argument("--config", default="examples/default.yaml")
+    ap.add_argument("--config", default="examples/short.yaml")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to `specrl train --set` (repeatable)")
     ap.add_argument("--compare", action="store_true", help="pass --compare (autoregressive and speculative arms)")

@@ -17,7 +17,7 @@ reward over wall-clock time. pipelines.md and pipelines.json (`"hardware"`) name
 threads and the dtypes the config resolves to on this machine. The arms' run directories (OUT/<arm>) are removed
 at the end unless --keep-runs; pipelines.{md,json} and pipelines_reward.png stay.
 
-    .venv/bin/python benchmarks/pipelines.py --config examples/default.yaml --steps 8 --out runs/pipelines
+    .venv/bin/python benchmarks/pipelines.py --config examples/short.yaml --steps 8 --out runs/pipelines
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def summarize(run_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="examples/default.yaml")
+    ap.add_argument("--config", default="examples/short.yaml")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="cores for every arm (async splits them)")
     ap.add_argument("--lag", type=int, default=1, help="async max_trajectory_age_steps")

@@ -211,7 +211,7 @@ def test_online_drafter_training_reaches_vllm(ckpt, head, prompts, tmp_path):
     from specrl.config.schema import load_config
     from specrl.trainer.sync_trainer import GRPOTrainer
 
-    cfg = load_config("examples/default.yaml", [
+    cfg = load_config("examples/short.yaml", [
         "rollout.backend=vllm", "rollout.vllm.dtype=float32", "rollout.vllm.probe=false",
         "rollout.vllm.kv_cache_space_gib=0.5",
         f"speculative.drafter=eagle:{head[0]}", "speculative.num_draft_tokens=3", "speculative.verify=rejection",

@@ -269,7 +269,7 @@ def test_async_pipeline_world_size_2(tiny, tmp_path, local_ray):
 
 
 def test_scaling_benchmark_runs_on_a_tiny_setting(tiny, tmp_path, local_ray):
-    """benchmarks/learner_scaling.py end to end (bf16-mixed from examples/default.yaml: the ranks' FSDP
+    """benchmarks/learner_scaling.py end to end (bf16-mixed from examples/short.yaml: the ranks' FSDP
     MixedPrecisionPolicy path), one repeat; the record names the machine and dtypes."""
     import sys
 

@@ -160,3 +160,17 @@ def test_a_time_budget_must_be_positive(tiny):
     d["run"]["time_budget_minutes"] = 0
     with pytest.raises(SpecRLError, match="run.time_budget_minutes"):
         validate_config(d)
+
+
+def test_a_compare_runs_without_a_thread_governor(tiny, tmp_path, monkeypatch):
+    """On CUDA there is no CPU thread governor (`_governor` returns None): the compare loop must not need one."""
+    from specrl.run import loop
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(loop, "_governor", lambda cfg: None)
+    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
+    d["run"].update(steps=2, checkpoint_every=0, time_budget_minutes=1e-6)
+    r = runner.invoke(app, ["run", "--config", str(write_cfg(tmp_path / "g.yaml", d))])
+    assert r.exit_code == 0, r.output
+    assert all(json.loads(x).get("torch_threads") is None
+               for x in (tmp_path / "runs" / "t" / "speculative" / "metrics.jsonl").read_text().splitlines())

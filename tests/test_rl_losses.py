@@ -157,7 +157,7 @@ def test_on_stale_needs_refresh_updates():
                                                                  "refresh_steps": 0}}
     with pytest.raises(SpecRLError, match=r"drafter.online_mode=on_stale .* drafter.refresh_steps >= 1 \(now 0\)"):
         validate_config(base)
-    # without an online drafter the mode is moot: examples/default.yaml with --set drafter.online=false (and the
+    # without an online drafter the mode is moot: examples/short.yaml with --set drafter.online=false (and the
     # autoregressive arm of --compare) stays valid
     assert validate_config({"drafter": {"online": False, "online_mode": "on_stale"}}).drafter.online_mode == "on_stale"
     with pytest.raises(SpecRLError, match=r"drafter.online_mode: Input should be 'every_step' or 'on_stale'"):

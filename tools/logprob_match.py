@@ -5,7 +5,7 @@ with the sampler's top-p / top-k filter (what the learner computes) and without 
 compared with the rollout engine's behaviour log-probs by `token_mult_prob_error` (1.0 = a match).
 Use fp32 on both sides to see the filter alone:
 
-    .venv/bin/python tools/logprob_match.py --config examples/default.yaml --set generation.top_p=0.9 \\
+    .venv/bin/python tools/logprob_match.py --config examples/short.yaml --set generation.top_p=0.9 \\
         --set generation.top_k=50 --set model.rollout_dtype=float32 --set policy.precision=fp32
 """
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     from specrl.trainer.sync_trainer import GRPOTrainer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="examples/default.yaml")
+    ap.add_argument("--config", default="examples/short.yaml")
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)

@@ -4,7 +4,7 @@ and its workers at the driver's scheduling priority.
 Ray starts worker processes with niceness 15 (its `worker_niceness` setting) so that its own daemons stay responsive.
 specrl's actors are not background work: they are the training job (the learner ranks, the rollout workers). At
 niceness 15 any ordinary process on the machine (another job, a build, a test run) takes their CPU first: on a
-2-core machine with two competing busy processes, an async GRPO step of `examples/default.yaml` took 247 s, 237 s
+2-core machine with two competing busy processes, an async GRPO step of `examples/short.yaml` took 247 s, 237 s
 of it in the learner's train stage. The sync pipeline, one ordinary process, has no such handicap, so the
 Ray that specrl starts runs its workers at niceness 0, as the driver does. A cluster the user started
 (`pipeline.ray_address`) keeps its own setting (`RAY_worker_niceness` when starting it).

@@ -319,8 +319,9 @@ class RunConfig(_Section):
     """Checkpoint every N steps (0 = only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
     time_budget_minutes: float | None = Field(None, gt=0)
-    """Wall-clock budget of the steps (validation and checkpoints included, set-up excluded): the run stops before a
-    step (in a compare, a pair of the arms' steps) that would end past it, predicted from the slowest so far, and
+    """Wall-clock budget of the run after its set-up: step 0's validation, the steps (with their validations and
+    checkpoints) and the final validation. The run stops before a step (in a compare, a pair of the arms' steps)
+    that would end past it, predicted from the slowest step so far plus as long as step 0's validation took, and
     ends normally at that step (validation, checkpoint, final policy, report), saying that it stopped at step N of
     `steps`. None: every step runs."""
     certify: bool = True

@@ -125,12 +125,14 @@ def _keep_until(path: Path, step: int) -> None:
 
 class _Budget:
     """`run.time_budget_minutes`: whether another step (in a compare, another pair of the arms' steps) fits in
-    the budget, predicted from the slowest one so far. The first always runs."""
+    the budget, predicted from the slowest one so far plus `reserve` seconds kept for the final validation (as
+    long as step 0's took). The first step always runs."""
 
     def __init__(self, minutes: float | None) -> None:
         self.minutes = minutes
         self.start = self._t = time.perf_counter()
         self.slowest = 0.0
+        self.reserve = 0.0
 
     def begin(self) -> None:
         self._t = time.perf_counter()
@@ -141,12 +143,13 @@ class _Budget:
     def fits_another(self) -> bool:
         if self.minutes is None or self.slowest == 0.0:
             return True
-        return time.perf_counter() - self.start + self.slowest <= self.minutes * 60.0
+        return time.perf_counter() - self.start + self.slowest + self.reserve <= self.minutes * 60.0
 
     def note(self, done: int, planned: int) -> str:
         """The sentence a run stopped by its budget reports."""
         return (f"stopped by run.time_budget_minutes={self.minutes:g} after step {done} of {planned} (the next "
-                f"would have ended past the budget: the slowest so far took {self.slowest:.0f} s)")
+                f"would have ended past the budget: the slowest so far took {self.slowest:.0f} s, and "
+                f"{self.reserve:.0f} s are kept for the final validation)")
 
 
 class _Run:
@@ -288,10 +291,11 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
     stop = _StopSignals().install()
     try:
         try:
+            budget = _Budget(cfg.run.time_budget_minutes)
             if run.trainer.step_count == 0:
                 v = run.validate(0)
+                budget.reserve = v["val_seconds"]
                 display.message(f"[specrl] step 0 validation accuracy {v['accuracy']}")
-            budget = _Budget(cfg.run.time_budget_minutes)
             while run.trainer.step_count < cfg.run.steps and stop.received is None and budget.fits_another():
                 budget.begin()
                 threads = governor.update() if governor else None
@@ -392,24 +396,25 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
     governor = _governor(cfg)
     runs = {"autoregressive": _Run(ar_cfg, run_dir / "autoregressive", False, display),
             "speculative": _Run(cfg, run_dir / "speculative", False, display)}
+    budget = _Budget(cfg.run.time_budget_minutes)
     for r in runs.values():
         (r.run_dir / "config.yaml").write_text(r.cfg.to_yaml())
-        r.validate(0)
+        budget.reserve += r.validate(0)["val_seconds"]
     exact = cfg.speculative.verify == "seed_exact"
     same_rollouts: list[bool] = []
     same_weights: list[bool] = []
     shared: list[dict[str, int]] = []  # per step: tokens the arms' rollouts shared before they parted
     ar, sd = runs["autoregressive"], runs["speculative"]
-    budget = _Budget(cfg.run.time_budget_minutes)
     try:
         for _ in range(cfg.run.steps):
             if not budget.fits_another():
                 break
             budget.begin()
-            threads = governor.update()  # once per pair: both arms of a step run on the same thread count
+            threads = governor.update() if governor else None  # once per pair: both arms on the same threads
             for name, r in runs.items():
                 rec = r.trainer.step()
-                rec.torch_threads = threads
+                if threads is not None:
+                    rec.torch_threads = threads
                 r.after_step(rec, label="[ar]   " if name == "autoregressive" else "[spec] ")
             shared.append(shared_tokens(ar.trainer.last_rollouts.responses, sd.trainer.last_rollouts.responses))
             if exact:
@@ -420,6 +425,8 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
         budget_note = budget.note(done, cfg.run.steps) if done < cfg.run.steps else None
         if budget_note:
             display.message(f"[specrl] {budget_note}")
+            if governor:
+                governor.update()  # the final validation runs on the cores free now
             for r in runs.values():
                 r.end_early(done, budget_note)
     except NonFiniteError as e:
