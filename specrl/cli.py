@@ -81,19 +81,20 @@ def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import int
     """Import the embedded default model (one time; later calls are instant); optionally one of its drafters."""
     from specrl.drafters import DEFAULT_KINDS, EMBEDDED_NAMES
     from specrl.model import presets
+    from specrl.rollout.drafter_spec import drafts
 
     try:
         _threads(threads)
         kind, name = _embedded_drafter(drafter)
-        if drafter != "none" and (kind not in DEFAULT_KINDS or name not in EMBEDDED_NAMES):
+        if drafts(drafter) and (kind not in DEFAULT_KINDS or name not in EMBEDDED_NAMES):
             allowed = [k if n == "default" else f"{k}:{n}" for k in DEFAULT_KINDS for n in EMBEDDED_NAMES]
             raise SpecRLError(f"--drafter {drafter!r}: the embedded drafters are {', '.join(allowed)} (or none)")
-        if drafter != "none" and model != "smollm2-135m":
+        if drafts(drafter) and model != "smollm2-135m":
             raise SpecRLError(f"--drafter builds a drafter of the embedded smollm2-135m, not of {model!r}; "
                               "use `specrl draft init --model ... --out DIR` for other models")
         path = presets.prepare(model)
         typer.echo(f"[specrl] model {model} ready at {path}")
-        if drafter != "none":
+        if drafts(drafter):
             from specrl.drafters.default import ensure_default_drafter
 
             typer.echo(f"[specrl] {kind}:{name} drafter ready at {ensure_default_drafter(kind, name)}")
@@ -252,6 +253,7 @@ def generate(
     from specrl.drafters.default import resolve_drafter
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
+    from specrl.rollout.drafter_spec import drafts
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
 
@@ -287,7 +289,7 @@ def generate(
     m = outs.metrics
     line = (f"[specrl] {len(outs)} sequences, {m['generated_tokens']} tokens in {m['total_seconds']:.2f} s = "
             f"{m['tokens_per_second']:.1f} tokens/s")
-    if drafter != "none":
+    if drafts(drafter):
         line += f"; acceptance length {m['acceptance_length']:.2f}, acceptance rate {m['acceptance_rate']:.2f}"
     typer.echo(line + f" -> {out}")
 
@@ -475,7 +477,7 @@ def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGL
                  dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 (default: the head's)")):
     """Export a trained EAGLE head (also one trained online during RL) to vLLM's EAGLE-3 checkpoint layout."""
     from specrl.drafters.default import default_head_spec
-    from specrl.drafters.export import FORMATS, export_vllm_eagle3
+    from specrl.drafters.export import FORMATS, export_vllm_eagle3, exports
     from specrl.model.presets import PRESETS
     from specrl.model.presets import prepare as prepare_preset
     from specrl.rollout.drafter_spec import parse_drafter_spec
@@ -487,7 +489,7 @@ def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGL
             spec = parse_drafter_spec(drafter)
         except SpecRLError:
             spec = None
-        if spec is None or spec.kind != "eagle":
+        if spec is None or not exports(spec.kind):
             raise SpecRLError(f"--drafter must be eagle:DIR, eagle:default or eagle:think, got {drafter!r} (only "
                               "EAGLE heads have a vLLM EAGLE-3 layout)")
         src = Path(parse_drafter_spec(default_head_spec(drafter)).arg).expanduser()

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from specrl.device import resolve_device, resolve_dtype
 from specrl.errors import SpecRLError
-from specrl.rollout.drafter_spec import DRAFTER_KINDS, kinds_offered, parse_drafter_spec
+from specrl.rollout.drafter_spec import DRAFTER_KINDS, EMBEDDED, DrafterSpec, kinds_offered, parse_drafter_spec
 from specrl.rollout.generation_metrics import SpecMetrics
 from specrl.rollout.protocol import (
     BackendCapabilities,
@@ -111,12 +111,12 @@ class VLLMOptions:
         if self.draft_sample_method not in ("greedy", "probabilistic"):
             raise SpecRLError("vLLM draft_sample_method must be 'greedy' or 'probabilistic', got "
                               f"{self.draft_sample_method!r}")
-        kind = parse_drafter_spec(self.drafter).kind
-        if kind not in kinds_offered("vllm"):
+        spec = parse_drafter_spec(self.drafter)
+        if spec.kind not in kinds_offered("vllm"):
             raise SpecRLError(f"drafter {self.drafter!r} has no vLLM equivalent (vLLM backend drafters: none, "
                               "ngram, suffix, draft-model:DIR, eagle:DIR with DIR a `specrl draft export --format "
                               "vllm-eagle3` output); MTP heads trained by specrl do not map onto vLLM's MTP")
-        if kind != "none" and (not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1):
+        if spec.info.drafts and (not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1):
             raise SpecRLError(f"vLLM num_draft_tokens must be an integer >= 1 with a drafter (vLLM has no 'auto'), "
                               f"got {self.num_draft_tokens!r}")
 
@@ -127,39 +127,60 @@ def speculative_config(opts: VLLMOptions, model_dir: str | os.PathLike | None = 
     specrl EAGLE directory, which is exported (`specrl.drafters.export`) for the target `model_dir` into
     `export_to` first; the returned dict then has `specrl_eagle: True` (refits must be renamed)."""
     spec = parse_drafter_spec(opts.drafter)
-    kind, arg = spec.kind, spec.arg
-    if kind == "none":
+    if not spec.info.drafts:
         return None
-    sc: dict = {"method": DRAFTER_KINDS[kind].vllm, "num_speculative_tokens": opts.num_draft_tokens}
-    if kind == "ngram":
-        sc.update(prompt_lookup_min=1, prompt_lookup_max=4)
-    if kind in ("draft-model", "eagle"):
-        d = Path(arg).expanduser()
-        if kind == "eagle" and arg in ("default", "think") and not (d / "config.json").is_file():
-            raise SpecRLError(f"drafter {opts.drafter!r}: give the head's directory (the trainer and `specrl "
-                              "check-backend` resolve eagle:default / eagle:think, building them on first use)")
-        if not (d / "config.json").is_file():
-            raise SpecRLError(f"drafter {opts.drafter!r}: {d} is not a checkpoint directory (no config.json)")
-        specrl_eagle = False
-        if kind == "eagle":
-            cfg = json.loads((d / "config.json").read_text())
-            if cfg.get("format") == "specrl-drafter":
-                if model_dir is None or export_to is None:
-                    raise SpecRLError(f"drafter {opts.drafter!r} is a specrl EAGLE head: exporting it for vLLM "
-                                      "needs the target's model_dir and a directory to export to")
-                from specrl.drafters.export import export_vllm_eagle3
-
-                d = export_vllm_eagle3(d, model_dir, export_to, dtype=opts.dtype)
-                specrl_eagle = True
-            elif "LlamaForCausalLMEagle3" not in cfg.get("architectures", []):
-                raise SpecRLError(f"drafter {opts.drafter!r}: {d} is neither a specrl EAGLE head nor in vLLM's "
-                                  f"EAGLE-3 layout (architectures {cfg.get('architectures')}); give a directory "
-                                  "written by `specrl draft init --drafter eagle` or `specrl draft export --format "
-                                  "vllm-eagle3`")
-        sc.update(model=str(d), draft_sample_method=opts.draft_sample_method)
-        if specrl_eagle:
-            sc["specrl_eagle"] = True
+    method = spec.info.vllm
+    sc: dict = {"method": method, "num_speculative_tokens": opts.num_draft_tokens}
+    options = _METHOD_OPTIONS.get(method)
+    if options is not None:
+        sc.update(options(opts, spec, model_dir, export_to))
     return sc
+
+
+def _checkpoint_dir(opts: VLLMOptions, spec: DrafterSpec) -> Path:
+    d = Path(spec.arg).expanduser()
+    if spec.info.embedded and spec.arg in EMBEDDED and not (d / "config.json").is_file():
+        raise SpecRLError(f"drafter {opts.drafter!r}: give the head's directory (the trainer and `specrl "
+                          f"check-backend` resolve {spec.kind}:default / {spec.kind}:think, building them on first "
+                          "use)")
+    if not (d / "config.json").is_file():
+        raise SpecRLError(f"drafter {opts.drafter!r}: {d} is not a checkpoint directory (no config.json)")
+    return d
+
+
+def _ngram_options(opts: VLLMOptions, spec: DrafterSpec, model_dir, export_to) -> dict:
+    return {"prompt_lookup_min": 1, "prompt_lookup_max": 4}
+
+
+def _draft_model_options(opts: VLLMOptions, spec: DrafterSpec, model_dir, export_to) -> dict:
+    return {"model": str(_checkpoint_dir(opts, spec)), "draft_sample_method": opts.draft_sample_method}
+
+
+def _eagle3_options(opts: VLLMOptions, spec: DrafterSpec, model_dir, export_to) -> dict:
+    """A vLLM EAGLE-3 checkpoint as it is, or a specrl EAGLE directory exported for vLLM first."""
+    d = _checkpoint_dir(opts, spec)
+    specrl_eagle = False
+    cfg = json.loads((d / "config.json").read_text())
+    if cfg.get("format") == "specrl-drafter":
+        if model_dir is None or export_to is None:
+            raise SpecRLError(f"drafter {opts.drafter!r} is a specrl EAGLE head: exporting it for vLLM "
+                              "needs the target's model_dir and a directory to export to")
+        from specrl.drafters.export import export_vllm_eagle3
+
+        d = export_vllm_eagle3(d, model_dir, export_to, dtype=opts.dtype)
+        specrl_eagle = True
+    elif "LlamaForCausalLMEagle3" not in cfg.get("architectures", []):
+        raise SpecRLError(f"drafter {opts.drafter!r}: {d} is neither a specrl EAGLE head nor in vLLM's "
+                          f"EAGLE-3 layout (architectures {cfg.get('architectures')}); give a directory "
+                          "written by `specrl draft init --drafter eagle` or `specrl draft export --format "
+                          "vllm-eagle3`")
+    return {"model": str(d), "draft_sample_method": opts.draft_sample_method,
+            **({"specrl_eagle": True} if specrl_eagle else {})}
+
+
+# vLLM's speculative_config entries for each vLLM method (a kind's `DrafterKind.vllm`) beyond method and
+# num_speculative_tokens; a method without an entry (suffix) takes none
+_METHOD_OPTIONS = {"ngram": _ngram_options, "draft_model": _draft_model_options, "eagle3": _eagle3_options}
 
 
 def fused_group_errors(names: Sequence[str]) -> list[str]:
@@ -206,7 +227,7 @@ class VLLMBackend:
         self._start_engine()
         self.startup_seconds = self.last_start_seconds
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
-        kinds = tuple(k for k in kinds_offered("vllm") if k != "suffix" or _has_suffix_decoding())
+        kinds = tuple(k for k in kinds_offered("vllm") if _METHOD_AVAILABLE.get(DRAFTER_KINDS[k].vllm, _always)())
         self.capabilities = BackendCapabilities("vllm", ("rejection",), kinds, max_k=opts.num_draft_tokens
                                                 if self.speculative else 0, exact_seeds=False)
         self._policy_version = 0
@@ -442,3 +463,11 @@ def _has_suffix_decoding() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _always() -> bool:
+    return True
+
+
+# vLLM methods that need more than vLLM itself, with the check that they are installed
+_METHOD_AVAILABLE = {"suffix": lambda: _has_suffix_decoding()}

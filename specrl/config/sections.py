@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from specrl.algorithms.losses import LOSSES
 from specrl.backends.registry import check_backend_name
 from specrl.backends.vllm_config import VLLMConfig
-from specrl.rollout.drafter_spec import parse_drafter_spec
+from specrl.rollout.drafter_spec import drafts, parse_drafter_spec
 
 
 class _Section(BaseModel):
@@ -229,7 +229,7 @@ class SpeculativeConfig(_Section):
 
     @property
     def enabled(self) -> bool:
-        return self.drafter != "none" and self.num_draft_tokens != 0
+        return drafts(self.drafter) and self.num_draft_tokens != 0
 
 
 class DrafterConfig(_Section):

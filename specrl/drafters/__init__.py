@@ -1,25 +1,32 @@
 """specrl.drafters: every kind of drafter the engine verifies, and how drafters are built, saved and loaded.
 
 This package owns the helpers all drafters share (`base.py`, which re-exports the protocol of
-`specrl.rollout.drafter`), the five kinds: draft model (`draft_model.py`), EAGLE-3 head (`eagle.py`), MTP heads
-(`mtp.py`), n-gram (`ngram.py`) and sibling suffix (`suffix.py`); the drafter directory format (`io.py`), offline
-distillation into a drafter (`training.py`) and building one from in-domain rollouts of given prompts (`build.py`).
+`specrl.rollout.drafter`; `trainable.py`, the methods training, `specrl draft init` and drafter directories call on
+a drafter with weights), the kinds: draft model (`draft_model.py`), EAGLE-3 head (`eagle.py`), MTP heads
+(`mtp.py`), n-gram (`ngram.py`), sibling suffix (`suffix.py`) and hybrid (`hybrid.py`: a learned drafter with the
+suffix drafter); the drafter directory format (`io.py`), offline and online training (`training/`) and building
+one from in-domain rollouts of given prompts (`build/`).
 `make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
-draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH. PATH may be one of EMBEDDED_NAMES: a cached in-domain drafter of
-the embedded model (SmolLM2-135M): `default` on chain_sum's short answers, `think` on the long step-by-step replies
-of examples/think.yaml. The RL layer builds them from its task prompts (`specrl.drafters.default`,
-`specrl prepare --drafter eagle[:think]`). `hybrid:LEARNED` pairs a learned drafter with the suffix drafter
-(`hybrid.py`). Specs are parsed by `specrl.rollout.drafter_spec`, whose table of kinds `register_drafter` extends
-with a new kind and its builder. It imports model, rollout and errors only.
+draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH | hybrid:LEARNED | a user's kind. PATH may be one of
+EMBEDDED_NAMES: a cached in-domain drafter of the embedded model (SmolLM2-135M): `default` on chain_sum's short
+answers, `think` on the long step-by-step replies of examples/think.yaml. The RL layer builds them from its task
+prompts (`specrl.drafters.default`, `specrl prepare --drafter eagle[:think]`). Specs are parsed by
+`specrl.rollout.drafter_spec`, whose table of kinds holds every kind: this package registers each built-in kind's
+builder and class into its row (`register_drafter_kind`, what `register_drafter` calls for a user's kind), and
+`make_drafter` builds every kind through its row. It imports model, rollout and errors only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from specrl.drafters.base import DraftBatch, Drafter, Proposal
 from specrl.drafters.draft_model import DraftModelDrafter
+from specrl.drafters.eagle import EagleDrafter
+from specrl.drafters.hybrid import HybridDrafter
+from specrl.drafters.mtp import MTPDrafter
 from specrl.drafters.ngram import NGramDrafter
 from specrl.drafters.suffix import SuffixDrafter
 from specrl.errors import SpecRLError
@@ -28,6 +35,7 @@ from specrl.rollout.drafter_spec import (
     EMBEDDED,
     DrafterKind,
     DrafterSpec,
+    drafts,
     parse_drafter_spec,
     register_drafter_kind,
 )
@@ -39,18 +47,6 @@ DEFAULT_DRAFTER_MODEL = "smollm2-135m"  # the embedded model the `default` draft
 
 __all__ = ["DraftBatch", "Drafter", "Proposal", "DraftModelDrafter", "NGramDrafter", "SuffixDrafter",
            "EagleDrafter", "MTPDrafter", "make_drafter", "register_drafter", "DrafterSpec", "DRAFTER_KINDS"]
-
-
-def __getattr__(name):
-    if name == "EagleDrafter":
-        from specrl.drafters.eagle import EagleDrafter
-
-        return EagleDrafter
-    if name == "MTPDrafter":
-        from specrl.drafters.mtp import MTPDrafter
-
-        return MTPDrafter
-    raise AttributeError(name)
 
 
 def default_drafter_dir(kind: str, name: str = "default") -> Path:
@@ -104,47 +100,80 @@ def make_drafter(spec: str | None, target=None, dtype=None,
                  build_default: Callable[[str, str], Path] | None = None) -> Drafter | None:
     """Build a drafter from a spec string; None/'none' means plain autoregressive decoding.
 
-    `eagle:NAME` / `mtp:NAME` with NAME in EMBEDDED_NAMES load a cached drafter of the embedded model; when it is
-    not built yet, `build_default(kind, name)` builds it and returns its directory
+    Every kind, built in or registered, is built by its row of the kinds table (`DrafterKind.build`).
+    `KIND:NAME` with NAME in EMBEDDED_NAMES (the kinds whose row is `embedded`: eagle, mtp) loads a cached drafter of
+    the embedded model; when it is not built yet, `build_default(kind, name)` builds it and returns its directory
     (`specrl.drafters.default.resolve_drafter` passes the builder), and without one the error says how to build it.
     """
-    if spec is None or spec == "none":
+    if not drafts(spec):
         return None
     try:
         parsed = parse_drafter_spec(spec)
     except SpecRLError as e:
         raise SpecRLError(f"unknown drafter {spec!r}: {e}") from None
+    return _build(parsed, target, dtype, build_default)
+
+
+def _build(parsed: DrafterSpec, target, dtype, build_default: Callable[[str, str], Path] | None) -> Drafter | None:
+    info = parsed.info
+    if info.wraps:  # its argument is a learned drafter spec: built first, then wrapped
+        return info.build(parsed, target, dtype, inner=_build(parsed.inner, target, dtype, build_default))
     kind, arg = parsed.kind, parsed.arg
-    if parsed.info.build is not None:
-        return parsed.info.build(parsed, target, dtype)
-    if kind == "ngram":
-        return NGramDrafter()
-    if kind == "suffix":
-        return SuffixDrafter()
-    if kind == "hybrid":
-        from specrl.drafters.hybrid import HybridDrafter
-
-        return HybridDrafter(make_drafter(str(parsed.inner), target, dtype, build_default))
-    if kind == "draft-model":
-        from specrl.model.loader import load_model, same_tokenizer
-
-        if not Path(arg).exists() and "/" in arg:
-            raise SpecRLError(f"draft model path {arg} does not exist")
-        model, _ = load_model(arg, dtype=dtype or target.dtype,
-                              device="cpu" if target is None else target.embed_tokens.weight.device)
-        same_tokenizer(getattr(target, "checkpoint_dir", None), model.checkpoint_dir, "draft model")
-        return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
-    from specrl.drafters.io import load_drafter
-
-    if parsed.info.embedded and arg in EMBEDDED_NAMES:
+    if info.embedded and arg in EMBEDDED_NAMES:
         from specrl.drafters.shipped import is_shipped, load_shipped
 
         if is_shipped(kind, arg):  # trained ahead of time, inside the package: verified, never rebuilt
             if target is None:
                 raise SpecRLError(f"{kind}:{arg} needs the target model it drafts for (pass target=)")
             return load_shipped(kind, arg, target)
-        arg = str(_default_dir(kind, arg, target, build_default))
-    return load_drafter(arg, target, expected_kind=kind)
+        parsed = DrafterSpec(kind, str(_default_dir(kind, arg, target, build_default)))
+    return info.build(parsed, target, dtype)
+
+
+# ---------------------------------------------------------------- the built-in kinds' builders
+def _build_none(spec: DrafterSpec, target, dtype) -> None:
+    return None
+
+
+def _build_ngram(spec: DrafterSpec, target, dtype) -> NGramDrafter:
+    return NGramDrafter()
+
+
+def _build_suffix(spec: DrafterSpec, target, dtype) -> SuffixDrafter:
+    return SuffixDrafter()
+
+
+def _build_draft_model(spec: DrafterSpec, target, dtype) -> DraftModelDrafter:
+    from specrl.model.loader import load_model, same_tokenizer
+
+    arg = spec.arg
+    if not Path(arg).exists() and "/" in arg:
+        raise SpecRLError(f"draft model path {arg} does not exist")
+    model, _ = load_model(arg, dtype=dtype or target.dtype,
+                          device="cpu" if target is None else target.embed_tokens.weight.device)
+    same_tokenizer(getattr(target, "checkpoint_dir", None), model.checkpoint_dir, "draft model")
+    return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
+
+
+def _build_from_directory(spec: DrafterSpec, target, dtype) -> Drafter:
+    """A drafter directory written by `save_drafter` / `specrl draft init` (`specrl.drafters.io`)."""
+    from specrl.drafters.io import load_drafter
+
+    return load_drafter(spec.arg, target, expected_kind=spec.kind)
+
+
+def _build_hybrid(spec: DrafterSpec, target, dtype, inner: Drafter) -> HybridDrafter:
+    return HybridDrafter(inner)
+
+
+for _name, _build_fn, _cls in (("none", _build_none, None), ("ngram", _build_ngram, NGramDrafter),
+                               ("suffix", _build_suffix, SuffixDrafter),
+                               ("draft-model", _build_draft_model, DraftModelDrafter),
+                               ("eagle", _build_from_directory, EagleDrafter),
+                               ("mtp", _build_from_directory, MTPDrafter),
+                               ("hybrid", _build_hybrid, HybridDrafter)):
+    register_drafter_kind(replace(DRAFTER_KINDS[_name], build=_build_fn, drafter_class=_cls))
+del _name, _build_fn, _cls
 
 
 def _default_dir(kind: str, name: str, target, build_default: Callable[[str, str], Path] | None) -> Path:

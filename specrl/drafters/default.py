@@ -158,11 +158,12 @@ def remove_stale_builds(final: Path) -> list[Path]:
 
 
 def default_head_spec(spec: str) -> str:
-    """`eagle:default` / `eagle:think` -> `eagle:DIR` of the cached head (built on first use); any other spec as
-    it is. For consumers that take a directory, not a drafter object (the vLLM backend, the export)."""
+    """`eagle:default` / `eagle:think` (a kind whose row is `embedded`) -> `eagle:DIR` of the cached head (built on
+    first use); any other spec as it is. For consumers that take a directory, not a drafter object (the vLLM
+    backend, the export)."""
     parsed = parse_drafter_spec(spec)
-    if parsed.kind == "eagle" and parsed.arg in DEFAULT_BUILDS:
-        return f"eagle:{ensure_default_drafter('eagle', parsed.arg)}"
+    if parsed.info.embedded and parsed.arg in DEFAULT_BUILDS:
+        return f"{parsed.kind}:{ensure_default_drafter(parsed.kind, parsed.arg)}"
     return spec
 
 

@@ -16,11 +16,15 @@ the checkpoint; transformers ignores that file.
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 import torch
 
 from specrl.drafters.base import BindContext, DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
+from specrl.drafters.trainable import TrainableDrafter, soft_cross_entropy
 from specrl.errors import SpecRLError
 
 
@@ -49,9 +53,24 @@ def slice_layers(target, layers: list[int] | tuple[int, ...]):
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 SPEC_STEP_TAIL = 2  # tokens a speculative step leaves outside the drafter's cache at most (more: a plain-step backlog)
+TOKENIZER_FILES = ("special_tokens_map.json", "vocab.json", "merges.txt", "generation_config.json")
 
 
-class DraftModelDrafter(Drafter):
+def save_draft_model(draft, model: str | os.PathLike, out: Path) -> None:
+    """The draft model as an HF checkpoint plus the target's tokenizer files (so both we and transformers load it)."""
+    import shutil
+
+    from specrl.model import presets
+    from specrl.model.hf_checkpoint import save_hf_checkpoint
+
+    save_hf_checkpoint(draft, out)
+    src = Path(model) if Path(model).exists() else presets.prepare(str(model))
+    for f in src.iterdir():
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name in TOKENIZER_FILES):
+            shutil.copy2(f, out / f.name)
+
+
+class DraftModelDrafter(Drafter, TrainableDrafter):
     kind = "draft-model"
 
     def __init__(self, draft_model, draft_vocab=None):
@@ -60,6 +79,60 @@ class DraftModelDrafter(Drafter):
         self._head: torch.Tensor | None = None
         self.cache = None
         self.cached: list[int] = []
+
+    # ---------------------------------------------------------------- training (TrainableDrafter)
+    @property
+    def training_module(self):
+        """The draft model (its embeddings / LM head train only if they require grad)."""
+        return self.model
+
+    def training_features(self, captured: dict, hidden: torch.Tensor) -> torch.Tensor:
+        """No target features: a draft model reads the tokens alone."""
+        return hidden[..., :0]
+
+    def prepare_training(self, target) -> None:
+        if self.model.args.vocab_size != target.args.vocab_size:
+            raise SpecRLError(f"the draft model's vocabulary has {self.model.args.vocab_size} tokens but the "
+                              f"target's has {target.args.vocab_size}; a draft model must share the target's tokenizer")
+
+    def training_loss(self, batch: dict, ttt_steps: int) -> tuple[torch.Tensor, dict]:
+        """Position t (tokens x_0..x_t) predicts the target distribution at t, over the full vocabulary."""
+        tok, lens, loss_from = batch["tokens"], batch["len"], batch["loss_from"]
+        pos = torch.arange(tok.shape[1], device=tok.device)[None, :]
+        # index t (tokens x_0..x_t) predicts x_{t+1} with the target's distribution at t; logits only where counted
+        valid = (pos <= lens[:, None] - 2) & (pos + 1 >= loss_from[:, None])
+        hidden, _ = self.model.forward_hidden(tok)
+        logits = self.model.logits(hidden[valid])
+        ce = soft_cross_entropy(logits, batch["top_idx"][valid], batch["top_p"][valid])
+        stats = {"positions": int(valid.sum()), "top1": int((logits.argmax(-1) == batch["top1"][valid]).sum())}
+        return ce.sum() / valid.sum().clamp_min(1), stats
+
+    @classmethod
+    def check_build(cls, target, *, draft_layers: int = 4, **options) -> None:
+        if not (isinstance(draft_layers, int) and 1 <= draft_layers < target.args.num_layers):
+            raise SpecRLError(f"draft_layers must be an integer in [1, {target.args.num_layers - 1}] (the target "
+                              f"has {target.args.num_layers} layers), got {draft_layers!r}")
+
+    @classmethod
+    def untrained(cls, target, *, draft_vocab=None, num_modules: int = 3, draft_layers: int = 4):
+        """The target's first `draft_layers` layers; it trains over the full vocabulary (see `after_training`)."""
+        draft = slice_layers(target, range(draft_layers)).float()
+        draft.embed_tokens.weight.requires_grad_(False)  # tied to the LM head: keep the target's token geometry
+        return cls(draft)
+
+    def after_training(self, draft_vocab):
+        """Trained over the full vocabulary, it drafts over `draft_vocab` (None: the full one)."""
+        return self if draft_vocab is None else DraftModelDrafter(self.model, draft_vocab=draft_vocab)
+
+    def build_report(self) -> dict:
+        return {"draft_layers": self.model.args.num_layers}
+
+    def save_built(self, out: Path, target, model: str | os.PathLike) -> None:
+        """An HF checkpoint with the target's tokenizer (loadable by transformers as an `assistant_model` too),
+        and the draft vocabulary as `draft_vocab.json`."""
+        save_draft_model(self.model.to(target.dtype), model, out)
+        if self.d2t is not None:
+            (out / DRAFT_VOCAB_FILE).write_text(json.dumps([int(t) for t in self.d2t]))
 
     def bind(self, ctx: BindContext) -> None:
         t, d = ctx.target.args, self.model.args

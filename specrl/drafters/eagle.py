@@ -41,12 +41,14 @@ from specrl.drafters.base import (
     is_full_vocab,
     target_to_draft,
 )
+from specrl.drafters.trainable import TrainableDrafter, soft_cross_entropy
 from specrl.errors import SpecRLError
 from specrl.model.transformer import Attention, Block, KVCache, ModelArgs, RMSNorm
 
 NUM_FUSED_LAYERS = 3  # EAGLE-3 fuses a low, a middle and a high target layer
 PENDING_EXTRA = 2  # pending-queue entries per slot beyond k_max (a verification queues up to k_max + 1)
 CACHE_EXTRA = 2  # drafter cache positions beyond the engine's cache_len + k_max (drafts run ahead of it)
+TTT_STEP_WEIGHT = 0.8  # step s of training-time test weighs TTT_STEP_WEIGHT ** (s - 1)
 
 
 def default_layers(num_layers: int) -> tuple[int, int, int]:
@@ -83,8 +85,11 @@ class Eagle3Block(Block):
 
 
 # ---------------------------------------------------------------------------------------------- drafter
-class EagleDrafter(nn.Module, Drafter):
+class EagleDrafter(nn.Module, Drafter, TrainableDrafter):
     kind = "eagle"
+    training_methods = ("fuse_concat", "forward_train", "head")
+    unrolls_steps = True
+    CONFIG_FIELDS = ("hidden_size", "vocab_size", "layers", "draft_vocab_size", "intermediate_size")
 
     def __init__(self, target, layers: tuple[int, ...] | list[int] | None = None,
                  draft_vocab: list[int] | Tensor | None = None, intermediate_size: int | None = None):
@@ -207,6 +212,74 @@ class EagleDrafter(nn.Module, Drafter):
             outs.append(self.head(o) if logits else o)
             feature = torch.cat([o.new_zeros(b, 1, o.shape[-1]), o[:, :-1]], dim=1)
         return outs
+
+    # ---------------------------------------------------------------- training (TrainableDrafter)
+    @property
+    def training_capture(self) -> tuple[int, ...]:  # type: ignore[override]
+        return self.fuse_layers
+
+    def training_features(self, captured: dict, hidden: Tensor) -> Tensor:
+        """The three fused layers, concatenated [..., T, 3H] (what `fuse_concat` reads)."""
+        return torch.cat([captured[j] for j in self.fuse_layers], -1)
+
+    def training_loss(self, batch: dict, ttt_steps: int) -> tuple[Tensor, dict]:
+        """Entry t = (g_t, x_{t+1}) predicts the target distribution at t+1, over `ttt_steps` unrolled steps of
+        training-time test weighted TTT_STEP_WEIGHT^(s-1); the head (norm + draft-vocabulary projection, most of
+        the drafter's FLOPs) runs only on the positions whose loss counts (responses, not prompts)."""
+        tok, lens, loss_from = batch["tokens"], batch["len"], batch["loss_from"]
+        pos = torch.arange(tok.shape[1], device=tok.device)[None, :]
+        total = torch.zeros((), device=tok.device)
+        stats = {"positions": 0, "top1": 0}
+        steps = self.forward_train(self.fuse_concat(batch["feats"]), tok, steps=ttt_steps, logits=False)
+        # step s, index t predicts x_{t+2} with the target's distribution at t+1
+        tgt_i = torch.cat([batch["top_idx"][:, 1:], batch["top_idx"][:, -1:]], 1)
+        tgt_p = torch.cat([batch["top_p"][:, 1:], torch.zeros_like(batch["top_p"][:, -1:])], 1)
+        top1 = torch.cat([batch["top1"][:, 1:], batch["top1"][:, -1:]], 1)
+        weight_sum = 0.0
+        for s, hidden in enumerate(steps, start=1):
+            valid = (pos <= lens[:, None] - 2) & (pos >= s - 1) & (pos + 2 >= loss_from[:, None])
+            logits = self.head(hidden[valid])
+            ce = soft_cross_entropy(logits, tgt_i[valid], tgt_p[valid])
+            w = TTT_STEP_WEIGHT ** (s - 1)
+            total = total + w * ce.sum() / valid.sum().clamp_min(1)
+            weight_sum += w
+            if s == 1:
+                pred = logits.argmax(-1)
+                pred = pred if self.full_vocab else self.d2t[pred]
+                stats["positions"] = int(valid.sum())
+                stats["top1"] = int((pred == top1[valid]).sum())
+        return total / weight_sum, stats
+
+    @classmethod
+    def untrained(cls, target, *, draft_vocab=None, num_modules: int = 3, draft_layers: int = 4):
+        return cls(target, draft_vocab=draft_vocab)
+
+    # ---------------------------------------------------------------- drafter directories
+    @classmethod
+    def from_directory(cls, target, cfg: dict, state: dict, where):
+        ta = target.args
+        layers = [int(i) for i in cfg["layers"]]
+        bad = [i for i in layers if not 0 <= i < ta.num_layers]
+        if bad:
+            raise SpecRLError(f"{where}: EAGLE layer indices {layers} (made for a {cfg.get('num_target_layers')}-"
+                              f"layer target) are out of range for this target with {ta.num_layers} layers")
+        if "d2t" not in state:
+            raise SpecRLError(f"{where}/model.safetensors lacks the tensor 'd2t' (the draft vocabulary)")
+        d2t = state["d2t"]
+        if d2t.numel() != int(cfg["draft_vocab_size"]):
+            raise SpecRLError(f"{where}: config says draft_vocab_size {cfg['draft_vocab_size']} but tensor d2t has "
+                              f"{d2t.numel()} entries")
+        if d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= ta.vocab_size):
+            raise SpecRLError(f"{where}: d2t has token ids outside this target's vocabulary [0, {ta.vocab_size})")
+        vocab = None if is_full_vocab(d2t, ta.vocab_size) else d2t
+        return cls(target, layers=layers, draft_vocab=vocab, intermediate_size=int(cfg["intermediate_size"]))
+
+    @classmethod
+    def old_format_error(cls, where, version: int, min_version: int) -> str:
+        return (f"{where} is an EAGLE head of format {version}, made by an older specrl whose layer differs from "
+                f"EAGLE-3's (format {min_version}: vLLM's layout); its weights cannot be converted. Rebuild it "
+                "with `specrl draft init` (or, for eagle:default / eagle:think, `specrl prepare --drafter eagle`, "
+                "which rebuilds it)")
 
     # ---------------------------------------------------------------- Drafter protocol
     def bind(self, ctx: BindContext) -> None:

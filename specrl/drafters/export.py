@@ -21,8 +21,10 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from specrl.errors import SpecRLError
+from specrl.rollout.drafter_spec import DRAFTER_KINDS
 
 FORMATS = ("vllm-eagle3",)
+VLLM_METHOD = "eagle3"  # the vLLM speculative method that serves this layout
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # specrl name prefix -> vLLM EAGLE-3 name prefix (checked in this order; every drafter tensor must match one)
 _RENAMES = (("block.", "midlayer."), ("layer_norms.", "fc_norm."), ("fc.", "fc."), ("norm.", "norm."),
@@ -85,6 +87,12 @@ def vllm_eagle3_config(cfg: Mapping, target_config: Mapping, dtype: str) -> dict
     return out
 
 
+def exports(kind: str) -> bool:
+    """Whether drafters of `kind` export to vllm-eagle3: the kinds whose row maps onto vLLM's eagle3 method."""
+    info = DRAFTER_KINDS.get(kind)
+    return info is not None and info.vllm == VLLM_METHOD
+
+
 def export_vllm_eagle3(drafter_dir: str | os.PathLike, target_dir: str | os.PathLike, out: str | os.PathLike,
                        dtype: str | None = None) -> Path:
     """Write `out` (config.json + model.safetensors) in vLLM's EAGLE-3 layout from a specrl EAGLE directory."""
@@ -94,7 +102,7 @@ def export_vllm_eagle3(drafter_dir: str | os.PathLike, target_dir: str | os.Path
 
     src, tgt, dst = Path(drafter_dir), Path(target_dir), Path(out)
     cfg = read_config(src)
-    if cfg["kind"] != "eagle":
+    if not exports(cfg["kind"]):
         raise SpecRLError(f"{src} holds a {cfg['kind']!r} drafter; only EAGLE heads export to vllm-eagle3 (vLLM's "
                           "MTP loads the target's own MTP layers, which specrl's MTP heads are not)")
     if not (tgt / "config.json").is_file():

@@ -4,6 +4,10 @@ Only the drafter's own weights are saved; the pieces it shares with the target (
 LM head) come from the target passed to `load_drafter`. Loading checks that the directory is a specrl
 drafter of the requested kind, that it was made for a target of this shape (hidden size, vocabulary, layer
 indices) and that the tensors match the config, and says which value disagreed with which.
+
+The kinds saved this way are the rows of the kinds table (`specrl.rollout.drafter_spec.DRAFTER_KINDS`) with a
+`min_format_version`; each row's drafter class says which config fields a directory needs and makes the drafter
+from one (`specrl.drafters.trainable.TrainableDrafter.from_directory`).
 """
 
 from __future__ import annotations
@@ -15,23 +19,26 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specrl.drafters.base import is_full_vocab
-from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.mtp import MTPDrafter
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import check_finite, copy_state
+from specrl.rollout.drafter_spec import DRAFTER_KINDS, DrafterKind
 
 FORMAT = "specrl-drafter"
 FORMAT_VERSION = 2  # 2: EAGLE heads use EAGLE-3's midlayer (vLLM's layout); MTP directories are unchanged since 1
-EAGLE_MIN_VERSION = 2  # an EAGLE head of format 1 had another layer (a 2H -> H projection before a plain block)
-KINDS = {"eagle": EagleDrafter, "mtp": MTPDrafter}
+
+
+def directory_kinds() -> dict[str, DrafterKind]:
+    """The kinds saved as drafter directories: the table's rows with a `min_format_version` and a drafter class."""
+    return {k.name: k for k in DRAFTER_KINDS.values()
+            if k.min_format_version is not None and k.drafter_class is not None}
 
 
 def save_drafter(drafter, path: str | os.PathLike) -> Path:
     """Write drafter weights + config into directory `path` (created if needed); return the path."""
+    kinds = directory_kinds()
     kind = getattr(drafter, "kind", None)
-    if kind not in KINDS or not isinstance(drafter, KINDS[kind]):
-        raise SpecRLError(f"save_drafter saves {sorted(KINDS)} drafters, got {type(drafter).__name__}")
+    if kind not in kinds or not isinstance(drafter, kinds[kind].drafter_class):
+        raise SpecRLError(f"save_drafter saves {sorted(kinds)} drafters, got {type(drafter).__name__}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, **drafter.config(),
@@ -43,23 +50,23 @@ def save_drafter(drafter, path: str | os.PathLike) -> Path:
 
 
 def min_format_version(kind: str | None) -> int:
-    """The oldest drafter format this specrl reads for `kind` (format 1 EAGLE heads had another layer)."""
-    return EAGLE_MIN_VERSION if kind == "eagle" else 1
+    """The oldest drafter format this specrl reads for `kind` (its row's `min_format_version`; 1 otherwise)."""
+    info = DRAFTER_KINDS.get(kind) if isinstance(kind, str) else None
+    return info.min_format_version if info is not None and info.min_format_version is not None else 1
 
 
 _INT_FIELDS = ("hidden_size", "vocab_size", "num_target_layers", "num_heads", "num_kv_heads", "head_dim",
                "draft_vocab_size", "intermediate_size", "num_modules")
-_REQUIRED = {"eagle": ("hidden_size", "vocab_size", "layers", "draft_vocab_size", "intermediate_size"),
-             "mtp": ("hidden_size", "vocab_size", "num_modules", "intermediate_size")}
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _check_fields(cfg: dict, cfg_path: Path) -> None:
     """A SpecRLError naming the file and the key for a missing or malformed value of a drafter config."""
-    for key in _REQUIRED[cfg["kind"]]:
+    required = DRAFTER_KINDS[cfg["kind"]].drafter_class.CONFIG_FIELDS
+    for key in required:
         if key not in cfg:
             raise SpecRLError(f"{cfg_path} lacks the field {key!r} (a {cfg['kind']} drafter config needs "
-                              f"{', '.join(_REQUIRED[cfg['kind']])}); rebuild the drafter with `specrl draft init`")
+                              f"{', '.join(required)}); rebuild the drafter with `specrl draft init`")
     for key in _INT_FIELDS:
         v = cfg.get(key)
         if key in cfg and (type(v) is not int or v < 1):
@@ -95,26 +102,26 @@ def read_config(path: str | os.PathLike) -> dict:
         raise SpecRLError(f"{p} is {what}, not a specrl drafter directory (its config.json lacks "
                           f"\"format\": \"{FORMAT}\"); pass a directory written by save_drafter / `specrl draft "
                           "init`")
-    if cfg.get("kind") not in KINDS:
-        raise SpecRLError(f"{cfg_path}: unknown drafter kind {cfg.get('kind')!r}; known kinds are {sorted(KINDS)}")
+    kinds = directory_kinds()
+    if not isinstance(cfg.get("kind"), str) or cfg["kind"] not in kinds:
+        raise SpecRLError(f"{cfg_path}: unknown drafter kind {cfg.get('kind')!r}; known kinds are {sorted(kinds)}")
     version = cfg.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise SpecRLError(f"{cfg_path}: format_version {version!r} is not one this specrl reads (1..{FORMAT_VERSION});"
                           " it was written by a newer specrl: upgrade specrl or rebuild the drafter")
-    if version < min_format_version(cfg["kind"]):
-        raise SpecRLError(f"{p} is an EAGLE head of format {version}, made by an older specrl whose layer differs "
-                          f"from EAGLE-3's (format {EAGLE_MIN_VERSION}: vLLM's layout); its weights cannot be "
-                          "converted. Rebuild it with `specrl draft init` (or, for eagle:default / eagle:think, "
-                          "`specrl prepare --drafter eagle`, which rebuilds it)")
+    oldest = min_format_version(cfg["kind"])
+    if version < oldest:
+        raise SpecRLError(kinds[cfg["kind"]].drafter_class.old_format_error(p, version, oldest))
     _check_fields(cfg, cfg_path)
     return cfg
 
 
 def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = None):
-    """Load a drafter directory for `target` (a specrl Transformer); `expected_kind` ("eagle"/"mtp") is checked."""
+    """Load a drafter directory for `target` (a specrl Transformer); `expected_kind` (a kind saved as a drafter
+    directory: eagle, mtp) is checked."""
     kind = expected_kind
-    if kind is not None and kind not in KINDS:
-        raise SpecRLError(f"unknown drafter kind {kind!r}; known kinds are {sorted(KINDS)}")
+    if kind is not None and kind not in directory_kinds():
+        raise SpecRLError(f"unknown drafter kind {kind!r}; known kinds are {sorted(directory_kinds())}")
     p = Path(path)
     cfg = read_config(p)
     if kind is not None and cfg["kind"] != kind:
@@ -145,26 +152,7 @@ def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = No
                               f"{'an integer dtype (token ids)' if want_int else 'a floating-point dtype (weights)'}"
                               "; the file was not written by save_drafter, rebuild it with `specrl draft init`")
     try:
-        if cfg["kind"] == "eagle":
-            layers = [int(i) for i in cfg["layers"]]
-            bad = [i for i in layers if not 0 <= i < ta.num_layers]
-            if bad:
-                raise SpecRLError(f"{p}: EAGLE layer indices {layers} (made for a {cfg.get('num_target_layers')}-"
-                                  f"layer target) are out of range for this target with {ta.num_layers} layers")
-            if "d2t" not in state:
-                raise SpecRLError(f"{p}/model.safetensors lacks the tensor 'd2t' (the draft vocabulary)")
-            d2t = state["d2t"]
-            if d2t.numel() != int(cfg["draft_vocab_size"]):
-                raise SpecRLError(f"{p}: config says draft_vocab_size {cfg['draft_vocab_size']} but tensor d2t has "
-                                  f"{d2t.numel()} entries")
-            if d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= ta.vocab_size):
-                raise SpecRLError(f"{p}: d2t has token ids outside this target's vocabulary [0, {ta.vocab_size})")
-            vocab = None if is_full_vocab(d2t, ta.vocab_size) else d2t
-            drafter = EagleDrafter(target, layers=layers, draft_vocab=vocab,
-                                   intermediate_size=int(cfg["intermediate_size"]))
-        else:
-            drafter = MTPDrafter(target, num_modules=int(cfg["num_modules"]),
-                                 intermediate_size=int(cfg["intermediate_size"]))
+        drafter = DRAFTER_KINDS[cfg["kind"]].drafter_class.from_directory(target, cfg, state, p)
     except KeyError as e:
         raise SpecRLError(f"{p}/config.json lacks the field {e.args[0]!r}") from None
     copy_state(drafter, state, str(state_path), expected_by="config.json")

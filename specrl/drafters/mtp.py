@@ -31,6 +31,7 @@ from specrl.drafters.base import (
     compact_slots,
     draft_layer_args,
 )
+from specrl.drafters.trainable import TrainableDrafter, soft_cross_entropy
 from specrl.errors import SpecRLError
 from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm
 
@@ -52,9 +53,11 @@ class MTPModule(nn.Module):
         return self.proj(torch.cat([self.hidden_norm(prev_hidden), self.embed_norm(emb)], dim=-1))
 
 
-class MTPDrafter(nn.Module, Drafter):
+class MTPDrafter(nn.Module, Drafter, TrainableDrafter):
     kind = "mtp"
     target_layers = ()  # reads captured["final"], which the engine always provides
+    training_methods = ("forward_train", "head")
+    CONFIG_FIELDS = ("hidden_size", "vocab_size", "num_modules", "intermediate_size")
 
     def __init__(self, target, num_modules: int = 3, intermediate_size: int | None = None):
         nn.Module.__init__(self)
@@ -116,6 +119,36 @@ class MTPDrafter(nn.Module, Drafter):
             h = m.block(m.layer_input(h, e), cos, sin, None, 0, None, None, t)
             outs.append(h)
         return outs
+
+    # ---------------------------------------------------------------- training (TrainableDrafter)
+    def training_loss(self, batch: dict, ttt_steps: int) -> tuple[Tensor, dict]:
+        """Module j at t predicts the target distribution at t+j (the final hidden is the features)."""
+        tok, lens, loss_from = batch["tokens"], batch["len"], batch["loss_from"]
+        pos = torch.arange(tok.shape[1], device=tok.device)[None, :]
+        total = torch.zeros((), device=tok.device)
+        stats = {"positions": 0, "top1": 0}
+        outs = self.forward_train(batch["feats"].to(self.dtype), tok)
+        for j, h in enumerate(outs, start=1):
+            # module j, index t predicts x_{t+j+1} with the target's distribution at t+j
+            tgt_i = torch.cat([batch["top_idx"][:, j:], torch.full_like(batch["top_idx"][:, :j], -1)], 1)
+            tgt_p = torch.cat([batch["top_p"][:, j:], torch.zeros_like(batch["top_p"][:, :j])], 1)
+            valid = (pos <= lens[:, None] - 1 - j) & (pos + j + 1 >= loss_from[:, None])
+            logits = self.head(j - 1, h)
+            ce = soft_cross_entropy(logits, tgt_i, tgt_p)
+            total = total + (ce * valid).sum() / valid.sum().clamp_min(1)
+            if j == 1:
+                top1 = torch.cat([batch["top1"][:, 1:], batch["top1"][:, -1:]], 1)
+                stats["positions"] = int(valid.sum())
+                stats["top1"] = int(((logits.argmax(-1) == top1) & valid).sum())
+        return total / len(outs), stats
+
+    @classmethod
+    def untrained(cls, target, *, draft_vocab=None, num_modules: int = 3, draft_layers: int = 4):
+        return cls(target, num_modules=num_modules)
+
+    @classmethod
+    def from_directory(cls, target, cfg: dict, state: dict, where):
+        return cls(target, num_modules=int(cfg["num_modules"]), intermediate_size=int(cfg["intermediate_size"]))
 
     # ---------------------------------------------------------------- Drafter protocol
     def bind(self, ctx: BindContext) -> None:

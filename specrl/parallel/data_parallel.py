@@ -11,7 +11,7 @@ otherwise a clear error). Each optimizer step's normaliser is the whole mini-bat
 gradients over ranks (gloo has no pre-scaled sum), so each rank normalises by it / N and the average is the single-
 process gradient. The drafter's loss, a mean over micro-batches, is averaged the same way (equal micro-batch counts
 per rank). Gradient clipping is global (`clip_grad_norm_` on DTensor gradients). The drafter's training methods
-(`DRAFTER_TRAIN_METHODS`) run under FSDP's unshard; it reads the policy's embedding (and MTP its LM head) outside
+(its class's `training_methods`) run under FSDP's unshard; it reads the policy's embedding (and MTP its LM head) outside
 the policy's forward, so each rank keeps a frozen full copy of those, refreshed after every optimizer step. So N
 ranks equal one process in fp32 to rounding (tested N=1 vs 2: one step, 2 mini-batches x 2 iterations, the online
 drafter over 2 mini-batches, 3 groups on 2 ranks). Under bf16-mixed they do not match bit for bit:
@@ -74,8 +74,6 @@ def shard_policy(policy: nn.Module, mp: MixedPrecisionPolicy | None) -> None:
         register_fsdp_forward_method(policy, name)
 
 
-# the drafter methods `drafters.training.batch_loss` calls on each kind (all of them run under FSDP's unshard)
-DRAFTER_TRAIN_METHODS = {"eagle": ("fuse_concat", "forward_train", "head"), "mtp": ("forward_train", "head")}
 
 
 class ShardedLearner(Learner):
@@ -104,7 +102,8 @@ class ShardedLearner(Learner):
         if cfg.drafter.online and isinstance(drafter, nn.Module):
             fully_shard(drafter)  # fp32, as the single-process learner trains it (outside autocast)
             # the drafter loss calls these directly, not forward(): each must gather the sharded parameters
-            for method in DRAFTER_TRAIN_METHODS.get(drafter.kind, ("forward_train",)):
+            # (its class's `training_methods`, e.g. EAGLE's fuse_concat, forward_train and head)
+            for method in getattr(drafter, "training_methods", ("forward_train",)):
                 register_fsdp_forward_method(drafter, method)
             self._mirror = SimpleNamespace(embed_tokens=nn.Embedding(*policy.embed_tokens.weight.shape),
                                            lm_head=nn.Linear(*reversed(policy.lm_head.weight.shape), bias=False))

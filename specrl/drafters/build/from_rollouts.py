@@ -21,15 +21,16 @@ from pathlib import Path
 
 import torch
 
+from specrl.drafters.draft_model import TOKENIZER_FILES, save_draft_model  # noqa: F401  (this module's API too)
+from specrl.drafters.trainable import TrainableDrafter
 from specrl.errors import SpecRLError
+from specrl.rollout.drafter_spec import DRAFTER_KINDS
 
-BUILD_KINDS = ("eagle", "mtp", "draft-model")
 MIN_PROMPTS = 2  # some are held out for the acceptance measurement
 MIN_SAMPLES = 2  # training holds one sequence out
 HELDOUT_PROMPTS = 32  # prompts the held-out acceptance length is measured on
 HELDOUT_SHARE = 10  # of given prompt lists, at most 1 in HELDOUT_SHARE is held out
 ROLLOUT_BATCH = 32  # sequences generated at once for the training data
-TOKENIZER_FILES = ("special_tokens_map.json", "vocab.json", "merges.txt", "generation_config.json")
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | Callable[[object], tuple[list[list[int]], list[list[int]]]]
 
@@ -84,18 +85,12 @@ def read_jsonl(path: Path) -> tuple[list[list[int]], list[int]]:
     return seqs, plens
 
 
-def save_draft_model(draft, model: str | os.PathLike, out: Path) -> None:
-    """The draft model as an HF checkpoint plus the target's tokenizer files (so both we and transformers load it)."""
-    import shutil
-
-    from specrl.model import presets
-    from specrl.model.hf_checkpoint import save_hf_checkpoint
-
-    save_hf_checkpoint(draft, out)
-    src = Path(model) if Path(model).exists() else presets.prepare(str(model))
-    for f in src.iterdir():
-        if f.is_file() and (f.name.startswith("tokenizer") or f.name in TOKENIZER_FILES):
-            shutil.copy2(f, out / f.name)
+def build_kinds() -> dict[str, type[TrainableDrafter]]:
+    """The kinds `specrl draft init` builds: the table's rows whose drafter class is a `TrainableDrafter`, the ones
+    the learner can train online first (eagle, mtp, then draft-model)."""
+    rows = sorted((k for k in DRAFTER_KINDS.values() if isinstance(k.drafter_class, type)
+                   and issubclass(k.drafter_class, TrainableDrafter)), key=lambda k: not k.trainable)
+    return {k.name: k.drafter_class for k in rows}
 
 
 def train_drafter_offline(model: str = "smollm2-135m", drafter_kind: str = "eagle", prompts: Prompts | None = None,
@@ -110,19 +105,18 @@ def train_drafter_offline(model: str = "smollm2-135m", drafter_kind: str = "eagl
     for the rollouts and the training features (auto: bf16 where the CPU has bf16 units, else fp32).
     """
     from specrl.device import processor_class
-    from specrl.drafters.draft_model import DRAFT_VOCAB_FILE, DraftModelDrafter, slice_layers
-    from specrl.drafters.eagle import EagleDrafter
-    from specrl.drafters.io import save_drafter
-    from specrl.drafters.mtp import MTPDrafter
     from specrl.drafters.training.offline import heldout_acceptance, select_draft_vocab, train_drafter
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
 
-    if drafter_kind not in BUILD_KINDS:
-        raise SpecRLError(f"unknown drafter kind {drafter_kind!r}; `specrl draft init` trains 'eagle', 'mtp' or "
-                          "'draft-model'")
+    kinds = build_kinds()
+    if not isinstance(drafter_kind, str) or drafter_kind not in kinds:
+        names = [repr(k) for k in kinds]
+        raise SpecRLError(f"unknown drafter kind {drafter_kind!r}; `specrl draft init` trains "
+                          f"{', '.join(names[:-1])} or {names[-1]}")
+    cls = kinds[drafter_kind]
     if not isinstance(samples, int) or samples < MIN_SAMPLES:
         raise SpecRLError(f"samples must be an integer >= {MIN_SAMPLES}, got {samples!r}")
     out = Path(out)
@@ -131,10 +125,7 @@ def train_drafter_offline(model: str = "smollm2-135m", drafter_kind: str = "eagl
         raise SpecRLError(f"out={str(out)!r} is {what}; the drafter's files would be mixed into it. Pass a new "
                           "directory (or an earlier drafter's, to replace it)")
     target, tokenizer = load_model(model, dtype=dtype)
-    if drafter_kind == "draft-model" and not (isinstance(draft_layers, int) and
-                                              1 <= draft_layers < target.args.num_layers):
-        raise SpecRLError(f"draft_layers must be an integer in [1, {target.args.num_layers - 1}] (the target has "
-                          f"{target.args.num_layers} layers), got {draft_layers!r}")
+    cls.check_build(target, draft_layers=draft_layers, num_modules=num_modules)
     if prompts is None:
         raise SpecRLError("give the prompts to build the drafter from (prompt strings, token-id lists, or a "
                           "callable tokenizer -> (train ids, held-out ids))")
@@ -168,33 +159,21 @@ def train_drafter_offline(model: str = "smollm2-135m", drafter_kind: str = "eagl
     vocab = None if draft_vocab_size >= target.args.vocab_size else \
         select_draft_vocab([s[n:] for s, n in zip(seqs, plens, strict=True)], draft_vocab_size, always=stops)
     torch.manual_seed(seed)  # the fresh drafter's initial weights: two builds with the same arguments agree
-    if drafter_kind == "eagle":
-        drafter = EagleDrafter(target, draft_vocab=vocab)
-    elif drafter_kind == "mtp":
-        drafter = MTPDrafter(target, num_modules=num_modules)
-    else:
-        draft = slice_layers(target, range(draft_layers)).float()
-        draft.embed_tokens.weight.requires_grad_(False)  # tied to the LM head: keep the target's token geometry
-        drafter = DraftModelDrafter(draft)
+    drafter = cls.untrained(target, draft_vocab=vocab, num_modules=num_modules, draft_layers=draft_layers)
     torch.manual_seed(seed)
     result = train_drafter(drafter, target, seqs, epochs=epochs, lr=lr, batch_size=batch_size, progress=progress,
                            prompt_lens=plens, seed=seed)
-    if drafter_kind == "draft-model" and vocab is not None:
-        drafter = DraftModelDrafter(drafter.model, draft_vocab=vocab)  # trained over the full vocabulary
+    drafter = drafter.after_training(vocab)  # a draft model trained over the full vocabulary drafts over `vocab`
     acc = heldout_acceptance(target, drafter, val_prompts, k=min(k, getattr(drafter, "num_modules", k)),
                              temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=seed)
-    if drafter_kind == "draft-model":
-        save_draft_model(drafter.model.to(target.dtype), model, out)
-        if drafter.d2t is not None:
-            (out / DRAFT_VOCAB_FILE).write_text(json.dumps([int(t) for t in drafter.d2t]))
-    else:
-        save_drafter(drafter, out)
+    drafter.save_built(out, target, model)
     report = {**result, "heldout_acceptance_length": acc, "k": k, "temperature": temperature, "model": str(model),
               "task": source, "samples": len(seqs),
-              "draft_layers": draft_layers if drafter_kind == "draft-model" else None,
+              "draft_layers": None,
               "tokens": sum(len(s) for s in seqs), "target_dtype": str(target.dtype).removeprefix("torch."),
               "processor_class": processor_class(),
-              "draft_vocab_size": None if getattr(drafter, "d2t", None) is None else int(drafter.d2t.numel())}
+              "draft_vocab_size": None if getattr(drafter, "d2t", None) is None else int(drafter.d2t.numel()),
+              **drafter.build_report()}
     (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     if progress:
         print(f"[specrl] {drafter_kind} drafter -> {out}: held-out acceptance length {acc:.2f} at k={k}, "

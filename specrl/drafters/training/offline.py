@@ -7,12 +7,15 @@ cross-entropy against this truncated target, which keeps memory bounded for a 49
 then trains the drafter with that soft cross-entropy (forward KL up to a constant):
 * EAGLE: entry t = (g_t, x_{t+1}) predicts the target distribution at t+1, over `ttt_steps` unrolled steps of
   training-time test (step s feeds the step s-1 output hidden back, exactly as drafting does; see
-  `EagleDrafter.forward_train`), weighted TTT_STEP_WEIGHT^(s-1) = 0.8^(s-1). With a reduced draft vocabulary
+  `EagleDrafter.forward_train`), weighted 0.8^(s-1) (`eagle.TTT_STEP_WEIGHT`). With a reduced draft vocabulary
   the target mass outside the subset simply cannot be matched (the loss only sums over the subset).
 * MTP: module j at t predicts the target distribution at t+j (`MTPDrafter.forward_train`).
 * Draft model (`DraftModelDrafter`, e.g. a slice of the target's layers): position t predicts the target
   distribution at t from the tokens alone (no target features); its embeddings / LM head train only if they
   require grad.
+Each kind's features and loss are methods of its class (`specrl.drafters.trainable.TrainableDrafter`:
+`training_capture`, `training_features`, `target_to_draft`, `training_loss`); this module runs them for any drafter
+that implements it.
 Positions before `prompt_lens` (the prompt) are context only, never loss. `heldout_acceptance` measures the
 drafter the way it will be used: the real engine, k drafts per step, returning the acceptance length.
 """
@@ -29,16 +32,13 @@ import torch
 from torch import Tensor
 
 from specrl.cpu import tick
-from specrl.drafters.draft_model import DraftModelDrafter
-from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.mtp import MTPDrafter
+from specrl.drafters.trainable import TrainableDrafter
 from specrl.errors import SpecRLError
 
 MIN_SEQUENCE_TOKENS = 3
 MIN_SEQUENCES = 2  # one sequence at least is held out
 TARGET_TOPK = 32  # the target distribution is kept as its top-K tokens (soft cross-entropy target)
 TTT_STEPS = 3  # EAGLE training-time-test steps unrolled per position
-TTT_STEP_WEIGHT = 0.8  # step s of training-time test weighs TTT_STEP_WEIGHT ** (s - 1)
 ADAM_BETAS = (0.9, 0.95)
 GRAD_CLIP_NORM = 1.0
 MAX_WARMUP_STEPS = 50  # linear warm-up over min(MAX_WARMUP_STEPS, total steps // WARMUP_DIVISOR) steps
@@ -57,13 +57,9 @@ class Example:
     loss_from: int  # first predicted token index that counts (= prompt length)
 
 
-def _kind(drafter) -> str:
-    if isinstance(drafter, EagleDrafter):
-        return "eagle"
-    if isinstance(drafter, MTPDrafter):
-        return "mtp"
-    if isinstance(drafter, DraftModelDrafter):
-        return "draft-model"
+def _trainable(drafter) -> TrainableDrafter:
+    if isinstance(drafter, TrainableDrafter):
+        return drafter
     raise SpecRLError(f"train_drafter trains EAGLE, MTP and draft-model drafters; got {type(drafter).__name__} "
                       "(unknown drafter kind; use specrl.drafters.eagle.EagleDrafter, specrl.drafters.mtp.MTPDrafter "
                       "or specrl.drafters.DraftModelDrafter)")
@@ -71,7 +67,7 @@ def _kind(drafter) -> str:
 
 def _module(drafter) -> torch.nn.Module:
     """The trainable module: the drafter itself (EAGLE, MTP) or the draft model it wraps."""
-    return drafter.model if isinstance(drafter, DraftModelDrafter) else drafter
+    return _trainable(drafter).training_module
 
 
 def validate_sequences(sequences, vocab_size: int, prompt_lens=None) -> list[list[int]]:
@@ -152,14 +148,13 @@ def target_outputs(target, sequences: list[list[int]], capture: tuple[int, ...] 
 def collect(target, drafter, sequences: list[list[int]], batch_size: int = 8, topk: int = TARGET_TOPK,
             prompt_lens: list[int] | None = None, progress: bool = False) -> list[Example]:
     """One no-grad target forward per batch: the hidden states and top-K next-token distributions."""
-    kind = _kind(drafter)
-    t2d = drafter.target_to_draft() if kind == "eagle" else None  # None: draft index = target id
-    capture = drafter.fuse_layers if kind == "eagle" else ()
+    drafter = _trainable(drafter)
+    t2d = drafter.target_to_draft()  # None: draft index = target id
+    capture = drafter.training_capture
     out: list[Example | None] = [None] * len(sequences)
     for i, tok, captured, hidden, top_i, top_p, top1 in target_outputs(target, sequences, capture, batch_size, topk,
                                                                        progress):
-        feats = torch.cat([captured[j] for j in capture], -1) if kind == "eagle" else \
-            hidden[..., :0] if kind == "draft-model" else hidden
+        feats = drafter.training_features(captured, hidden)
         top_idx = top_i if t2d is None else t2d.to(top_i.device)[top_i]
         # the corpus lives in host memory (all sequences' features); `_pad` moves each batch to the device
         out[i] = Example(tokens=tok, feats=feats.clone(), top_idx=top_idx, top_p=top_p.half(), top1=top1,
@@ -188,67 +183,10 @@ def _pad(examples: list[Example], device) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _soft_ce(logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
-    """-sum_k p_k log softmax(logits)[idx_k] per position (entries with idx -1 are skipped)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    ok = top_idx >= 0
-    picked = logp.gather(-1, top_idx.clamp_min(0))
-    return -(picked * top_p * ok).sum(-1)
-
-
 def batch_loss(drafter, batch: dict, ttt_steps: int = TTT_STEPS) -> tuple[Tensor, dict]:
-    """Loss of one padded batch; also counts for step-1 top-1 agreement with the target."""
-    kind = _kind(drafter)
-    tok, lens, loss_from = batch["tokens"], batch["len"], batch["loss_from"]
-    t = tok.shape[1]
-    pos = torch.arange(t, device=tok.device)[None, :]
-    total = torch.zeros((), device=tok.device)
-    stats = {"positions": 0, "top1": 0}
-    if kind == "eagle":
-        # hidden states per step; the head (norm + draft-vocabulary projection, most of the drafter's FLOPs) runs
-        # only on the positions whose loss counts (responses, not prompts)
-        steps = drafter.forward_train(drafter.fuse_concat(batch["feats"]), tok, steps=ttt_steps, logits=False)
-        # step s, index t predicts x_{t+2} with the target's distribution at t+1
-        tgt_i = torch.cat([batch["top_idx"][:, 1:], batch["top_idx"][:, -1:]], 1)
-        tgt_p = torch.cat([batch["top_p"][:, 1:], torch.zeros_like(batch["top_p"][:, -1:])], 1)
-        top1 = torch.cat([batch["top1"][:, 1:], batch["top1"][:, -1:]], 1)
-        weight_sum = 0.0
-        for s, hidden in enumerate(steps, start=1):
-            valid = (pos <= lens[:, None] - 2) & (pos >= s - 1) & (pos + 2 >= loss_from[:, None])
-            logits = drafter.head(hidden[valid])
-            ce = _soft_ce(logits, tgt_i[valid], tgt_p[valid])
-            w = TTT_STEP_WEIGHT ** (s - 1)
-            total = total + w * ce.sum() / valid.sum().clamp_min(1)
-            weight_sum += w
-            if s == 1:
-                pred = logits.argmax(-1)
-                pred = pred if drafter.full_vocab else drafter.d2t[pred]
-                stats["positions"] = int(valid.sum())
-                stats["top1"] = int((pred == top1[valid]).sum())
-        return total / weight_sum, stats
-    if kind == "draft-model":
-        # index t (tokens x_0..x_t) predicts x_{t+1} with the target's distribution at t; logits only where counted
-        valid = (pos <= lens[:, None] - 2) & (pos + 1 >= loss_from[:, None])
-        hidden, _ = drafter.model.forward_hidden(tok)
-        logits = drafter.model.logits(hidden[valid])
-        ce = _soft_ce(logits, batch["top_idx"][valid], batch["top_p"][valid])
-        stats["positions"] = int(valid.sum())
-        stats["top1"] = int((logits.argmax(-1) == batch["top1"][valid]).sum())
-        return ce.sum() / valid.sum().clamp_min(1), stats
-    outs = drafter.forward_train(batch["feats"].to(drafter.dtype), tok)
-    for j, h in enumerate(outs, start=1):
-        # module j, index t predicts x_{t+j+1} with the target's distribution at t+j
-        tgt_i = torch.cat([batch["top_idx"][:, j:], torch.full_like(batch["top_idx"][:, :j], -1)], 1)
-        tgt_p = torch.cat([batch["top_p"][:, j:], torch.zeros_like(batch["top_p"][:, :j])], 1)
-        valid = (pos <= lens[:, None] - 1 - j) & (pos + j + 1 >= loss_from[:, None])
-        logits = drafter.head(j - 1, h)
-        ce = _soft_ce(logits, tgt_i, tgt_p)
-        total = total + (ce * valid).sum() / valid.sum().clamp_min(1)
-        if j == 1:
-            top1 = torch.cat([batch["top1"][:, 1:], batch["top1"][:, -1:]], 1)
-            stats["positions"] = int(valid.sum())
-            stats["top1"] = int(((logits.argmax(-1) == top1) & valid).sum())
-    return total / len(outs), stats
+    """Loss of one padded batch; also counts for step-1 top-1 agreement with the target (the kind's
+    `training_loss`)."""
+    return _trainable(drafter).training_loss(batch, ttt_steps)
 
 
 def _device(module: torch.nn.Module) -> torch.device:
@@ -279,7 +217,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
     Returns dict(train_loss, heldout_loss, heldout_top1, initial_heldout_loss, initial_heldout_top1,
     train_sequences, heldout_sequences, seconds). The target is only run forward under no_grad.
     """
-    kind = _kind(drafter)
+    drafter = _trainable(drafter)
     if not isinstance(epochs, int) or epochs < 1:
         raise SpecRLError(f"epochs must be an integer >= 1, got {epochs!r}")
     if not lr > 0:
@@ -288,22 +226,12 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
         raise SpecRLError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if not 0 < heldout_fraction < 1:
         raise SpecRLError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
-    if kind == "eagle" and (not isinstance(ttt_steps, int) or ttt_steps < 1):
+    if drafter.unrolls_steps and (not isinstance(ttt_steps, int) or ttt_steps < 1):
         raise SpecRLError(f"ttt_steps must be an integer >= 1, got {ttt_steps!r}")
     seqs = validate_sequences(sequences, target.args.vocab_size, prompt_lens)
     module = _module(drafter)
-    if kind == "draft-model":
-        if drafter.model.args.vocab_size != target.args.vocab_size:
-            raise SpecRLError(f"the draft model's vocabulary has {drafter.model.args.vocab_size} tokens but the "
-                              f"target's has {target.args.vocab_size}; a draft model must share the target's tokenizer")
-    elif target.args.hidden_size != drafter.target_args.hidden_size or \
-            target.args.vocab_size != drafter.target_args.vocab_size:
-        raise SpecRLError(f"the drafter was built for a target with hidden size {drafter.target_args.hidden_size} "
-                          f"and vocabulary {drafter.target_args.vocab_size}, but the target has "
-                          f"{target.args.hidden_size} and {target.args.vocab_size}")
     t0 = time.perf_counter()
-    if kind != "draft-model":
-        drafter.attach(target)
+    drafter.prepare_training(target)  # checks the drafter against the target, shares its embedding
     rng = random.Random(seed)
     order = list(range(len(seqs)))
     rng.shuffle(order)
@@ -332,7 +260,7 @@ def train_drafter(drafter, target, sequences, epochs: int = 1, lr: float = 1e-3,
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total_steps, desc=f"train {kind} drafter", unit="step")
+        bar = tqdm(total=total_steps, desc=f"train {drafter.kind} drafter", unit="step")
     module.train()
     step, recent = 0, []
     for _epoch in range(epochs):
@@ -374,8 +302,9 @@ def heldout_acceptance(target, drafter, prompts: list[list[int]], k: int = 3, te
 
     if not prompts:
         raise SpecRLError("heldout_acceptance needs at least one prompt")
-    if isinstance(drafter, MTPDrafter) and k > drafter.num_modules:
-        raise SpecRLError(f"k={k} but the MTP drafter has {drafter.num_modules} modules (k must be <= that)")
+    modules = getattr(drafter, "num_modules", None)  # a drafter of D modules drafts at most D tokens (MTP)
+    if modules is not None and k > modules:
+        raise SpecRLError(f"k={k} but the {drafter.kind} drafter has {modules} modules (k must be <= that)")
     longest = max(len(p) for p in prompts)
     engine = RolloutEngine(target, max_batch_size=min(max_batch_size, len(prompts)),
                            max_seq_len=longest + max_new_tokens + 1, drafter=drafter, num_draft_tokens=k,

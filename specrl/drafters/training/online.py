@@ -136,13 +136,8 @@ def draft_batch(drafter: Any, toks: Tensor, mask: Tensor, captured: dict,
     b, t = toks.shape
     # a train forward's captures carry the policy graph; response_top (a tuple) is passed separately
     captured = {k: v.detach() for k, v in captured.items() if isinstance(v, Tensor)}
-    kind = drafter.kind
-    if kind == "eagle":
-        feats = torch.cat([captured[i] for i in drafter.fuse_layers], dim=-1).float()
-        t2d = drafter.target_to_draft()
-    else:
-        feats = captured["final"].float()
-        t2d = None
+    feats = drafter.training_features(captured, captured.get("final")).float()
+    t2d = drafter.target_to_draft()
     top_p, top_i, top1 = response_top
     k = top_p.shape[-1]
     dev = toks.device  # every tensor of the batch lives with the policy's (a CUDA learner's device)

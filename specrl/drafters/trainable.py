@@ -1,0 +1,112 @@
+"""What training, `specrl draft init` and drafter directories ask of a drafter with weights: `TrainableDrafter`.
+
+The EAGLE head (`eagle.py`), the MTP heads (`mtp.py`) and the draft model (`draft_model.py`) implement it, so the
+code that trains, builds, shards, saves and loads drafters (`training/`, `build/from_rollouts.py`, `io.py`,
+`specrl.parallel`) calls these methods instead of asking a drafter for its kind:
+
+* training: the target layers a training forward captures (`training_capture`), the features the drafter
+  learns from (`training_features`), the map of target ids to its draft vocabulary (`target_to_draft`), the
+  module whose parameters train (`training_module`), the methods its loss calls that a sharded learner must wrap
+  (`training_methods`), the checks against the target (`prepare_training`) and the loss of one padded batch
+  (`training_loss`, with `soft_cross_entropy`, the loss all of them share);
+* `specrl draft init`: a fresh drafter for a target (`check_build`, `untrained`), what training leaves to do
+  (`after_training`), how the built drafter is saved (`save_built`) and what the build report records
+  (`build_report`);
+* drafter directories (`io.py`, for kinds whose row in the kinds table has a `min_format_version`): the config
+  fields a directory needs (`CONFIG_FIELDS`), the drafter a directory's config and weights make
+  (`from_directory`) and the error for a directory of a format older than the kind reads (`old_format_error`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from specrl.errors import SpecRLError
+
+
+def soft_cross_entropy(logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
+    """-sum_k p_k log softmax(logits)[idx_k] per position (entries with idx -1 are skipped)."""
+    import torch
+
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    ok = top_idx >= 0
+    picked = logp.gather(-1, top_idx.clamp_min(0))
+    return -(picked * top_p * ok).sum(-1)
+
+
+class TrainableDrafter:
+    """The training, build and directory methods of a drafter with weights (defaults: a head on the target)."""
+
+    kind: str
+    training_capture: tuple[int, ...] = ()  # target layers a training forward captures
+    training_methods: tuple[str, ...] = ("forward_train",)  # what `training_loss` calls (sharded: gathered each)
+    unrolls_steps = False  # the loss unrolls `ttt_steps` of training-time test (EAGLE)
+    CONFIG_FIELDS: tuple[str, ...] = ()  # the fields a drafter directory's config.json must have
+
+    # ---------------------------------------------------------------- training
+    @property
+    def training_module(self) -> nn.Module:
+        """The module whose parameters train: the drafter itself (a head on the target)."""
+        return self  # type: ignore[return-value]
+
+    def training_features(self, captured: dict, hidden: Tensor) -> Tensor:
+        """The target features the drafter learns from, from a forward's `captured` layers and final-normed
+        `hidden` [..., T, H]: the final hidden itself."""
+        return hidden
+
+    def target_to_draft(self) -> Tensor | None:
+        """Each target id's draft-vocabulary index for the loss's targets; None: the full vocabulary."""
+        return None
+
+    def prepare_training(self, target) -> None:
+        """Check that the drafter was made for `target`'s shape and share `target`'s embedding (and head)."""
+        ta = self.target_args  # type: ignore[attr-defined]
+        if target.args.hidden_size != ta.hidden_size or target.args.vocab_size != ta.vocab_size:
+            raise SpecRLError(f"the drafter was built for a target with hidden size {ta.hidden_size} "
+                              f"and vocabulary {ta.vocab_size}, but the target has "
+                              f"{target.args.hidden_size} and {target.args.vocab_size}")
+        self.attach(target)  # type: ignore[attr-defined]
+
+    def training_loss(self, batch: dict, ttt_steps: int) -> tuple[Tensor, dict]:
+        """(loss, {"positions", "top1"}) of one padded batch (`specrl.drafters.training.offline.batch_loss`)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- `specrl draft init`
+    @classmethod
+    def check_build(cls, target, **options) -> None:
+        """A SpecRLError for build options that cannot make this kind's drafter for `target` (checked before
+        the rollouts are generated)."""
+
+    @classmethod
+    def untrained(cls, target, *, draft_vocab=None, num_modules: int = 3, draft_layers: int = 4):
+        """A fresh drafter for `target` (each kind reads the options it has)."""
+        raise NotImplementedError
+
+    def after_training(self, draft_vocab):
+        """The drafter to measure and save once training is done (a head already drafts over `draft_vocab`)."""
+        return self
+
+    def build_report(self) -> dict:
+        """This kind's fields of `train_report.json`."""
+        return {}
+
+    def save_built(self, out: Path, target, model: str | os.PathLike) -> None:
+        """Save the built drafter into `out` (a drafter directory, `specrl.drafters.io.save_drafter`)."""
+        from specrl.drafters.io import save_drafter
+
+        save_drafter(self, out)
+
+    # ---------------------------------------------------------------- drafter directories
+    @classmethod
+    def from_directory(cls, target, cfg: dict, state: dict, where: Path):
+        """The drafter a directory's checked `cfg` and weights `state` make for `target` (weights not copied yet)."""
+        raise NotImplementedError
+
+    @classmethod
+    def old_format_error(cls, where: Path, version: int, min_version: int) -> str:
+        return (f"{where} is a {cls.kind} drafter of format {version}, made by an older specrl (this specrl reads "
+                f"{cls.kind} drafters of format {min_version} and later); its weights cannot be converted. Rebuild "
+                "it with `specrl draft init`")
