@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from specrl.drafters.build.stages import _claim, _load_target, _record, stage_record
 from specrl.drafters.build.recipe import Recipe
+from specrl.drafters.build.stages import _claim, _load_target, _record, stage_record
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 

@@ -107,8 +107,8 @@ def collect_rollouts(target, prompts: list[list[int]], root: Path, params, shard
 
     A shard that fails `check_shard` is named, deleted and generated again. Returns every shard's info in order.
     """
-    from specrl.rollout.protocol import RolloutRequest
     from specrl.rollout.engine import RolloutEngine
+    from specrl.rollout.protocol import RolloutRequest
 
     if shard_size < 1:
         raise SpecRLError(f"shard_size must be >= 1, got {shard_size!r}")

@@ -130,8 +130,8 @@ def run_features(recipe: Recipe, work: Path, target=None, progress: bool = True,
     """Stage 2: features of every rollout shard (with `partial`, of the shards present so far)."""
     import torch
 
-    from specrl.drafters.eagle import default_layers
     from specrl.drafters.build.features import extract_features
+    from specrl.drafters.eagle import default_layers
 
     _claim(work, recipe)
     infos = whole_shards(recipe, work, partial=partial)
@@ -165,11 +165,11 @@ def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, st
 
     import torch
 
-    from specrl.drafters.eagle import EagleDrafter
     from specrl.drafters.build.features import feature_path
     from specrl.drafters.build.fit import examples_from_features, fit, vocab_coverage
-    from specrl.drafters.io import save_drafter
     from specrl.drafters.build.shards import data_hash, read_shard, shard_path
+    from specrl.drafters.eagle import EagleDrafter
+    from specrl.drafters.io import save_drafter
     from specrl.drafters.training.offline import select_draft_vocab
 
     _claim(work, recipe)
