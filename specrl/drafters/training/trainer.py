@@ -17,10 +17,10 @@
 
 The drafter has an AdamW of its own (learning rate `drafter.learning_rate`, or the policy's x 100; the policy's
 betas and weight decay; the policy's learning-rate schedule factor of the step), and clips its own gradient norm
-(`max_grad_norm`): a fresh drafter's gradient norm is several times the policy's, so a shared clip would either
-starve the policy or leave the drafter unclipped. The captures are detached and the drafter reads the policy's
-embedding (and MTP its LM head) detached, so nothing reaches the policy's parameters. With no trainable drafter
-(`drafter.online=false`, or a drafter such as n-gram that does not learn) it runs the health checks only.
+(`max_grad_norm`), never together with the policy's: the two norms are on different scales, and one clip over
+both would let one set the other's step size. The captures are detached and the drafter reads the policy's
+embedding (and MTP its LM head) detached, so nothing reaches the policy's parameters. Without a trainable drafter
+(`drafter.online=false`: a frozen learned drafter, or an n-gram or suffix drafter) it runs the health checks only.
 Its checkpoint state (`state_dict`) is the drafter's weights, its optimizer state and the health bookkeeping.
 
 This module is in layer `specrl.drafters`: it takes the training config as a value (`from_config` reads its
