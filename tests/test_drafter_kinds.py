@@ -26,11 +26,6 @@ REGISTRY = {"specrl/rollout/drafter_spec.py", "specrl/drafters/__init__.py"}
 OWN_NAMES = ("specrl/sim/",)
 # comparisons left in modules that another change is rewriting, as (file, source of the comparison); each entry is
 # asserted to still be there, so a fixed one must leave this list
-PENDING = {
-    # the learner is being split (the drafter's optimizer moves out of it); the replacement is
-    # `not parse_drafter_spec(spec).learned_part.info.learned`
-    ("specrl/trainer/learner.py", "spec in ('ngram', 'suffix')"),
-}
 
 
 def _literals(node: ast.AST) -> list[str]:
@@ -68,13 +63,10 @@ def offences(root: Path = ROOT) -> list[tuple[str, int, str]]:
 
 
 def test_no_code_outside_the_registry_compares_drafter_kind_names():
-    found = offences()
-    left = [(f, s) for f, _, s in found if (f, s) in PENDING]
-    bad = [f"  {f}:{line}: {s}" for f, line, s in found if (f, s) not in PENDING]
+    bad = [f"  {f}:{line}: {s}" for f, line, s in offences()]
     assert not bad, ("code outside the drafter-kind registry compares kind names; read the kind's row "
                      "(parse_drafter_spec(spec).info, DRAFTER_KINDS) or call a method of the drafter's class "
                      "instead:\n" + "\n".join(bad))
-    assert set(left) == PENDING, f"PENDING lists comparisons that are gone: {sorted(PENDING - set(left))}"
 
 
 def test_checker_catches_synthetic_kind_comparisons():

@@ -339,6 +339,20 @@ def test_one_step_n1_equals_n2_beyond_the_plain_point(tiny, tmp_path, local_ray,
     try:
         rec2, _ = group.learn(r, dict(SECONDS))
         _, w2, d2 = group.named_weights()
+        if case == "online_drafter":  # the ranks' DCP checkpoint holds both optimizers: read it in one process
+            from specrl.checkpoint.sharded_state import SHARDED_PART, load_sharded_learner
+
+            group.state_parts()[SHARDED_PART].write_dir(tmp_path / "dcp")
+            seed_everything(cfg.run.seed)
+            policy = load_model(cfg.model.name, dtype=torch.float32)[0].train()
+            back = Learner(cfg, policy, load_drafter(cfg.speculative.drafter.split(":", 1)[1], policy))
+            load_sharded_learner(back, {SHARDED_PART: tmp_path / "dcp"})
+            for mine, theirs, m1, m2 in ((one.optimizer, back.optimizer, one.policy, back.policy),
+                                         (one.drafter_trainer.optimizer, back.drafter_trainer.optimizer,
+                                          one.drafter, back.drafter)):
+                for p, q in zip(m1.parameters(), m2.parameters(), strict=True):
+                    assert int(theirs.state[q]["step"]) == int(mine.state[p]["step"]) > 0
+                    assert torch.allclose(theirs.state[q]["exp_avg"], mine.state[p]["exp_avg"], atol=1e-7)
     finally:
         group.close()
     scale = max(float(v.abs().max()) for v in w1.values())

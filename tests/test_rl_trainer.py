@@ -345,24 +345,24 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     t = online_trainer(tiny, monkeypatch, drafter__refresh_steps=3)
     idx = t.stage_data()
     t.stage_prepare()
-    batch = t.learner.stage_logprob(t.stage_gen(idx))
+    batch = t.learner.stage_logprob(t.stage_gen(idx), capture=True)
     t.learner.stage_train(batch)
     policy = {k: v.clone() for k, v in t.policy.state_dict().items()}
     drafter = {k: v.clone() for k, v in t.drafter.state_dict().items()}
-    opt = t.learner.optimizer
+    opt, dt = t.learner.optimizer, t.learner.drafter_trainer
     pstate = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in t.policy.parameters()}
-    lrs = [g["lr"] for g in opt.param_groups]
-    assert t.learner.refresh_drafter(batch) == 3
+    lr = opt.param_groups[0]["lr"]
+    assert dt.refresh(batch.captured, 1) == 3
     assert all(torch.equal(policy[k], v) for k, v in t.policy.state_dict().items())  # bit-identical policy
     for p in t.policy.parameters():  # and untouched AdamW moments / step counts of the policy
         assert all(torch.equal(pstate[id(p)][k], v) for k, v in opt.state[p].items())
     assert any(not torch.equal(drafter[k], v) for k, v in t.drafter.state_dict().items())  # drafter moved
-    assert [g["lr"] for g in opt.param_groups] == lrs  # the scheduler was not stepped
+    assert opt.param_groups[0]["lr"] == lr  # the scheduler was not stepped
     assert all(p.grad is None for p in t.drafter.parameters())
     with torch.no_grad():
         t.drafter.fc.weight.fill_(float("nan"))
     with pytest.raises(NonFiniteError, match="step 1: non-finite drafter loss in drafter refresh update 1"):
-        t.learner.refresh_drafter(batch)
+        dt.refresh(batch.captured, 1)
 
 
 def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):

@@ -9,9 +9,9 @@ import torch
 from specrl.algorithms.batch import micro, response_logprobs, update_plan
 from specrl.algorithms.rollouts import Rollouts
 from specrl.config.schema import validate_config
+from specrl.drafters.training import trainer as drafter_trainer_mod
 from specrl.errors import SpecRLError
 from specrl.rollout.generation_metrics import SpecMetrics
-from specrl.trainer import learner as learner_mod
 from specrl.trainer.learner import Learner
 from specrl.trainer.producer import EXTRA_REQUEST_BASE, fill_groups
 from specrl.trainer.sync_trainer import GRPOTrainer
@@ -70,7 +70,9 @@ def test_one_update_with_online_drafter_matches_two_stages(tiny, monkeypatch):
     a = online_trainer(tiny, monkeypatch)
     b = online_trainer(tiny, monkeypatch)
     r = rollouts(a)
-    b.learner.stage_train(b.learner.stage_logprob(r))
+    two = b.learner.stage_logprob(r, capture=True)
+    b.learner.stage_train(two)
+    assert b.learner.train_drafter(two, None)["draft_updates"] == 1
     rec, batch = a.learner.learn(r, SECONDS)
     assert rec["logprob_skipped"] and rec["draft_updates"] == 1 and len(batch.captured) == 2
     assert all(torch.equal(v, b.drafter.state_dict()[k]) for k, v in a.drafter.state_dict().items())
@@ -140,8 +142,8 @@ def test_on_stale_trains_the_drafter_only_when_acceptance_falls(tiny, monkeypatc
     t = online_trainer(tiny, monkeypatch, drafter__online_mode="on_stale", drafter__refresh_steps=3)
     fake_acceptance(t, [2.0, 1.5])
     captures = []
-    real = learner_mod.draft_batch
-    monkeypatch.setattr(learner_mod, "draft_batch", lambda *a: captures.append(1) or real(*a))
+    real = drafter_trainer_mod.draft_batch
+    monkeypatch.setattr(drafter_trainer_mod, "draft_batch", lambda *a: captures.append(1) or real(*a))
     before = weights(t.drafter)
     rec1 = t.step()  # sets the reference AL: no drafter loss, no capture, drafter untouched
     assert rec1["draft_updates"] == 0 and rec1["draft_loss"] is None and captures == []

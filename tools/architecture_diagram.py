@@ -19,7 +19,7 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "architecture.png"
 
 # (rank, [(package, what it holds), ...]), bottom to top; packages of one rank may not import each other
 LAYERS = [
-    (0, [("specrl.errors · fileio", "SpecRLError · atomic writes")]),
+    (0, [("specrl.errors · fileio", "SpecRLError · NonFiniteError · atomic writes")]),
     (1, [("cpu · device · plugins", "threads · device · extensions"),
          ("specrl.observability", "step record · metrics writers · run report"),
          ("specrl.checkpoint", "step directories · DCP state")]),
@@ -29,7 +29,7 @@ LAYERS = [
                             "seq_budget")]),
     (4, [("specrl.algorithms", "grpo · losses · logprobs · rollouts · batch")]),
     (5, [("specrl.drafters", "ngram · suffix · draft_model · eagle · mtp · hybrid · io · shipped · default\n"
-                             "build/ (draft init, draft build stages) · training/ (offline, online)")]),
+                             "build/ (draft init, draft build stages) · training/ (offline, online, DrafterTrainer)")]),
     (6, [("specrl.backends", "registry · vLLM (+ its config, worker) · losslessness probe")]),
     (7, [("specrl.config", "sections · schema (TrainConfig) · hardware")]),
     (8, [("specrl.trainer", "producer · learner · sync_trainer · weight_sync · weight_check")]),
@@ -45,7 +45,7 @@ STAGES = [
     ("prepare", "#b07cc6", "learner: WeightSync\n.push(version,\npolicy, drafter)"),
     ("gen", "#3aa655", "producer: requests\n-> Rollouts with\nbehaviour log-probs\n+ spec metrics"),
     ("logprob", "#e6b800", "learner recomputes\nlog-probs under the\npolicy (and drafter\nfeatures)"),
-    ("train", "#d9534f", "GRPO clipped loss\n(+ optional TIS),\ndrafter online,\nstaleness loop"),
+    ("train", "#d9534f", "GRPO clipped loss\n(+ optional TIS);\nthen DrafterTrainer:\nupdate, staleness"),
 ]
 
 

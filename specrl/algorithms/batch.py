@@ -32,6 +32,7 @@ class Batch:
     old_logp: Tensor | None = None  # proximal log-probs: the weights at the start of the step
     ref_logp: Tensor | None = None
     captured: list[dict] = field(default_factory=list)  # per micro-batch of the plan, detached drafter inputs
+    capture: bool | None = None  # this step's policy forward keeps the drafter's inputs (None: the learner decides)
     plan: list[list[list[int]]] = field(default_factory=list)  # mini-batches of micro-batches of sequence indices
 
     def to(self, device: torch.device) -> Batch:

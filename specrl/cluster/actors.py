@@ -35,7 +35,7 @@ from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
 from specrl.observability.step_record import StepRecord
 from specrl.rollout.digest import check_refit
-from specrl.trainer.learner import Learner
+from specrl.trainer.learner import Learner, refuse_shared_optimizer_state
 from specrl.trainer.producer import RolloutProducer
 from specrl.trainer.sync_trainer import seed_everything
 from specrl.trainer.weight_sync import cast_in_place
@@ -290,8 +290,8 @@ class LearnerActor:
 
     def checkpoint_parts(self) -> dict:
         """The learner's checkpoint parts for the driver: its bookkeeping and any directory part as they are, every
-        other part (policy, optimizer, drafter) held here as a `HeldPart` that this actor writes when the driver
-        saves the checkpoint (`write_held_part`), so the state is never copied into the driver."""
+        other part (policy, optimizer, drafter, drafter_optimizer) held here as a `HeldPart` that this actor writes
+        when the driver saves the checkpoint (`write_held_part`), so the state is never copied into the driver."""
         parts = self.learner.state_parts()
         me = ray.get_runtime_context().current_actor
         self.held, self.held_step, out = {}, self.learner.step_count, {}
@@ -315,6 +315,7 @@ class LearnerActor:
 
     def load_parts(self, parts: dict, learner_state: dict, data_state: dict) -> None:
         if SHARDED_PART in parts and isinstance(self.learner, Learner):  # a data-parallel run's checkpoint
+            refuse_shared_optimizer_state(learner_state)
             load_sharded_learner(self.learner, parts)
         self.learner.load_parts(parts, learner_state)
         self.data.load_state_dict(data_state)

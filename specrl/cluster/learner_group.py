@@ -35,6 +35,7 @@ from specrl.config.schema import TrainConfig, validate_config
 from specrl.cpu import allowed_cores
 from specrl.errors import SpecRLError
 from specrl.parallel.data_parallel import LearnerRankError, merge_rank_records
+from specrl.trainer.learner import refuse_shared_optimizer_state
 
 GRACE_SECONDS = 30.0  # beyond the collective timeout: how long a call may take before the group gives up
 PLACEMENT_TIMEOUT_SECONDS = 60.0
@@ -270,10 +271,12 @@ class LearnerGroup:
         return parts
 
     def load_parts(self, parts: dict[str, Any], st: dict[str, Any]) -> None:
+        refuse_shared_optimizer_state(st)
         if SHARDED_PART in parts:
             self._call("load_sharded", str(parts[SHARDED_PART]), st, what="loading the sharded checkpoint")
         else:  # a single-process checkpoint: full tensors, each rank keeps its shards
-            full = ray.put({k: parts[k] for k in ("policy", "optimizer", "drafter") if k in parts})
+            full = ray.put({k: parts[k] for k in ("policy", "optimizer", "drafter", "drafter_optimizer")
+                            if k in parts})
             self._call("load_full", full, st, what="loading the checkpoint")
         self.step_count = int(st["step"])
 

@@ -1,24 +1,26 @@
-"""One rank of a data-parallel learner: the `Learner`, its policy and online drafter sharded with FSDP2.
+"""One rank of a data-parallel learner: the `Learner`, its policy and its drafter trainer's drafter sharded with FSDP2.
 
 `ShardedLearner` runs in a process that has joined a `torch.distributed` process group (the Ray actors of
-`specrl.cluster.learner_group` set that up). The policy is sharded with `fully_shard` per transformer block,
-then at the root (a `MixedPrecisionPolicy` with bf16 parameters and fp32 gradient reduction replaces autocast under
+`specrl.cluster.learner_group` set that up). The policy is sharded with `fully_shard` per transformer block, then at the
+root (a `MixedPrecisionPolicy` with bf16 parameters and fp32 gradient reduction replaces autocast under
 `policy.precision: bf16-mixed`); the online drafter and the reference model are sharded at their root. Every rank
-receives the whole step's rollouts (advantages are computed over whole groups first) and trains 1/N of each mini-
-batch of the one-process plan, so optimizer step j sees the one-process mini-batch j (a step that dynamic sampling
-left with a group count N does not divide still splits, as long as each mini-batch holds a multiple of N sequences;
-otherwise a clear error). Each optimizer step's normaliser is the whole mini-batch's; FSDP's reduce-scatter averages
-gradients over ranks (gloo has no pre-scaled sum), so each rank normalises by it / N and the average is the single-
-process gradient. The drafter's loss, a mean over micro-batches, is averaged the same way (equal micro-batch counts
-per rank). Gradient clipping is global (`clip_grad_norm_` on DTensor gradients). The drafter's training methods
-(its class's `training_methods`) run under FSDP's unshard; it reads the policy's embedding (and MTP its LM head) outside
-the policy's forward, so each rank keeps a frozen full copy of those, refreshed after every optimizer step. So N
-ranks equal one process in fp32 to rounding (tested N=1 vs 2: one step, 2 mini-batches x 2 iterations, the online
-drafter over 2 mini-batches, 3 groups on 2 ranks). Under bf16-mixed they do not match bit for bit:
-`MixedPrecisionPolicy` casts every parameter (RMSNorm weights included) and the residual stream to bf16 where the
-one-process autocast keeps them in fp32; measured on the tiny model, the update lies 0.234 (N=2) vs 0.223 (N=1) of
-its L2 norm from the fp32 update, i.e. within bf16's own rounding. `merge_rank_records` turns the ranks' step
-records into the single-process record. Model and optimizer checkpoints are DCP directories
+receives the whole step's rollouts (advantages are computed over whole groups first) and trains 1/N of each mini-batch
+of the one-process plan, so optimizer step j sees the one-process mini-batch j (a step that dynamic sampling left with a
+group count N does not divide still splits, as long as each mini-batch holds a multiple of N sequences; otherwise a
+clear error). Each optimizer step's normaliser is the whole mini-batch's; FSDP's reduce-scatter averages gradients over
+ranks (gloo has no pre-scaled sum), so each rank normalises by it / N and the average is the single-process gradient.
+The drafter trainer (`specrl.drafters.training.trainer`) runs on every rank after the policy's optimizer steps, on that
+rank's captured micro-batches: the drafter's loss, a mean over micro-batches, is averaged the same way (equal
+micro-batch counts per rank). Gradient clipping is global (`clip_grad_norm_` on DTensor gradients), the policy's and the
+drafter's each over its own parameters. The drafter's training methods (its class's `training_methods`) run under FSDP's
+unshard; it reads the policy's embedding (and MTP its LM head) outside the policy's forward, so each rank keeps a frozen
+full copy of those, refreshed after the policy's optimizer steps, before the drafter trains. So N ranks equal one
+process in fp32 to rounding (tested N=1 vs 2: one step, 2 mini-batches x 2 iterations, the online drafter over 2
+mini-batches, 3 groups on 2 ranks). Under bf16-mixed they do not match bit for bit: `MixedPrecisionPolicy` casts every
+parameter (RMSNorm weights included) and the residual stream to bf16 where the one-process autocast keeps them in fp32;
+measured on the tiny model, the update lies 0.234 (N=2) vs 0.223 (N=1) of its L2 norm from the fp32 update, i.e. within
+bf16's own rounding. `merge_rank_records` turns the ranks' step records into the single-process record. Model and
+optimizer checkpoints (the policy's optimizer and the drafter's) are DCP directories
 (`specrl.checkpoint.sharded_state`); `named_weights` gathers one parameter at a time and only rank 0 keeps the full
 tensors.
 """
@@ -28,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import random
 from types import SimpleNamespace
 from typing import Any
 
@@ -46,7 +47,7 @@ from specrl.config.schema import TrainConfig
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.observability.step_record import StepRecord
-from specrl.trainer.learner import Batch, Learner, NonFiniteError, check_weights
+from specrl.trainer.learner import Batch, Learner, NonFiniteError, check_weights, refuse_shared_optimizer_state
 from specrl.trainer.weight_check import probe_tokens
 
 FORWARD_METHODS = ("forward_hidden", "logits")  # the policy methods the learner calls instead of forward
@@ -159,12 +160,11 @@ class ShardedLearner(Learner):
         dist.all_reduce(t)
         return float(t) / self.world_size
 
-    def _optimizer_step(self, *args, **kwargs) -> int:
-        """One optimizer step, then the drafter's mirror of the policy's embedding / LM head is refreshed, so the
-        drafter's next micro-batch reads the weights one process would read (they change every optimizer step)."""
-        out = super()._optimizer_step(*args, **kwargs)
+    def train_drafter(self, batch: Batch, al: float | None) -> dict[str, Any]:
+        """The drafter's mirror of the policy's embedding / LM head is refreshed first, so the drafter reads the
+        weights one process would read (the policy's after this step's optimizer steps)."""
         self._refresh_mirror()
-        return out
+        return super().train_drafter(batch, al)
 
     def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
         rec, batch = super().learn(r, seconds)
@@ -239,25 +239,23 @@ class ShardedLearner(Learner):
 
     # ------------------------------------------------------------------ checkpoint state
     def state_parts(self) -> dict[str, Any]:
-        """The bookkeeping part only; model and optimizer go through `save_sharded` (DCP)."""
-        return {"learner": {
-            "step": self.step_count,
-            "drafter_health": self.health.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                    "python": random.getstate()},
-        }}
+        """The bookkeeping part only; model and optimizers go through `save_sharded` (DCP)."""
+        return {"learner": self.bookkeeping()}
 
     def save_sharded(self, path: str) -> None:
-        save_dcp(path, self.policy, self.drafter, self.optimizer)
+        save_dcp(path, self.policy, self.drafter, self.optimizers)
 
     def load_sharded(self, path: str, st: dict[str, Any]) -> None:
-        load_dcp(path, self.policy, self.drafter, self.optimizer)
+        refuse_shared_optimizer_state(st)
+        load_dcp(path, self.policy, self.drafter, self.optimizers)
+        self.drafter_trainer.apply_hyperparams()
         self.load_bookkeeping(st)
         self._refresh_mirror()
 
     def load_full(self, parts: dict[str, Any], st: dict[str, Any]) -> None:
-        load_full_parts(parts, self.policy, self.drafter, self.optimizer)
+        refuse_shared_optimizer_state(st)
+        load_full_parts(parts, self.policy, self.drafter, self.optimizers)
+        self.drafter_trainer.apply_hyperparams()
         self.load_bookkeeping(st)
         self._refresh_mirror()
 

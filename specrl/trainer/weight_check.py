@@ -1,10 +1,11 @@
-"""Usable weights: the non-finite errors of a step and the check that runs before every checkpoint.
+"""Usable weights: the check that runs before every checkpoint.
 
-`NonFiniteError` (the policy) and `DrafterNonFiniteError` (the online drafter) name what became NaN/inf in a
-step; the update that produced it was not applied. `check_weights` refuses weights that could not train on: a
-NaN/inf scan of the policy and drafter tensors, then a 16-token probe forward + backward of the policy that must
-stay finite (weights blown up by a far too high learning rate are finite, yet overflow the next forward). The
-learner runs it before every checkpoint, in the sync trainer and in the async learner actor alike.
+`NonFiniteError` (the policy) and `DrafterNonFiniteError` (the online drafter), defined in `specrl.errors` and
+re-exported here, name what became NaN/inf in a step; the update that produced it was not applied.
+`check_weights` refuses weights that could not train on: a NaN/inf scan of the policy and drafter tensors, then
+a 16-token probe forward + backward of the policy that must stay finite (weights blown up by a far too high
+learning rate are finite, yet overflow the next forward). The learner runs it before every checkpoint, in the
+sync trainer and in the async learner actor alike.
 """
 
 from __future__ import annotations
@@ -13,19 +14,9 @@ from typing import Any
 
 import torch
 
-from specrl.errors import SpecRLError
+from specrl.errors import DrafterNonFiniteError, NonFiniteError
 
-
-class NonFiniteError(SpecRLError):
-    """Loss, logits or gradients became NaN/inf; the step's update was not applied."""
-
-    component = "policy"
-
-
-class DrafterNonFiniteError(NonFiniteError):
-    """The online drafter's loss or weights became NaN/inf (the policy is not the cause)."""
-
-    component = "drafter"
+__all__ = ["DrafterNonFiniteError", "NonFiniteError", "check_weights", "probe_tokens"]
 
 
 def _nonfinite(state: dict[str, Any]) -> tuple[str, int, int] | None:

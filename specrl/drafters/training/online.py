@@ -1,16 +1,16 @@
 """Online drafter training inside the RL step: turn the policy forward's captures into a drafter loss.
 
-The learner already runs the policy over every rollout (the train forward when a batch takes one optimizer
-step, else the logprob stage); with `drafter.online` that forward also keeps the hidden states the drafter
-reads (EAGLE: its three fused layers; MTP: the final-norm output) and the policy's top-K next-token
-distribution at the response positions. `draft_batch` packs them, detached, in the padded layout of
-`specrl.drafters.training.offline.batch_loss` (the same loss offline drafter training uses), and `draft_loss` evaluates
-it in `train` (`drafter.online_mode=every_step`) or only in the refresh updates of a stale step (`on_stale`,
-which captures nothing on other steps). Nothing reaches the policy graph, so the draft loss moves only the
-drafter's weights; the trainer then pushes them to the engine's drafter in the next `prepare`. `DrafterHealth`
-is the staleness control loop's bookkeeping: it compares each step's acceptance length with a reference AL to
-decide when the trainer spends `drafter.refresh_steps` extra drafter-only updates, and flags a collapsed
-drafter (AL near 1 for several steps) with a `DrafterCollapseWarning`.
+The learner already runs the policy over every rollout (the train forward when a batch takes one optimizer step, else
+the logprob stage); with `drafter.online` that forward also keeps the hidden states the drafter reads (EAGLE: its three
+fused layers; MTP: the final-norm output) and the policy's top-K next-token distribution at the response positions.
+`draft_batch` packs them, detached, in the padded layout of `specrl.drafters.training.offline.batch_loss` (the same loss
+offline drafter training uses), and `draft_loss` evaluates it in the drafter trainer's updates
+(`specrl.drafters.training.trainer.DrafterTrainer`, after the policy's optimizer steps: every step with
+`drafter.online_mode=every_step`, only in the refresh updates of a stale step with `on_stale`, which captures nothing on
+other steps). Nothing reaches the policy graph, so the draft loss moves only the drafter's weights; the next `prepare`
+pushes them to the engine's drafter. `DrafterHealth` is the staleness control loop's bookkeeping: it compares each
+step's acceptance length with a reference AL to decide when the drafter trainer spends `drafter.refresh_steps` extra
+drafter-only updates, and flags a collapsed drafter (AL near 1 for several steps) with a `DrafterCollapseWarning`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class DrafterHealth:
     ema_weight: float = 0.3
     prev_al: float | None = None  # the previous speculative step's AL
     cause: dict | None = None  # the refit the current streak followed: {"step", "version", "before", "refresh"}
-    last_refresh: int | None = None  # the step whose drafter_control refreshed the drafter last
+    last_refresh: int | None = None  # the step whose staleness loop (DrafterTrainer.control) refreshed it last
 
     def observe(self, al: float | None, step: int | None = None, refit: bool = False) -> tuple[bool, bool]:
         """Record one step's AL (None: no speculation this step); return (stale, collapsed). `step` (1-based) and
