@@ -268,3 +268,19 @@ def test_report_names_the_hardware(tmp_path):
     assert "| hardware | cpu, processor class AVX512-BF16, 1 torch thread; rollouts" in one
     assert "| hardware | not recorded, processor class not recorded; rollouts not recorded, training not recorded |" \
         in write_report(tmp_path / "old", [record(1)]).read_text()
+
+
+def test_headline_of_a_rejection_run_gives_the_per_token_figure_and_a_budget_stop():
+    """verify=rejection: the arms sample different tokens from the first step, so the generation line carries the
+    tokens-per-generation-second ratio; a run its time budget stopped says so in the first line."""
+    from specrl.run.compare_report import compare_summary, headline, identity_checks
+
+    ar, sd = _arms()
+    checks = {**identity_checks("rejection", [], []), "stopped_early": "stopped by run.time_budget_minutes=7 after "
+              "step 4 of 12"}
+    lines = headline(compare_summary(ar, sd, checks), VAL)
+    assert lines[0].endswith("steps interleaved; stopped by run.time_budget_minutes=7 after step 4 of 12")
+    assert "; generated tokens per generation second " in lines[1]
+    assert lines[5].startswith("lossless (verify=rejection): ")
+    plain = headline(compare_summary(ar, sd, identity_checks("rejection", [], [])), VAL)
+    assert plain[0].endswith("steps interleaved")

@@ -198,12 +198,12 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
     parted = summary.get("parted_at_step")
     lines = [f"speculative vs autoregressive rollouts: the same {n} GRPO steps, config and seeds, steps interleaved"]
     if summary.get("stopped_early"):
-        lines[0] += f" ({summary['stopped_early']})"
+        lines[0] += f"; {summary['stopped_early']}"
     ar_gen, sd_gen, ar_step, sd_step = (_f(_per_step(arm.get(key), n), ".2f") for key in ("gen_seconds", "step_seconds")
                                         for arm in (sa, ss))
     gen = (f"generation speed-up: {_f(summary['gen_speedup'], '.2f')}× ({ar_gen} s autoregressive / {sd_gen} s "
            "speculative per step)")
-    if parted is not None:
+    if parted is not None or summary.get("verify") not in (None, "seed_exact"):  # the arms' tokens differ
         gen += (f"; generated tokens per generation second {_f(summary['gen_throughput_speedup'], '.2f')}× (the fair "
                 "figure once the arms generate different tokens)")
     lines.append(gen)
