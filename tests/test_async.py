@@ -67,7 +67,10 @@ def async_cfg(tiny, lag=1, workers=1, **over):
 
 
 def learner_policy(t):
-    return ray.get(t.learner.state_parts.remote())["policy"]
+    """The learner actor's policy state dict (its checkpoint part holds the live modules; here, a copy of them)."""
+    from specrl.checkpoint.sharded_state import DCP_PART
+
+    return ray.get(t.learner.state_parts.remote())[DCP_PART].policy.state_dict()
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -364,8 +367,10 @@ def test_async_second_signal_aborts_at_once(tiny, tmp_path):
 # ----------------------------------------------------------------------------- checkpoints written by the learner
 def test_async_checkpoint_state_is_written_by_the_learner_actor(tiny, tmp_path, local_ray):
     """The driver's checkpoint parts hold no tensors: the policy and optimizer stay in the learner actor, which
-    writes them into the checkpoint (no second copy of the state in the driver); what it writes is the learner's
-    state; each held part is written once, and never after a later step has changed the live optimizer state."""
+    writes them into the checkpoint as its DCP directory (no second copy of the state in the driver); what it writes is
+    the learner's state; each held part is written once, and never after a later step has changed the live optimizer
+    state."""
+    from specrl.checkpoint.sharded_state import DCP_PART, load_dcp, read_model_tensors
     from specrl.checkpoint.store import load_checkpoint, save_checkpoint
     from specrl.cluster.actors import HeldPart
     from specrl.cluster.async_trainer import AsyncGRPOTrainer
@@ -374,21 +379,29 @@ def test_async_checkpoint_state_is_written_by_the_learner_actor(tiny, tmp_path, 
     try:
         a.step()
         parts = a.state_parts()
-        assert {k for k, v in parts.items() if isinstance(v, HeldPart)} == {"policy", "optimizer"}
+        assert {k for k, v in parts.items() if isinstance(v, HeldPart)} == {DCP_PART} == set(parts) - {"trainer"}
         assert parts["trainer"]["step"] == 1 and parts["trainer"]["pipeline"] == "async"
         ck = load_checkpoint(save_checkpoint(tmp_path / "ck", 1, parts))
-        full = ray.get(a.learner.state_parts.remote())
-        assert all(torch.equal(ck.parts["policy"][k], v) for k, v in full["policy"].items())
-        moments = [(k, name) for k, st in full["optimizer"]["state"].items() for name in st]
-        assert moments and all(torch.equal(ck.parts["optimizer"]["state"][k][name], full["optimizer"]["state"][k][name])
-                               for k, name in moments)
-        with pytest.raises(SpecRLError, match="holds no checkpoint part 'policy'.*each part is written once"):
-            parts["policy"].write_file(tmp_path / "again.pt")
+        full = ray.get(a.learner.state_parts.remote())[DCP_PART]  # a copy of the actor's modules and optimizer
+        saved = read_model_tensors(ck.parts[DCP_PART])
+        assert saved.keys() == {f"policy.{k}" for k in full.policy.state_dict()}
+        assert all(torch.equal(saved[f"policy.{k}"], v) for k, v in full.policy.state_dict().items())
+        opt = full.optimizers[0]
+        moments = {(i, name): t.clone() for i, p in enumerate(full.policy.parameters()) for name, t in
+                   opt.state[p].items()}
+        for st in opt.state.values():  # forget them, then read them back from the checkpoint
+            for t in st.values():
+                t.zero_()
+        load_dcp(ck.parts[DCP_PART], full.policy, None, [opt])
+        assert moments and all(torch.equal(opt.state[p][name], moments[i, name])
+                               for i, p in enumerate(full.policy.parameters()) for name in opt.state[p])
+        with pytest.raises(SpecRLError, match=f"holds no checkpoint part '{DCP_PART}'.*each part is written once"):
+            parts[DCP_PART].write_dir(tmp_path / "again")
         parts = a.state_parts()
         a.step()
-        with pytest.raises(SpecRLError, match="'policy' was taken after step 1 but the learner is at step 2"):
-            parts["policy"].write_file(tmp_path / "late.pt")
-        assert not (tmp_path / "again.pt").exists() and not (tmp_path / "late.pt").exists()
+        with pytest.raises(SpecRLError, match=f"'{DCP_PART}' was taken after step 1 but the learner is at step 2"):
+            parts[DCP_PART].write_dir(tmp_path / "late")
+        assert not (tmp_path / "again").exists() and not (tmp_path / "late").exists()
     finally:
         a.close()
 

@@ -6,6 +6,7 @@ refused with what to do."""
 import pytest
 import torch
 
+from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
 from specrl.checkpoint.store import load_checkpoint, save_checkpoint
 from specrl.drafters.training.trainer import DrafterTrainer
 from specrl.errors import SpecRLError
@@ -102,13 +103,14 @@ def test_resume_restores_the_drafter_optimizer_state(tiny, monkeypatch, tmp_path
     a = online_trainer(tiny, monkeypatch)
     a.step()
     parts = a.state_parts()
-    assert {"policy", "optimizer", "drafter", "drafter_optimizer", "trainer"} <= set(parts)
-    assert len(parts["optimizer"]["param_groups"]) == 1 and len(parts["drafter_optimizer"]["param_groups"]) == 1
+    assert set(parts) == {DCP_PART, "trainer"}  # model and both optimizers: one DCP directory
     ck = load_checkpoint(save_checkpoint(tmp_path / "ck", 1, parts))
+    assert {k.split(".")[0] for k in read_model_tensors(ck.parts[DCP_PART])} == {"policy", "drafter"}
     b = online_trainer(tiny, monkeypatch)
     b.load_parts(ck.parts)
     da, db = a.learner.drafter_trainer.optimizer, b.learner.drafter_trainer.optimizer
     pa, pb = list(a.drafter.parameters()), list(b.drafter.parameters())
+    assert len(b.learner.optimizer.param_groups) == 1 and len(db.param_groups) == 1
     assert all(int(db.state[q]["step"]) == 1 for q in pb)
     for p, q in zip(pa, pb, strict=True):
         assert all(torch.equal(da.state[p][k], db.state[q][k]) for k in ("exp_avg", "exp_avg_sq"))
@@ -120,17 +122,15 @@ def test_resume_restores_the_drafter_optimizer_state(tiny, monkeypatch, tmp_path
 
 
 def test_a_dcp_checkpoint_holds_both_optimizers(tiny, monkeypatch, tmp_path):
-    """The data-parallel checkpoint format (DCP, read here by a single-process learner): the policy's and the
-    drafter's optimizer states both come back."""
-    from specrl.checkpoint.sharded_state import SHARDED_PART, load_sharded_learner, save_dcp
+    """The checkpoint format (DCP, written and read here by a single process with `save_dcp` / `load_dcp`): the
+    policy's and the drafter's optimizer states both come back."""
+    from specrl.checkpoint.sharded_state import load_dcp, save_dcp
 
     a = online_trainer(tiny, monkeypatch)
     a.step()
     save_dcp(str(tmp_path / "dcp"), a.policy, a.drafter, a.learner.optimizers)
     b = online_trainer(tiny, monkeypatch)
-    parts = {SHARDED_PART: tmp_path / "dcp"}
-    load_sharded_learner(b.learner, parts)
-    assert {"policy", "optimizer", "drafter", "drafter_optimizer"} <= set(parts)
+    load_dcp(tmp_path / "dcp", b.policy, b.drafter, b.learner.optimizers)
     for oa, ob, ma, mb in ((a.learner.optimizer, b.learner.optimizer, a.policy, b.policy),
                            (a.learner.drafter_trainer.optimizer, b.learner.drafter_trainer.optimizer, a.drafter,
                             b.drafter)):
@@ -143,10 +143,7 @@ def test_a_checkpoint_with_one_shared_optimizer_is_refused(tiny, monkeypatch):
     rates) is refused with what to do, before anything is loaded."""
     a = online_trainer(tiny, monkeypatch)
     parts = a.state_parts()
-    groups = parts["optimizer"]["param_groups"] + parts["drafter_optimizer"]["param_groups"]
-    parts["optimizer"] = {"state": {}, "param_groups": groups}
     parts["trainer"]["scheduler"]["base_lrs"] = [1e-3, 1e-2]
-    del parts["drafter_optimizer"]
     b = online_trainer(tiny, monkeypatch)
     with pytest.raises(SpecRLError, match=r"one optimizer with 2 parameter groups .* start a new run"):
         b.load_parts(parts)

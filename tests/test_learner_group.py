@@ -156,6 +156,7 @@ def test_sync_pipeline_world_size_2_learns_like_1_and_exports_hf(tiny, tmp_path,
     same step-1 record as 1 rank (identical rollouts from identical weights)."""
     from transformers import AutoModelForCausalLM
 
+    from specrl.checkpoint.sharded_state import DCP_PART
     from specrl.checkpoint.store import load_latest
     from specrl.cluster import make_trainer
     from specrl.run.loop import train_main
@@ -167,7 +168,7 @@ def test_sync_pipeline_world_size_2_learns_like_1_and_exports_hf(tiny, tmp_path,
     assert m2[0]["reward_mean"] == m1[0]["reward_mean"] and m1[0]["reward_std"] > 0
     assert m2[0]["loss"] == pytest.approx(m1[0]["loss"], rel=1e-5, abs=1e-7)
     ck = load_latest(two / "checkpoints")
-    assert ck.step == 3 and (ck.parts["sharded"] / ".metadata").is_file() and "policy" not in ck.parts
+    assert ck.step == 3 and (ck.parts[DCP_PART] / ".metadata").is_file() and "policy" not in ck.parts
     final2, _ = load_model(two / "final", dtype=torch.float32)
     final1, _ = load_model(one / "final", dtype=torch.float32)
     hf = AutoModelForCausalLM.from_pretrained(str(two / "final"))
@@ -180,8 +181,8 @@ def test_sync_pipeline_world_size_2_learns_like_1_and_exports_hf(tiny, tmp_path,
 
 
 def test_resume_across_world_sizes(tiny, tmp_path, local_ray):
-    """A 2-rank checkpoint resumes on 1 rank and a 1-rank checkpoint on 2, bit-exact weights; the optimizer
-    state comes along (the next step matches an uninterrupted learner's)."""
+    """A 2-rank checkpoint resumes on 1 rank and a 1-rank checkpoint on 2 (one format, DCP, for every world size),
+    bit-exact weights; the optimizer state comes along (the next step matches an uninterrupted learner's)."""
     from specrl.checkpoint.store import load_latest
     from specrl.cluster import make_trainer
     from specrl.cluster.learner_group import LearnerGroup
@@ -200,7 +201,7 @@ def test_resume_across_world_sizes(tiny, tmp_path, local_ray):
     exported, _ = load_model(two / "final", dtype=torch.float32)
     assert all(torch.equal(v, hf_named_tensors(exported)[k]) for k, v in hf_named_tensors(t.policy).items())
     assert t.step_count == 2 and len(t.learner.optimizer.state) > 0
-    # 1 -> 2: the ranks read the full single-process parts
+    # 1 -> 2: the ranks read the single process's DCP directory (DCP reshards it)
     ck = load_latest(one / "checkpoints")
     group = LearnerGroup(load_config(str(one / "config.yaml"), ["learner.world_size=2"]))
     try:
@@ -340,13 +341,13 @@ def test_one_step_n1_equals_n2_beyond_the_plain_point(tiny, tmp_path, local_ray,
         rec2, _ = group.learn(r, dict(SECONDS))
         _, w2, d2 = group.named_weights()
         if case == "online_drafter":  # the ranks' DCP checkpoint holds both optimizers: read it in one process
-            from specrl.checkpoint.sharded_state import SHARDED_PART, load_sharded_learner
+            from specrl.checkpoint.sharded_state import DCP_PART, load_dcp
 
-            group.state_parts()[SHARDED_PART].write_dir(tmp_path / "dcp")
+            group.state_parts()[DCP_PART].write_dir(tmp_path / "dcp")
             seed_everything(cfg.run.seed)
             policy = load_model(cfg.model.name, dtype=torch.float32)[0].train()
             back = Learner(cfg, policy, load_drafter(cfg.speculative.drafter.split(":", 1)[1], policy))
-            load_sharded_learner(back, {SHARDED_PART: tmp_path / "dcp"})
+            load_dcp(tmp_path / "dcp", back.policy, back.drafter, back.optimizers)
             for mine, theirs, m1, m2 in ((one.optimizer, back.optimizer, one.policy, back.policy),
                                          (one.drafter_trainer.optimizer, back.drafter_trainer.optimizer,
                                           one.drafter, back.drafter)):

@@ -39,6 +39,7 @@ def eagle(tiny, tmp_path_factory):
 def test_worker_refit_faults_stop_the_step_they_happen_in(tiny, eagle, tmp_path, local_ray, fault, which, match,
                                                           monkeypatch):
     import specrl.cluster.actors as actors
+    from specrl.checkpoint.sharded_state import DCP_PART
     from specrl.cluster.async_trainer import AsyncGRPOTrainer
     from tests.faults import faulty_worker
 
@@ -50,9 +51,12 @@ def test_worker_refit_faults_stop_the_step_they_happen_in(tiny, eagle, tmp_path,
     try:
         a.step()
         parts = ray.get(a.learner.state_parts.remote())  # make sure step 2's policy differs from step 1's
-        parts["policy"] = {k: v + 0.01 for k, v in parts["policy"].items()}
-        st = parts.pop("learner")
-        ray.get(a.learner.load_parts.remote(parts, st, ray.get(a.learner.data_state.remote())))
+        with torch.no_grad():  # a copy of the actor's modules: shifted, written as a checkpoint part, loaded back
+            for p in parts[DCP_PART].policy.parameters():
+                p.add_(0.01)
+        parts[DCP_PART].write_dir(tmp_path / "shifted")
+        ray.get(a.learner.load_parts.remote({DCP_PART: tmp_path / "shifted"}, parts["learner"],
+                                            ray.get(a.learner.data_state.remote())))
         a._published = a._publish()
         ray.get(a.workers[0].inject_refit_fault.remote(fault))
         with pytest.raises(RefitError, match=rf"load_weights\({which}, version 1\) the native \(rollout worker 0\) "

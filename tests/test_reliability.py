@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from specrl.checkpoint import store as ckpt_mod
+from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
 from specrl.config.schema import load_config
 from specrl.drafters import default as default_drafter
 from specrl.errors import SpecRLError
@@ -289,7 +290,7 @@ def test_draft_model_with_another_tokenizer_of_the_same_size_is_refused(tiny, tm
 def test_resume_with_a_new_learning_rate_applies_it_and_says_so_on_stderr(tiny, tmp_path, capfd):
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, run__steps=2))
     run = train_main(str(cfg), [], None, str(tmp_path / "run"), False)
-    (run / "checkpoints" / "step_000002" / "policy.pt").write_bytes(b"garbage")
+    (run / "checkpoints" / "step_000002" / DCP_PART / ".metadata").write_bytes(b"garbage")
     capfd.readouterr()
     train_main(None, ["run.steps=3", "policy.learning_rate=1e-4"], str(run), None, False)
     err = capfd.readouterr().err  # run.progress is false: these still reach stderr
@@ -298,8 +299,8 @@ def test_resume_with_a_new_learning_rate_applies_it_and_says_so_on_stderr(tiny, 
     recs = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert [r["lr"] for r in recs] == [1e-3, 1e-4, 1e-4]
-    opt = torch.load(run / "checkpoints" / "step_000003" / "optimizer.pt", weights_only=False)
-    assert opt["param_groups"][0]["lr"] == 1e-4 and opt["param_groups"][0]["initial_lr"] == 1e-4
+    sched = torch.load(run / "checkpoints" / "step_000003" / "trainer.pt", weights_only=True)["scheduler"]
+    assert sched["base_lrs"] == [1e-4]
 
 
 def test_simulate_gen_gpu_fraction_in_sync_mode_and_out_of_range():
@@ -411,7 +412,7 @@ def test_checkpoint_on_a_full_or_read_only_disk(tiny, tmp_path, monkeypatch, exc
     def save(obj, path, *a, **k):
         if "step_000002" in str(path):
             calls["n"] += 1
-            if calls["n"] == 2:  # fail mid-checkpoint, after one part was written
+            if calls["n"] == 1:  # fail mid-checkpoint: the DCP directory part is written, the trainer part fails
                 raise exc
         return real(obj, path, *a, **k)
 
@@ -523,9 +524,9 @@ def test_signal_mid_step_finishes_checkpoints_and_resumes_bitwise(tiny, tmp_path
     monkeypatch.setattr(Learner, "stage_train", real)
     train_main(None, [], str(run), None, False)
     assert steps(run) == [1, 2, 3]
-    a = torch.load(clean_run / "checkpoints" / "step_000003" / "policy.pt")
-    b = torch.load(run / "checkpoints" / "step_000003" / "policy.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    a = read_model_tensors(clean_run / "checkpoints" / "step_000003" / DCP_PART)
+    b = read_model_tensors(run / "checkpoints" / "step_000003" / DCP_PART)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ra, rb = read_jsonl(clean_run / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
     assert [r["reward_mean"] for r in ra] == [r["reward_mean"] for r in rb]
 

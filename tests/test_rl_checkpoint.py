@@ -151,15 +151,61 @@ def test_numpy_state_is_stored_as_plain_data_and_comes_back_as_numpy(tmp_path):
     assert np.array_equal(np.random.rand(3), want)
 
 
-def test_a_checkpoint_with_a_pickled_numpy_rng_state_still_loads(tmp_path):
-    """Checkpoints whose trainer part pickles numpy's RNG state directly (an ndarray) stay resumable."""
+def test_a_part_that_pickles_numpy_directly_is_refused(tmp_path):
+    """A part whose pickle builds a numpy array (numpy's RNG state pickled as an ndarray) is not plain data: refused
+    like any other global (specrl stores numpy arrays as tagged plain lists)."""
     import numpy as np
 
+    from specrl.checkpoint.store import UnsafeCheckpointError
+
     p = save_checkpoint(tmp_path, 1, parts(1))
-    st = np.random.get_state()
-    _plant(p, "state", {"step": 1, "rng": st})
-    got = load_checkpoint(p).parts["state"]["rng"]
-    assert got[0] == st[0] and np.array_equal(got[1], st[1]) and got[1].dtype == np.uint32
+    _plant(p, "state", {"step": 1, "rng": np.random.get_state()})
+    with pytest.raises(UnsafeCheckpointError, match=r"part 'state' \(state.pt\) asks to build `numpy.*could run code"):
+        load_checkpoint(p)
+
+
+# ----------------------------------------------------------------------------- the format version
+@pytest.mark.parametrize("found, match", [
+    (1, r"checkpoint format 1 \(written by an older specrl\); this specrl \(.+\) reads checkpoint format 2 only\. "
+        r"Finish that run with the specrl version that wrote it, or start a new run"),
+    (None, r"checkpoint with no format version \(written before format 1\); this specrl \(.+\) reads checkpoint "
+           r"format 2 only\. Finish that run with the specrl version that wrote it, or start a new run"),
+    (3, r"checkpoint format 3 \(written by specrl 9\.0\); this specrl \(.+\) reads checkpoint "
+        r"format 2 only\. Resume it with the specrl version that wrote it"),
+])
+def test_a_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, found, match):
+    """An old run directory (a format-1 manifest written by hand, as specrl 0.1 wrote them: `torch.save` parts for the
+    policy and optimizer) is refused with what to do, never skipped past to an older checkpoint."""
+    import hashlib
+
+    from specrl.checkpoint.store import FORMAT_VERSION, CheckpointFormatError
+
+    assert FORMAT_VERSION == 2
+    save_checkpoint(tmp_path, 1, parts(1))  # a good checkpoint of this format: the resume must not fall back to it
+    old = tmp_path / "step_000002"
+    old.mkdir()
+    files = {}
+    for name, obj in (("policy", {"w": torch.zeros(2)}), ("optimizer", {"state": {}, "param_groups": []})):
+        torch.save(obj, old / f"{name}.pt")
+        data = (old / f"{name}.pt").read_bytes()
+        files[name] = {"file": f"{name}.pt", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest = {"step": 2, "files": files, "meta": {}}
+    if found is not None:
+        manifest["format"] = found
+    if found == 3:
+        manifest["specrl"] = "9.0"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointFormatError, match=match):
+        verify_checkpoint(old)
+    with pytest.raises(CheckpointFormatError, match="step_000002: checkpoint"):
+        load_latest(tmp_path)
+
+
+def test_a_manifest_records_the_format_and_the_specrl_version(tmp_path):
+    from specrl.checkpoint.store import FORMAT_VERSION, specrl_version
+
+    m = verify_checkpoint(save_checkpoint(tmp_path, 1, parts(1)))
+    assert m["format"] == FORMAT_VERSION and m["specrl"] == specrl_version() != ""
 
 
 def test_resume_refuses_a_planted_pickle_naming_it(tmp_path):
@@ -257,6 +303,84 @@ def test_a_crafted_dcp_metadata_is_refused_with_no_code_run(tmp_path, what):
         raw = pickle.dumps({"os.system": _Global(os.system, f"touch {marker}"),
                             "a DCP class it does not need": _Global(FileSystemWriter, str(marker))}[what])
     (tmp_path / "ck" / ".metadata").write_bytes(raw)
-    with pytest.raises(SpecRLError, match="refused to load the sharded checkpoint.*may not load"):
+    with pytest.raises(SpecRLError, match="refused to load the DCP checkpoint.*may not load"):
         SafeReader(str(tmp_path / "ck")).read_metadata()
     assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- the model and optimizer state (DCP)
+def test_a_single_process_learner_writes_one_dcp_directory_part(tmp_path):
+    """One process writes the model and optimizer state with DCP (no process group): every file of the directory is in
+    the manifest and checked, and the state comes back bit for bit into a fresh model and optimizer."""
+    from specrl.checkpoint.sharded_state import DCP_PART, DcpPart, load_dcp, read_model_tensors
+    from specrl.model.transformer import tiny_model
+
+    policy = tiny_model("llama", vocab_size=64, seed=0)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    policy(torch.randint(0, 64, (2, 5)))[0].sum().backward()
+    opt.step()
+    p = save_checkpoint(tmp_path / "ck", 1, {DCP_PART: DcpPart(policy, None, [opt]), "learner": {"step": 1}})
+    m = verify_checkpoint(p)
+    assert m["files"][DCP_PART]["dir"] == DCP_PART and ".metadata" in m["files"][DCP_PART]["files"]
+    assert set(m["files"][DCP_PART]["files"]) == {str(f.relative_to(p / DCP_PART))
+                                                   for f in (p / DCP_PART).rglob("*") if f.is_file()}
+    ck = load_latest(tmp_path / "ck")
+    back = tiny_model("llama", vocab_size=64, seed=1)
+    opt2 = torch.optim.AdamW(back.parameters(), lr=1e-3)
+    load_dcp(ck.parts[DCP_PART], back, None, [opt2])
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in policy.state_dict().items())
+    for a, b in zip(policy.parameters(), back.parameters(), strict=True):
+        assert all(torch.equal(opt.state[a][k], opt2.state[b][k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert all(torch.equal(v, policy.state_dict()[k.removeprefix("policy.")])
+               for k, v in read_model_tensors(ck.parts[DCP_PART]).items())
+    data = sorted(f for f in (p / DCP_PART).iterdir() if f.suffix == ".distcp")[0]
+    b = bytearray(data.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    data.write_bytes(bytes(b))
+    with pytest.raises(CheckpointError, match=rf"part '{DCP_PART}/{data.name}' fails its SHA-256 check"):
+        verify_checkpoint(p)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_dcp_entry_that_would_run_code_is_refused(tmp_path):
+    """DCP unpickles a non-tensor entry (an optimizer's hyperparameters) with `weights_only=False`; specrl's reader
+    first reads it with `weights_only=True`, so a crafted entry is refused before it runs."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from specrl.checkpoint.sharded_state import _load
+    from specrl.errors import SpecRLError
+
+    marker = tmp_path / "ran"
+    dcp.save({"optim": {"lr": _RunsCode(marker)}, "w": torch.ones(2)},
+             storage_writer=FileSystemWriter(str(tmp_path / "ck")), no_dist=True)
+    with pytest.raises(SpecRLError, match=r"refused to load the checkpoint's DCP entry 'optim.lr': it asks to build "
+                                          r"`posix.system`, which could run code"):
+        _load({"optim": {"lr": 0.0}, "w": torch.zeros(2)}, str(tmp_path / "ck"))
+    assert not marker.exists()
+    state = {"w": torch.zeros(2)}
+    _load(state, str(tmp_path / "ck"))  # the tensors alone load
+    assert torch.equal(state["w"], torch.ones(2))
+
+
+@pytest.mark.parametrize("fail", [OSError(28, "No space left on device"), RuntimeError("file write failed")])
+def test_a_dcp_part_that_fails_to_write_leaves_nothing_behind(tmp_path, monkeypatch, fail):
+    """A full disk while DCP writes the model and optimizer state: DCP's own exception wrapper is taken off, the
+    store names the cause and removes the partial write."""
+    from specrl.checkpoint.sharded_state import DCP_PART, DcpPart
+    from specrl.model.transformer import tiny_model
+
+    policy = tiny_model("llama", vocab_size=64)
+    opt = torch.optim.AdamW(policy.parameters())
+    save_checkpoint(tmp_path, 1, {"learner": {"step": 1}})
+    real = torch.save
+
+    def save(obj, f, *a, **k):
+        if not isinstance(f, (str, bytes)) and not hasattr(f, "__fspath__"):  # DCP writes tensors into its stream
+            raise fail
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_000002 \(the disk is full"):
+        save_checkpoint(tmp_path, 2, {DCP_PART: DcpPart(policy, None, [opt]), "learner": {"step": 2}})
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["step_000001"]

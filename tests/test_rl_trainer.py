@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
 from specrl.config.schema import validate_config
 from specrl.drafters import default as default_drafter
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
@@ -166,10 +167,10 @@ def test_sigkill_resume_matches_uninterrupted(tiny, tmp_path):
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     assert not (killed / "report.md").exists()
     # damage the newest checkpoint: resume must fall back to step 1 and say so
-    (killed / "checkpoints" / "step_000002" / "policy.pt").write_bytes(b"garbage")
+    (killed / "checkpoints" / "step_000002" / DCP_PART / ".metadata").write_bytes(b"garbage")
     train_main(None, [], str(killed), None, False)
-    a = torch.load(clean / "checkpoints" / "step_000003" / "policy.pt")
-    b = torch.load(killed / "checkpoints" / "step_000003" / "policy.pt")
+    a = read_model_tensors(clean / "checkpoints" / "step_000003" / DCP_PART)
+    b = read_model_tensors(killed / "checkpoints" / "step_000003" / DCP_PART)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ra, rb = read_jsonl(clean / "metrics.jsonl"), read_jsonl(killed / "metrics.jsonl")
     assert [r["step"] for r in rb] == [1, 2, 3]

@@ -1,3 +1,3 @@
-"""specrl.checkpoint: training state on disk: atomic, checksummed step directories and the DCP state of the policy and
-optimizer for any world size.
+"""specrl.checkpoint: training state on disk: atomic, checksummed step directories whose model and optimizer state is
+one DCP directory for every world size.
 """

@@ -1,21 +1,21 @@
 """Atomic, verifiable training checkpoints (policy, optimizer, drafter, RNG states, data cursor, step).
 
-A checkpoint is a directory `checkpoints/step_NNNNNN/` holding one `torch.save` file per part plus
-`manifest.json` (step, metadata, and the size and SHA-256 of every part). It is written into a hidden
-temporary directory, every file is fsynced, the manifest is written last, and only then is the directory
+A checkpoint is a directory `checkpoints/step_NNNNNN/` holding its parts plus `manifest.json` (the format version,
+the specrl version that wrote it, step, metadata, and the size and SHA-256 of every file). It is written into a
+hidden temporary directory, every file is fsynced, the manifest is written last, and only then is the directory
 renamed into place with `os.replace` — so a kill at any moment leaves either the previous checkpoints or the
-complete new one, never a half-written `step_*`. A part may instead be an object with `write_dir(path)` (the
-sharded model and optimizer of a data-parallel learner, written by its ranks with torch.distributed.checkpoint):
-it writes a subdirectory of the temporary directory, every file of which the manifest records, and loading
-returns that subdirectory's path for the learner to read (its DCP metadata is read with an allow-listing
-unpickler, `specrl.checkpoint.sharded_state`). A part may also be an object with `write_file(path)`: its owner writes
-the
-part's file with `write_part` (the async learner actor, so its state never travels to the driver) and the manifest
-records it like any other file part. `load_latest` walks checkpoints newest first, verifies each against its
-manifest, reports every corrupt or partial one it skips, and returns the newest good one. Parts hold only
-tensors, numbers, strings, lists, tuples and dicts (numpy arrays, e.g. numpy's RNG state, are stored as tagged
-plain lists) and are read with `torch.load(weights_only=True)`: a part whose pickle would build any other
-object (and so could run code) is refused with `UnsafeCheckpointError` and the resume stops.
+complete new one, never a half-written `step_*`. The format is the same for every world size: the model and
+optimizer state is a directory part (an object with `write_dir(path)`: the learner's DCP directory,
+`specrl.checkpoint.sharded_state`, written by one process or by every learner rank) whose every file the manifest
+records, and loading returns that subdirectory's path for the learner to read with DCP (its metadata read with an
+allow-listing unpickler). The bookkeeping (step, scheduler, RNG states, data cursor, drafter health) is a file
+part: one `torch.save` file, written by `write_part` (or by an object with `write_file(path)`, its owner writing it
+with `write_part`). File parts hold only tensors, numbers, strings, lists, tuples and dicts (numpy arrays, e.g.
+numpy's RNG state, are stored as tagged plain lists) and are read with `torch.load(weights_only=True)`: a part whose
+pickle would build any other object (and so could run code) is refused with `UnsafeCheckpointError` and the resume
+stops. `load_latest` walks checkpoints newest first, verifies each against its manifest, reports every corrupt or
+partial one it skips, and returns the newest good one; a checkpoint of another format version (`FORMAT_VERSION`)
+stops the resume with `CheckpointFormatError`, which says what to do.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import pickle
 import re
 import shutil
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,25 @@ import torch
 from specrl.errors import SpecRLError
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+# 2: the model and optimizer state is one DCP directory part for every world size (1: `torch.save` files in one
+# process, a DCP directory with N learner ranks)
+FORMAT_VERSION = 2
 
 
 class CheckpointError(SpecRLError):
     """A checkpoint directory is corrupt, partial or from an incompatible run."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint of another format version than this specrl's: never skipped past, the resume stops."""
+
+
+def specrl_version() -> str:
+    """The installed specrl's version (recorded in every manifest)."""
+    try:
+        return version("specrl")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 class UnsafeCheckpointError(CheckpointError):
@@ -77,20 +92,9 @@ def _from_plain(obj: Any) -> Any:
     return obj
 
 
-# Checkpoints written before numpy arrays were stored as plain lists pickled numpy's RNG state directly: these
-# three rebuild a numeric ndarray and nothing else, so they are the only globals allowed beyond torch's own.
-_LEGACY_NUMPY = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-try:
-    from numpy._core.multiarray import _reconstruct
-except ImportError:  # numpy < 2
-    from numpy.core.multiarray import _reconstruct
-_LEGACY_NUMPY.append(_reconstruct)
-
-
 def _load_part(path: Path, name: str) -> Any:
     try:
-        with torch.serialization.safe_globals(_LEGACY_NUMPY):
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL ([\w.]+)", str(e))
         what = f"`{found.group(1)}`" if found else "an object that is not a tensor or plain data"
@@ -172,7 +176,8 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
             else:
                 write_part(obj, path)
             files[name] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
-        manifest = {"format": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
+        manifest = {"format": FORMAT_VERSION, "specrl": specrl_version(), "step": step, "files": files,
+                    "meta": meta or {}}
         mpath = tmp / MANIFEST
         mpath.write_text(json.dumps(manifest, indent=2))
         _fsync_file(mpath)
@@ -247,8 +252,10 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{mpath}: unreadable manifest ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION or \
-            not isinstance(manifest.get("files"), dict):
+    if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) and \
+            (manifest.get("format") is None or type(manifest["format"]) is int):
+        _check_format(path, manifest)
+    else:
         what = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CheckpointError(f"{mpath}: unknown manifest format {what!r} (expected an object with \"format\": "
                               f"{FORMAT_VERSION} and \"files\")")
@@ -275,6 +282,25 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
                                   "this directory, \"bytes\": an integer, \"sha256\": a hex string}")
         _verify_file(path, name, path / info["file"], info)
     return manifest
+
+
+def _check_format(path: Path, manifest: dict[str, Any]) -> None:
+    """Raise CheckpointFormatError unless the manifest's format version is this specrl's `FORMAT_VERSION`."""
+    found = manifest.get("format")
+    if found == FORMAT_VERSION:
+        return
+    mine = f"this specrl ({specrl_version()}) reads checkpoint format {FORMAT_VERSION} only"
+    by = f"specrl {manifest['specrl']}" if isinstance(manifest.get("specrl"), str) else None
+    if found is None or found < FORMAT_VERSION:
+        what = "with no format version (written before format 1)" if found is None else \
+            f"format {found} (written by {by or 'an older specrl'})"
+        raise CheckpointFormatError(
+            f"{path}: checkpoint {what}; {mine}. Finish that run with the specrl version that wrote it, or start a "
+            "new run (a new run directory; a finished run's final/ directory is an HF checkpoint that model.name "
+            "can point at)")
+    raise CheckpointFormatError(
+        f"{path}: checkpoint format {found} (written by {by or 'a newer specrl'}); {mine}. Resume it with the "
+        "specrl version that wrote it")
 
 
 def _verify_file(path: Path, name: str, f: Path, info: dict[str, Any]) -> None:
@@ -313,7 +339,9 @@ def load_latest(root: str | Path) -> LoadedCheckpoint | None:
 
     Corrupt or partial checkpoints are skipped (and listed in `.skipped`); if checkpoints exist but none
     verifies, raise CheckpointError naming each one and why. A part that could run code when loaded is never
-    skipped past: its UnsafeCheckpointError stops the resume (the whole directory is then untrusted).
+    skipped past: its UnsafeCheckpointError stops the resume (the whole directory is then untrusted); nor is a
+    checkpoint of another format version (CheckpointFormatError: the run continues only with the specrl that wrote
+    it).
     """
     candidates = list_checkpoints(root)
     if not candidates:
@@ -322,7 +350,7 @@ def load_latest(root: str | Path) -> LoadedCheckpoint | None:
     for _, path in candidates:
         try:
             loaded = load_checkpoint(path)
-        except UnsafeCheckpointError:
+        except (UnsafeCheckpointError, CheckpointFormatError):
             raise
         except CheckpointError as e:
             skipped.append(str(e))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -24,8 +25,7 @@ import torch
 
 from specrl.algorithms.rollouts import Rollouts
 from specrl.backends.registry import build_backend
-from specrl.checkpoint.sharded_state import SHARDED_PART, load_sharded_learner
-from specrl.checkpoint.store import write_part
+from specrl.checkpoint.sharded_state import DcpPart
 from specrl.config.schema import TrainConfig, validate_config
 from specrl.cpu import keep_large_allocations
 from specrl.drafters.default import resolve_drafter
@@ -35,7 +35,7 @@ from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
 from specrl.observability.step_record import StepRecord
 from specrl.rollout.digest import check_refit
-from specrl.trainer.learner import Learner, refuse_shared_optimizer_state
+from specrl.trainer.learner import Learner
 from specrl.trainer.producer import RolloutProducer
 from specrl.trainer.sync_trainer import seed_everything
 from specrl.trainer.weight_sync import cast_in_place
@@ -46,13 +46,14 @@ WAIT_TIMEOUT_SECONDS = 600.0
 
 
 class HeldPart:
-    """A checkpoint part held by the learner actor: `write_file(path)` has the actor write it (`save_checkpoint`'s
-    file-part protocol); a failure there is the driver's error, with the actor's own exception."""
+    """A checkpoint directory part held by the learner actor (its model and optimizer state): `write_dir(path)` has
+    the actor write it there with DCP (`save_checkpoint`'s directory-part protocol), so the state never travels to
+    the driver; a failure there is the driver's error, with the actor's own exception."""
 
     def __init__(self, actor, name: str):
         self.actor, self.name = actor, name
 
-    def write_file(self, path) -> None:
+    def write_dir(self, path) -> None:
         try:
             ray.get(self.actor.write_held_part.remote(self.name, str(path)))
         except ray.exceptions.RayTaskError as e:  # the actor's OSError / RuntimeError / SpecRLError, unwrapped
@@ -289,18 +290,19 @@ class LearnerActor:
         return self.learner.state_parts()
 
     def checkpoint_parts(self) -> dict:
-        """The learner's checkpoint parts for the driver: its bookkeeping and any directory part as they are, every
-        other part (policy, optimizer, drafter, drafter_optimizer) held here as a `HeldPart` that this actor writes
-        when the driver saves the checkpoint (`write_held_part`), so the state is never copied into the driver."""
+        """The learner's checkpoint parts for the driver: its bookkeeping and an N-rank group's directory part as they
+        are, the single-process learner's model and optimizer state (its `DcpPart`) held here as a `HeldPart` that
+        this actor writes when the driver saves the checkpoint (`write_held_part`), so the state is never copied into
+        the driver."""
         parts = self.learner.state_parts()
         me = ray.get_runtime_context().current_actor
         self.held, self.held_step, out = {}, self.learner.step_count, {}
         for name, obj in parts.items():
-            if name == "learner" or hasattr(obj, "write_dir"):
-                out[name] = obj
-            else:
+            if isinstance(obj, DcpPart):
                 self.held[name] = obj
                 out[name] = HeldPart(me, name)
+            else:
+                out[name] = obj
         return out
 
     def write_held_part(self, name: str, path: str) -> None:
@@ -311,13 +313,10 @@ class LearnerActor:
         if self.learner.step_count != self.held_step:  # the optimizer state is live: a step in between changed it
             raise SpecRLError(f"checkpoint part {name!r} was taken after step {self.held_step} but the learner is at "
                               f"step {self.learner.step_count}; a checkpoint is written before the next step")
-        write_part(held.pop(name), path)
+        held.pop(name).write_dir(Path(path))
 
     def load_parts(self, parts: dict, learner_state: dict, data_state: dict) -> None:
-        if SHARDED_PART in parts and isinstance(self.learner, Learner):  # a data-parallel run's checkpoint
-            refuse_shared_optimizer_state(learner_state)
-            load_sharded_learner(self.learner, parts)
-        self.learner.load_parts(parts, learner_state)
+        self.learner.load_parts(parts, learner_state)  # a DCP directory of any world size
         self.data.load_state_dict(data_state)
 
     def save_final(self, directory: str) -> None:

@@ -8,10 +8,10 @@ rank joins one `torch.distributed` process group there (`gloo` on CPU, `nccl` on
 (every rank receives the step's rollouts once through the object store and trains its share; the records are
 merged), `named_weights` (rank 0's gathered tensors: one full copy), `version` / `step_count`, `check_weights`,
 `state_parts` (bookkeeping plus a directory part that the ranks write with DCP inside the checkpoint's temporary
-directory), `load_parts` (a DCP directory, or full single-process parts), `export` (an HF checkpoint from
-rank 0) and `close`. Every call waits for all ranks; a rank that dies or fails makes the others fail by the
-collective timeout at the latest, and the group then kills its actors and raises `LearnerRankError` naming the
-rank. Ray is started locally (loopback) when nobody started it.
+directory), `load_parts` (the checkpoint's DCP directory, written by any number of ranks), `export` (an HF
+checkpoint from rank 0) and `close`. Every call waits for all ranks; a rank that dies or fails makes the others
+fail by the collective timeout at the latest, and the group then kills its actors and raises `LearnerRankError`
+naming the rank. Ray is started locally (loopback) when nobody started it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from specrl.algorithms.rollouts import Rollouts
-from specrl.checkpoint.sharded_state import SHARDED_PART
+from specrl.checkpoint.sharded_state import DCP_PART, dcp_dir
 from specrl.cluster.local_ray import start_local_ray
 from specrl.config.schema import TrainConfig, validate_config
 from specrl.cpu import allowed_cores
@@ -124,9 +124,6 @@ class LearnerRank:
 
     def load_sharded(self, path: str, st: dict) -> None:
         self.learner.load_sharded(path, st)
-
-    def load_full(self, parts: dict, st: dict) -> None:
-        self.learner.load_full(parts, st)
 
     def export(self, directory: str) -> None:
         """Rank 0 writes the policy as an HF checkpoint (config.json + model.safetensors)."""
@@ -267,17 +264,12 @@ class LearnerGroup:
 
     def state_parts(self) -> dict[str, Any]:
         parts = self._call("state_parts")[0]
-        parts[SHARDED_PART] = ShardedPart(self)
+        parts[DCP_PART] = ShardedPart(self)
         return parts
 
     def load_parts(self, parts: dict[str, Any], st: dict[str, Any]) -> None:
         refuse_shared_optimizer_state(st)
-        if SHARDED_PART in parts:
-            self._call("load_sharded", str(parts[SHARDED_PART]), st, what="loading the sharded checkpoint")
-        else:  # a single-process checkpoint: full tensors, each rank keeps its shards
-            full = ray.put({k: parts[k] for k in ("policy", "optimizer", "drafter", "drafter_optimizer")
-                            if k in parts})
-            self._call("load_full", full, st, what="loading the checkpoint")
+        self._call("load_sharded", dcp_dir(parts), st, what="loading the checkpoint")  # DCP reshards to N ranks
         self.step_count = int(st["step"])
 
     def export(self, directory: str | Path) -> None:

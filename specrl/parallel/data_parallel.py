@@ -42,7 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from specrl.algorithms.batch import chunks
 from specrl.algorithms.rollouts import Rollouts
-from specrl.checkpoint.sharded_state import load_dcp, load_full_parts, save_dcp
+from specrl.checkpoint.sharded_state import load_dcp, save_dcp
 from specrl.config.schema import TrainConfig
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import hf_named_tensors
@@ -248,13 +248,6 @@ class ShardedLearner(Learner):
     def load_sharded(self, path: str, st: dict[str, Any]) -> None:
         refuse_shared_optimizer_state(st)
         load_dcp(path, self.policy, self.drafter, self.optimizers)
-        self.drafter_trainer.apply_hyperparams()
-        self.load_bookkeeping(st)
-        self._refresh_mirror()
-
-    def load_full(self, parts: dict[str, Any], st: dict[str, Any]) -> None:
-        refuse_shared_optimizer_state(st)
-        load_full_parts(parts, self.policy, self.drafter, self.optimizers)
         self.drafter_trainer.apply_hyperparams()
         self.load_bookkeeping(st)
         self._refresh_mirror()

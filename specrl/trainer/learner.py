@@ -42,6 +42,7 @@ from specrl.algorithms.batch import Batch, collate, micro, response_logprobs, up
 from specrl.algorithms.grpo import token_mult_prob_error
 from specrl.algorithms.losses import get_loss, loss_normalizer
 from specrl.algorithms.rollouts import Rollouts
+from specrl.checkpoint.sharded_state import DCP_PART, DcpPart, dcp_dir, load_dcp
 from specrl.config.hardware import hardware_fields, resolve_hardware
 from specrl.config.schema import TrainConfig
 from specrl.cpu import release_free_memory
@@ -79,9 +80,8 @@ def refuse_shared_optimizer_state(st: dict[str, Any]) -> None:
         raise SpecRLError(
             f"checkpoint of step {st.get('step')}: its learner state holds one optimizer with {n} parameter groups "
             "(the policy and the online drafter in one AdamW); this specrl trains the drafter with an optimizer of "
-            "its own (checkpoint parts 'optimizer' and 'drafter_optimizer') and cannot continue that optimizer "
-            "state. Finish the run with the specrl version that wrote it, or start a new run (a finished run's "
-            "final/ directory is an HF checkpoint that model.name can point at)")
+            "its own and cannot continue that optimizer state. Finish the run with the specrl version that wrote it, "
+            "or start a new run (a finished run's final/ directory is an HF checkpoint that model.name can point at)")
 
 
 class Learner:
@@ -425,28 +425,16 @@ class Learner:
         }
 
     def state_parts(self) -> dict[str, Any]:
-        """Checkpoint parts: `policy`, `optimizer` (the policy's), with an online drafter `drafter` and
-        `drafter_optimizer` (the drafter trainer's), and the `learner` bookkeeping."""
-        parts: dict[str, Any] = {
-            "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "learner": self.bookkeeping(),
-        }
-        d = self.drafter_trainer.state_dict()
-        if "weights" in d:
-            parts["drafter"], parts["drafter_optimizer"] = d["weights"], d["optimizer"]
-        return parts
+        """Checkpoint parts: the `learner` bookkeeping and `DCP_PART`, the policy, its optimizer and (with an online
+        drafter) the drafter and its optimizer, written as one DCP directory when the checkpoint is saved."""
+        return {DCP_PART: DcpPart(self.policy, self.drafter, self.optimizers), "learner": self.bookkeeping()}
 
     def load_parts(self, parts: dict[str, Any], st: dict[str, Any]) -> None:
-        """Restore from checkpoint parts; `st` is the learner's bookkeeping (step, scheduler, health, rng)."""
+        """Restore from checkpoint parts (a DCP directory written by any number of ranks: DCP reshards it); `st` is
+        the learner's bookkeeping (step, scheduler, health, rng)."""
         refuse_shared_optimizer_state(st)
-        if self.drafter is not None and "drafter" not in parts:
-            raise SpecRLError("the checkpoint has no drafter weights but drafter.online=true; resume with the "
-                              "config the run was started with")
-        self.policy.load_state_dict(parts["policy"])
-        self.optimizer.load_state_dict(parts["optimizer"])
-        self.drafter_trainer.load_state_dict({"weights": parts.get("drafter"),
-                                              "optimizer": parts.get("drafter_optimizer")})
+        load_dcp(dcp_dir(parts), self.policy, self.drafter, self.optimizers)
+        self.drafter_trainer.apply_hyperparams()
         self.load_bookkeeping(st)
 
     def load_bookkeeping(self, st: dict[str, Any]) -> None:

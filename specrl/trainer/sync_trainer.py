@@ -22,7 +22,6 @@ import torch
 from specrl.algorithms.batch import Batch, response_logprobs
 from specrl.algorithms.rollouts import Rollouts
 from specrl.backends.registry import build_backend, check_backend
-from specrl.checkpoint.sharded_state import SHARDED_PART, load_sharded_learner
 from specrl.config.hardware import resolve_hardware
 from specrl.config.schema import TrainConfig
 from specrl.drafters import default as default_drafter
@@ -32,7 +31,7 @@ from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
 from specrl.observability.step_record import StepRecord
 from specrl.rollout.protocol import RolloutBackend
-from specrl.trainer.learner import Learner, refuse_shared_optimizer_state
+from specrl.trainer.learner import Learner
 from specrl.trainer.producer import RolloutProducer
 from specrl.trainer.weight_check import NonFiniteError
 from specrl.trainer.weight_sync import LocalWeightSync, WeightSync
@@ -161,9 +160,6 @@ class GRPOTrainer:
         return parts
 
     def load_parts(self, parts: dict[str, Any]) -> None:
-        if SHARDED_PART in parts and isinstance(self.learner, Learner):  # a data-parallel run's checkpoint
-            refuse_shared_optimizer_state(parts["trainer"])
-            load_sharded_learner(self.learner, parts)
         self.learner.load_parts(parts, parts["trainer"])
         self.producer.load_state_dict(parts["trainer"])
 
