@@ -35,7 +35,6 @@ from specrl.config.schema import TrainConfig, validate_config
 from specrl.cpu import allowed_cores
 from specrl.errors import SpecRLError
 from specrl.parallel.data_parallel import LearnerRankError, merge_rank_records
-from specrl.trainer.learner import refuse_shared_optimizer_state
 
 GRACE_SECONDS = 30.0  # beyond the collective timeout: how long a call may take before the group gives up
 PLACEMENT_TIMEOUT_SECONDS = 60.0
@@ -268,7 +267,6 @@ class LearnerGroup:
         return parts
 
     def load_parts(self, parts: dict[str, Any], st: dict[str, Any]) -> None:
-        refuse_shared_optimizer_state(st)
         self._call("load_sharded", dcp_dir(parts), st, what="loading the checkpoint")  # DCP reshards to N ranks
         self.step_count = int(st["step"])
 

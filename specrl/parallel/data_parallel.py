@@ -47,7 +47,7 @@ from specrl.config.schema import TrainConfig
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.observability.step_record import StepRecord
-from specrl.trainer.learner import Batch, Learner, NonFiniteError, check_weights, refuse_shared_optimizer_state
+from specrl.trainer.learner import Batch, Learner, NonFiniteError, check_weights
 from specrl.trainer.weight_check import probe_tokens
 
 FORWARD_METHODS = ("forward_hidden", "logits")  # the policy methods the learner calls instead of forward
@@ -246,7 +246,6 @@ class ShardedLearner(Learner):
         save_dcp(path, self.policy, self.drafter, self.optimizers)
 
     def load_sharded(self, path: str, st: dict[str, Any]) -> None:
-        refuse_shared_optimizer_state(st)
         load_dcp(path, self.policy, self.drafter, self.optimizers)
         self.drafter_trainer.apply_hyperparams()
         self.load_bookkeeping(st)

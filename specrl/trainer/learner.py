@@ -72,18 +72,6 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def refuse_shared_optimizer_state(st: dict[str, Any]) -> None:
-    """A checkpoint whose learner optimised the policy and the online drafter with one AdamW (two parameter groups,
-    so two scheduled base rates) cannot continue here, where the drafter has an optimizer of its own."""
-    n = len(st.get("scheduler", {}).get("base_lrs", ()))
-    if n > 1:
-        raise SpecRLError(
-            f"checkpoint of step {st.get('step')}: its learner state holds one optimizer with {n} parameter groups "
-            "(the policy and the online drafter in one AdamW); this specrl trains the drafter with an optimizer of "
-            "its own and cannot continue that optimizer state. Finish the run with the specrl version that wrote it, "
-            "or start a new run (a finished run's final/ directory is an HF checkpoint that model.name can point at)")
-
-
 class Learner:
     """Policy, its optimizer and the logprob/train stages of a GRPO step; calls the drafter trainer."""
 
@@ -432,14 +420,12 @@ class Learner:
     def load_parts(self, parts: dict[str, Any], st: dict[str, Any]) -> None:
         """Restore from checkpoint parts (a DCP directory written by any number of ranks: DCP reshards it); `st` is
         the learner's bookkeeping (step, scheduler, health, rng)."""
-        refuse_shared_optimizer_state(st)
         load_dcp(dcp_dir(parts), self.policy, self.drafter, self.optimizers)
         self.drafter_trainer.apply_hyperparams()
         self.load_bookkeeping(st)
 
     def load_bookkeeping(self, st: dict[str, Any]) -> None:
         """Restore step, scheduler, this config's hyperparameters, drafter health and RNG states."""
-        refuse_shared_optimizer_state(st)
         self.step_count = int(st["step"])
         self.scheduler.load_state_dict(st["scheduler"])
         self._apply_config_hyperparams()

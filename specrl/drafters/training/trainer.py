@@ -221,28 +221,6 @@ class DrafterTrainer:
         updates, loss = self.train_online(captures, plan, iterations, step) if self.mode == "every_step" else (0, None)
         return {"draft_loss": loss, **self.control(captures, al, step, updates)}
 
-    # ------------------------------------------------------------------ checkpoint state
-    def state_dict(self) -> dict[str, Any]:
-        """{"health"} and, with a trainable drafter, {"weights", "optimizer"}."""
-        out: dict[str, Any] = {"health": self.health.state_dict()}
-        if self.drafter is not None:
-            out["weights"] = {k: v.detach().clone() for k, v in self.drafter.state_dict().items()}
-            out["optimizer"] = self.optimizer.state_dict()
-        return out
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state` holds (the sharded learner restores weights and optimizer through DCP and passes
-        the health only); then this trainer's hyperparameters apply (`apply_hyperparams`)."""
-        if self.drafter is not None and state.get("weights") is not None:
-            if state.get("optimizer") is None:
-                raise SpecRLError("the checkpoint has the online drafter's weights but not its optimizer state "
-                                  "(part 'drafter_optimizer'); resume with the specrl version that wrote it, or "
-                                  "start a new run")
-            self.drafter.load_state_dict(state["weights"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.apply_hyperparams()
-        self.health.load_state_dict(state.get("health") or {})
-
     def apply_hyperparams(self) -> None:
         """After loading optimizer state: this trainer's learning rate, betas and weight decay (the loaded state
         carries the values of the run that wrote it). Says so when the learning rate changed."""
