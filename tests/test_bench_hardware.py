@@ -10,7 +10,9 @@ import pytest
 from specrl import device as dv
 from tests.bench import BENCH, load_benchmark
 
-SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "common.py")
+# scripts that measure nothing: they analyse another script's JSON and print the hardware record it carries
+ANALYSES = {"k_decision.py"}
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "common.py" and p.name not in ANALYSES)
 # scripts that write (or print) a JSON result document: each puts run_header's record under "hardware"
 JSON_WRITERS = {"backend_overlay.py", "drafter_budget.py", "drafter_frozen_vs_online.py", "drafter_online_cost.py",
                 "drafter_generic_vs_indomain.py", "engine_speed.py", "memory.py", "packed_fp32.py", "pipelines.py",
@@ -52,6 +54,13 @@ def test_run_header_names_the_class_from_the_cpu_flags(common, monkeypatch, caps
 def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
             and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)]
+
+
+@pytest.mark.parametrize("name", sorted(ANALYSES))
+def test_an_analysis_script_reports_the_hardware_of_its_input(name):
+    src = (BENCH / name).read_text()
+    assert 'data.get("hardware"' in src or 'data["hardware"]' in src, f"{name} does not print its input's hardware"
+    assert not _calls(ast.parse(src), "run_header"), f"{name} measures nothing, so it records no hardware of its own"
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
