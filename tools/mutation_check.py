@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-VERIFY = ROOT / "specrl" / "rollout" / "verify.py"
+VERIFY = ROOT / "specrl" / "rollout" / "spec_decode" / "verify.py"
 
 REJECTION = ["rejection-q-k1", "rejection-onehot-k1", "rejection-q-k2", "rejection-onehot-k2", "rejection-q-k3",
              "rejection-onehot-k3"]
