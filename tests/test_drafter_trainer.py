@@ -9,6 +9,8 @@ from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
 from specrl.checkpoint.store import load_checkpoint, save_checkpoint
 from specrl.drafters.training.trainer import DrafterTrainer
 from tests.test_rl_trainer import online_trainer
+from tests.test_rl_updates import rollouts as step_rollouts
+from tests.test_rl_updates import weights
 from tests.tiny import make_tiny_checkpoint
 
 SECONDS = {"data": 0.0, "prepare": 0.0, "gen": 0.0}
@@ -21,16 +23,7 @@ def tiny(tmp_path_factory):
 
 def rollouts(t, rewarded: bool = True):
     """A step's rollouts, with rewards set by hand (the random tiny model earns none, so the policy would not move)."""
-    idx = t.stage_data()
-    t.stage_prepare()
-    r = t.stage_gen(idx)
-    if rewarded:
-        r.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.5])
-    return r
-
-
-def weights(m: torch.nn.Module) -> dict:
-    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+    return step_rollouts(t, rewarded=rewarded)
 
 
 def test_the_learners_optimizer_holds_no_drafter_parameters(tiny, monkeypatch):
