@@ -16,7 +16,8 @@ SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "common.py" and p.na
 # scripts that write (or print) a JSON result document: each puts run_header's record under "hardware"
 JSON_WRITERS = {"backend_overlay.py", "drafter_budget.py", "drafter_frozen_vs_online.py", "drafter_online_cost.py",
                 "drafter_generic_vs_indomain.py", "engine_speed.py", "memory.py", "packed_fp32.py", "pipelines.py",
-                "seq_k.py", "sim_fidelity.py", "sim_pipelines.py", "spec_vs_ar.py", "learner_scaling.py"}
+                "seq_k.py", "sim_fidelity.py", "sim_pipelines.py", "spec_vs_ar.py", "learner_scaling.py",
+                "history_memory.py"}
 KEYS = {"processor_class", "cpu_cores", "torch_cpu_capability", "device", "torch", "threads", "dtypes"}
 
 

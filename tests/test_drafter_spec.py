@@ -83,7 +83,7 @@ def test_the_suffix_index_is_a_bounded_sliding_window_that_still_drafts_from_his
     newest = d.groups[2].seqs[max(d.groups[2].seqs)]
     probe = _batch(tokens=[newest[:10]], positions=torch.tensor([10]), seeds=torch.tensor([99]),
                        request_ids=torch.tensor([0]), group_ids=[2])
-    cont, n = d.continuations(probe, 3)[0]
+    cont, n, _ = d.continuations(probe, 3)[0]
     assert cont == newest[10:13] and n >= 8
     d2 = SuffixDrafter(max_groups=1)
     d2.continuations(probe, 3)
@@ -93,3 +93,79 @@ def test_the_suffix_index_is_a_bounded_sliding_window_that_still_drafts_from_his
     assert list(d2.groups) == [7]  # the least recently used group was forgotten
     with pytest.raises(SpecRLError, match="max_history must be an integer >= 1"):
         SuffixDrafter(max_history=0)
+
+
+def _suffix_batch(rows, group=0):
+    import torch
+
+    return _batch(tokens=rows, positions=torch.tensor([len(r) for r in rows]), seeds=torch.arange(len(rows)),
+                  request_ids=torch.arange(len(rows)), group_ids=[group] * len(rows))
+
+
+def test_the_suffix_draft_is_gated_by_the_empirical_probability_of_its_tokens():
+    """Two histories continue the same context differently: the next token has frequency 1/2 (the most recent
+    history wins the tie) and the draft goes on while the product of the frequencies stays >= min_prob."""
+    from specrl.drafters.suffix import SuffixDrafter
+
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8]
+    histories = [ctx + [9, 10, 11, 12], ctx + [20, 21, 22, 23]]
+    for min_prob, want in ((0.3, [20, 21, 22]), (0.6, [])):
+        d = SuffixDrafter(min_prob=min_prob)
+        d.continuations(_suffix_batch(histories), 3)
+        m = d.continuations(_suffix_batch([*histories, list(ctx)]), 3)[2]
+        assert m.tokens == want
+        assert m.matched == (8 if want else 0)
+        assert m.probs == ([0.5, 0.5, 0.5] if want else [])
+    # agreement: both histories continue alike -> probability 1, a full draft
+    d = SuffixDrafter()
+    same = [ctx + [9, 10, 11], [0] + ctx + [9, 10, 11]]
+    m = d.continuations(_suffix_batch([*same, list(ctx)]), 3)[2]
+    assert m.tokens == [9, 10, 11] and m.probs == [1.0, 1.0, 1.0]
+    with pytest.raises(SpecRLError, match=r"min_prob must be a probability in \[0, 1\], got 1.5"):
+        SuffixDrafter(min_prob=1.5)
+
+
+def test_the_hybrid_takes_a_history_draft_only_where_it_is_expected_to_beat_the_learned_one():
+    import torch
+
+    from specrl.drafters.base import Drafter, Proposal
+    from specrl.drafters.hybrid import HybridDrafter
+
+    class Learned(Drafter):
+        kind = "fake-learned"
+
+        def propose(self, batch, k):
+            probs = torch.zeros(batch.size, k, 50)
+            probs[..., 3] = 1.0
+            return Proposal(torch.full((batch.size, k), 3), probs)
+
+    ctx = list(range(10, 20))
+    hist = ctx + [30, 31, 32]
+    h = HybridDrafter(Learned(), min_match=5)
+    h.propose(_suffix_batch([hist]), 3)  # index the history (its own row has no continuation: learned)
+    h._last = None
+    prop = h.propose(_suffix_batch([hist, list(ctx), [40, 41]]), 3)
+    # row 1 matched 8 tokens with probability 1: the history draft, ragged to its 3 tokens; rows 0 and 2: learned
+    assert prop.from_history.tolist() == [False, True, False]
+    assert prop.tokens[1].tolist() == [30, 31, 32] and prop.num_drafts.tolist() == [3, 3, 3]
+    assert prop.probs[1, torch.arange(3), [30, 31, 32]].tolist() == [1.0, 1.0, 1.0]
+    # the learned drafter measured to accept everything, history drafts measured to accept nothing: learned wins
+    h._att, h._acc = [1e6] * 3, [1e6] * 3
+    h._predicted, h._got = 1e6, 0.0
+    h._last = None
+    prop = h.propose(_suffix_batch([hist, list(ctx)], group=0), 3)
+    assert prop.from_history is None or not bool(prop.from_history.any())
+    # outcomes feed the evidence: history rows that get what they predicted keep the calibration at 1, a rejected
+    # one lowers it; a learned row that rejects its first draft counts one attempt and no acceptance there
+    h2 = HybridDrafter(Learned(), min_match=5)
+    h2.propose(_suffix_batch([hist]), 3)
+    h2._last = None
+    h2.propose(_suffix_batch([hist, list(ctx)]), 3)
+    h2._observe([1, 4])  # row 0 (learned) rejected its first draft; row 1 (history) accepted 3 of 3
+    assert h2.calibration() == pytest.approx(1.0) and (h2._att[0], h2._acc[0]) == (1, 0)
+    h2.propose(_suffix_batch([hist, list(ctx)]), 3)
+    h2._observe([1, 1])  # the history row's first draft rejected
+    assert h2.calibration() < 0.75
+    assert h2.memory()["tokens"] > 0  # the hybrid reports its suffix index's size
+    with pytest.raises(SpecRLError, match="min_ratio must be a number >= 0, got -1"):
+        HybridDrafter(Learned(), min_ratio=-1)

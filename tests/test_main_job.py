@@ -174,3 +174,41 @@ def test_a_compare_runs_without_a_thread_governor(tiny, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert all(json.loads(x).get("torch_threads") is None
                for x in (tmp_path / "runs" / "t" / "speculative" / "metrics.jsonl").read_text().splitlines())
+
+
+def test_a_compare_over_repeated_prompts_reports_cold_and_warm_steps_and_history_drafts(tiny, tmp_path, monkeypatch):
+    """train_size 2 with 1 prompt per step: steps 1-2 see each prompt first (cold), 3-4 see them again (warm); with
+    the suffix drafter the speculative arm's records carry the history counters and the index size, and the
+    headline gives the two kinds of step apart."""
+    monkeypatch.chdir(tmp_path)
+    d = cfg_dict(tiny, speculative__drafter="suffix", speculative__num_draft_tokens=2)
+    d["task"]["train_size"] = 2
+    d["grpo"].update(num_prompts_per_step=1, val_every=0)
+    d["run"].update(steps=4, checkpoint_every=0)
+    r = runner.invoke(app, ["run", "--config", str(write_cfg(tmp_path / "e.yaml", d))])
+    assert r.exit_code == 0, r.output
+    run_dir = tmp_path / "runs" / "t"
+    recs = [json.loads(x) for x in (run_dir / "speculative" / "metrics.jsonl").read_text().splitlines()]
+    assert [len(x["prompt_indices"]) for x in recs] == [1, 1, 1, 1]
+    assert sorted(x["prompt_indices"][0] for x in recs[:2]) == [0, 1]
+    assert all(x["history_index_tokens"] > 0 for x in recs)
+    assert recs[-1]["history_index_tokens"] > recs[0]["history_index_tokens"]  # the index holds earlier epochs
+    split = json.loads((run_dir / "compare.json").read_text())["cold_warm"]
+    assert split["cold"]["steps"] == [1, 2] and split["warm"]["steps"] == [3, 4]
+    bullets = _bullets(run_dir / "report.md")
+    assert any(b.startswith("cold steps (a prompt new to the run: 1, 2): generation ") and
+               "; warm steps (every prompt seen in an earlier step: 3, 4): generation " in b for b in bullets)
+    # the autoregressive arm keeps no history: none of its records carries the counters
+    ar = [json.loads(x) for x in (run_dir / "autoregressive" / "metrics.jsonl").read_text().splitlines()]
+    assert not any("history_index_tokens" in x for x in ar)
+
+
+def test_a_compare_without_repeated_prompts_has_no_cold_warm_line(tiny):
+    from specrl.observability.step_record import StepRecord
+    from specrl.run.cold_warm import cold_warm_split, step_kinds
+
+    recs = [StepRecord(step=i + 1, prompt_indices=[i]) for i in range(3)]
+    assert step_kinds(recs) == ["cold", "cold", "cold"] and cold_warm_split(recs, recs) is None
+    assert step_kinds([StepRecord(step=1)]) is None  # records written without prompt indices
+    again = [*recs, StepRecord(step=4, prompt_indices=[0, 5])]  # a new prompt beside a repeated one: cold
+    assert step_kinds(again)[-1] == "cold"

@@ -508,3 +508,23 @@ def test_importance_sampling_correction_in_a_sync_step(tiny):
     topp = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, grpo__importance_sampling_correction=True,
                                                             generation__top_p=0.9))).step()
     assert topp["is_ratio_mean"] == pytest.approx(1.0, abs=1e-4) and topp["is_ratio_max"] <= 1.0 + 1e-4
+
+
+def test_a_prompt_that_comes_back_in_a_later_epoch_drafts_from_its_earlier_rollouts(tiny):
+    """The producer leaves the group to the engine (one group per prompt), so the suffix index of a prompt's first
+    epoch serves its second: with greedy rollouts the second epoch repeats the first, and its drafts from history
+    are accepted where the first epoch's (siblings' and own context only) were not."""
+    d = cfg_dict(tiny, speculative__drafter="suffix", speculative__num_draft_tokens=3)
+    d["task"]["train_size"] = 1
+    d["grpo"].update(num_prompts_per_step=1, num_generations=2)
+    d["generation"].update(temperature=1e-3, max_new_tokens=16)  # near-greedy: an epoch repeats the one before
+    d["policy"].update(learning_rate=1e-9, train_micro_batch_size=2)  # ... when the update keeps the argmax
+    t = GRPOTrainer.from_config(validate_config(d))
+    seen = []
+    generate = t.backend.generate
+    t.backend.generate = lambda requests, params: seen.append(requests) or generate(requests, params)
+    first, second = t.step(), t.step()
+    assert [r.group_id for reqs in seen for r in reqs] == [None] * 4
+    assert first["prompt_indices"] == second["prompt_indices"] == [0]
+    got = [rec.get("history_accepted") or 0 for rec in (first, second)]
+    assert got[1] >= got[0] + 8, got

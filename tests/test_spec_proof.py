@@ -70,10 +70,10 @@ def make_small_drafter(kind, target):
         return randomise(EagleDrafter(target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6, 7]), seed=7).eval()
     if kind == "mtp":
         return randomise(MTPDrafter(target, num_modules=2), seed=7).eval()
-    if kind == "hybrid":  # EAGLE + sibling suffix; min_match=1 so both kinds of rows occur on a vocab-8 target
-        from specrl.drafters.hybrid import HybridDrafter
+    if kind == "hybrid":  # EAGLE + sibling suffix; min_match=1 and a low min_ratio so that both kinds of rows occur
+        from specrl.drafters.hybrid import HybridDrafter  # on a vocab-8 target (its gate still reads the outcomes)
 
-        return HybridDrafter(make_small_drafter("eagle", target), min_match=1)
+        return HybridDrafter(make_small_drafter("eagle", target), min_match=1, min_ratio=0.1)
     return make_drafter(kind)
 
 

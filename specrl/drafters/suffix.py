@@ -1,16 +1,19 @@
-"""Suffix drafter: propose continuations found in the *sibling samples* of the same prompt.
+"""Suffix drafter: propose continuations found in the *sibling samples* of the same prompt and in its history.
 
 GRPO draws n samples per prompt and siblings share long stretches, so the best source of a draft is what
 the other samples of this prompt wrote after the same context — in the batch right now and in earlier
-rollouts (finished sequences stay indexed, across `generate` calls). Per group (prompt) the drafter keeps an
-incremental n-gram index: for each n in match_lengths it maps the n tokens ending at a position to the
-RECENT_PER_NGRAM most recent (sequence, position) pairs where they occurred; only newly generated tokens are
-indexed at each step, so a proposal costs O(k) dictionary look-ups per sequence. A proposal takes the longest
-n whose last n tokens occurred anywhere in the group, and there the most recent occurrence with a non-empty
-continuation, whether it lies in a sibling, an earlier rollout or the sequence's own prompt and output (only
-the sequence's own current suffix is skipped). Deterministic: q is one-hot, verification stays exact. Proposals
-are ragged (`num_drafts`): a short continuation is not padded with guesses, and a row without a match drafts
-nothing.
+rollouts of the same prompt (finished sequences stay indexed across `generate` calls, so a prompt that comes back
+in a later epoch drafts from its earlier rollouts). Per group (prompt) the drafter keeps an incremental n-gram
+index: for each n in match_lengths it maps the n tokens ending at a position to the RECENT_PER_NGRAM most recent
+(sequence, position) pairs where they occurred; only newly generated tokens are indexed at each step. A proposal is
+built token by token: the longest n whose last n tokens (of the context plus the tokens drafted so far) occurred in
+the group gives up to RECENT_PER_NGRAM occurrences with a next token; the most frequent next token is drafted
+(ties: the most recent), and its frequency among them is its empirical probability. The row's *match length* is
+the n of its first token, and a draft stops where the product of those probabilities falls below `min_prob`
+(the probability gate: a context several histories continued differently drafts only its agreed part). Only the
+sequence's own current suffix is skipped. Deterministic given the context: q is one-hot and verification stays
+exact. Proposals are ragged (`num_drafts`): a short continuation is not padded with guesses, and a row without a
+match drafts nothing.
 
 Memory is bounded by a sliding window: a group keeps its `max_history` most recent sequences (the current rollouts
 and the previous epochs' of the same prompt; older ones are dropped with their index entries), and the drafter keeps
@@ -19,12 +22,26 @@ its `max_groups` most recently used groups. `memory()` counts what is held (toke
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from specrl.drafters.base import DraftBatch, Drafter, Proposal, ragged_proposal
 from specrl.errors import SpecRLError
 
 RECENT_PER_NGRAM = 4  # occurrences remembered per n-gram (the most recent ones)
 MAX_HISTORY = 64  # sequences kept per group: e.g. 8 samples x the last 8 epochs of one prompt
 MAX_GROUPS = 4096
+# a draft stops where the product of its tokens' empirical probabilities falls below this: with up to 4 occurrences
+# per n-gram, one disagreement among 4 (0.75) keeps drafting and a 2-2 split after that (0.375) stops
+DEFAULT_MIN_PROB = 0.3
+
+
+class Match(NamedTuple):
+    """One row's continuation: up to k tokens, the context tokens its first token matched (0: no match), and per
+    token the cumulative empirical probability (the product of the frequencies of the tokens so far)."""
+
+    tokens: list[int]
+    matched: int
+    probs: list[float]
 
 
 class _GroupIndex:
@@ -76,27 +93,56 @@ class _GroupIndex:
                         del hits[0]
         return sid
 
-    def continuation(self, me: int, tokens: list[int], k: int) -> tuple[list[int], int]:
-        """(up to k continuation tokens, the number of context tokens matched); ([], 0) without a match."""
+    def _next(self, me: int, own_len: int, ctx: list[int]) -> tuple[int, float, int] | None:
+        """(most frequent next token, its frequency, n matched) for the longest indexed n-gram ending `ctx`."""
         for n in self.lengths:
-            if len(tokens) < n:
+            if len(ctx) < n:
                 continue
-            for sid, end in reversed(self.table.get(tuple(tokens[-n:]), ())):
-                if sid == me and end >= len(tokens):
-                    continue  # our own latest n-gram: nothing follows it yet
-                cont = self.seqs[sid][end:end + k]
-                if cont:
-                    return cont, n
-        return [], 0
+            counts: dict[int, int] = {}
+            total = 0
+            for sid, end in reversed(self.table.get(tuple(ctx[-n:]), ())):
+                seq = self.seqs[sid]
+                if end >= len(seq) or (sid == me and end >= own_len):
+                    continue  # nothing follows it yet (our own latest n-gram among them)
+                counts[seq[end]] = counts.get(seq[end], 0) + 1  # dicts keep insertion order: most recent first
+                total += 1
+            if total:
+                tok = max(counts, key=counts.get)  # first maximum: the most recent of the tied ones
+                return tok, counts[tok] / total, n
+        return None
+
+    def continuation(self, me: int, tokens: list[int], k: int, min_prob: float = 0.0) -> Match:
+        """Up to k drafted tokens after `tokens`, stopping where the cumulative probability drops below min_prob."""
+        out: list[int] = []
+        probs: list[float] = []
+        matched, p = 0, 1.0
+        ctx = list(tokens[-self.lengths[0]:])  # the longest n-gram's worth of context is all a look-up reads
+        while len(out) < k:
+            nxt = self._next(me, len(tokens), ctx)
+            if nxt is None:
+                break
+            tok, freq, n = nxt
+            if not out:
+                matched = n
+            p *= freq
+            if p < min_prob:
+                break
+            out.append(tok)
+            probs.append(p)
+            ctx.append(tok)
+        return Match(out, matched if out else 0, probs)
 
 
 class SuffixDrafter(Drafter):
     kind = "suffix"
 
     def __init__(self, match_lengths: tuple[int, ...] = (8, 5, 3, 2), max_groups: int = MAX_GROUPS,
-                 max_history: int = MAX_HISTORY):
+                 max_history: int = MAX_HISTORY, min_prob: float = DEFAULT_MIN_PROB):
         if not match_lengths or min(match_lengths) < 1:
             raise SpecRLError(f"match_lengths must be positive integers, got {match_lengths!r}")
+        if isinstance(min_prob, bool) or not isinstance(min_prob, int | float) or not 0.0 <= min_prob <= 1.0:
+            raise SpecRLError(f"min_prob must be a probability in [0, 1], got {min_prob!r}")
+        self.min_prob = float(min_prob)
         for name, v in (("max_groups", max_groups), ("max_history", max_history)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecRLError(f"{name} must be an integer >= 1, got {v!r}")
@@ -122,13 +168,16 @@ class SuffixDrafter(Drafter):
                 out[k] += v
         return out
 
-    def continuations(self, batch: DraftBatch, k: int) -> list[tuple[list[int], int]]:
-        """Per row: (up to k continuation tokens, context tokens matched), after indexing the batch's new tokens."""
+    def continuations(self, batch: DraftBatch, k: int, min_prob: float | None = None) -> list[Match]:
+        """Per row: its `Match` (after indexing the batch's new tokens); min_prob defaults to the drafter's."""
+        gate = self.min_prob if min_prob is None else min_prob
         ids = []
         for b, toks in enumerate(batch.tokens):  # index everything new first, so siblings see each other
             key = (int(batch.seeds[b]) << 32) ^ int(batch.request_ids[b])
             ids.append(self._group(batch.group_ids[b]).extend(key, toks))
-        return [self._group(batch.group_ids[b]).continuation(ids[b], toks, k) for b, toks in enumerate(batch.tokens)]
+        return [self._group(batch.group_ids[b]).continuation(ids[b], toks, k, gate)
+                for b, toks in enumerate(batch.tokens)]
 
     def propose(self, batch: DraftBatch, k: int) -> Proposal:
-        return ragged_proposal([cont for cont, _ in self.continuations(batch, k)], k)
+        prop = ragged_proposal([m.tokens for m in self.continuations(batch, k)], k)
+        return Proposal(prop.tokens, None, prop.num_drafts, from_history=prop.num_drafts > 0)

@@ -53,6 +53,8 @@ class AsyncStepFields:
 
 _ASYNC_KEYS = tuple(f.name for f in dataclasses.fields(AsyncStepFields))
 VALIDATION_KEYS = ("val_reward", "val_format_rate", "val_seconds")
+# written only where the drafter keeps a history index (suffix, hybrid)
+HISTORY_FIELDS = ("history_rows", "history_drafted", "history_accepted", "history_index_tokens")
 
 
 @dataclass(kw_only=True)
@@ -78,6 +80,11 @@ class StepRecord:
     accepted_tokens: int | None = None  # of those, accepted
     verify_steps: int | None = None  # row-steps that speculated (a row verified once)
     sequence_steps: int | None = None  # row-steps in all (speculative or plain)
+    history_rows: int | None = None  # of verify_steps, the rows whose draft came from the prompt's history
+    history_drafted: int | None = None  # of draft_tokens, those from history
+    history_accepted: int | None = None  # of accepted_tokens, those from history
+    history_index_tokens: int | None = None  # tokens the history index held after the step's rollouts
+    prompt_indices: list[int] = field(default_factory=list)  # the step's train prompts, one per group (in order)
     token_mult_prob_error: float | None = None
     draft_loss: float | None = None
     draft_updates: int | None = None
@@ -131,9 +138,11 @@ class StepRecord:
             if f.name in _SECTIONS:
                 continue
             out[f.name] = getattr(self, f.name)
-        for name in ("torch_threads", "rank_tokens"):
+        for name in ("torch_threads", "rank_tokens", *HISTORY_FIELDS):
             if out[name] is None:
                 del out[name]
+        if not out["prompt_indices"]:  # set by the learner for every step; absent from records built without it
+            del out["prompt_indices"]
         if self.async_fields is not None:
             out.update(dataclasses.asdict(self.async_fields))
         if self.validation is not None:

@@ -67,10 +67,13 @@ class Proposal:
     tokens: Tensor  # [n, k] long
     probs: Tensor | None = None  # [n, k, V] processed q, or None for one-hot drafts
     # [n] long: row b's real drafts are its first num_drafts[b] tokens, the rest padding (ragged proposals of the
-    # n-gram and suffix drafters); None: all k are real. Padding is never accepted nor counted as drafted, and
-    # columns past the longest real draft are not verified at all. Only stateless drafters set it: the engine
-    # hands `on_verified` the proposal trimmed to those columns.
+    # n-gram, suffix and hybrid drafters); None: all k are real. Padding is never accepted nor counted as drafted,
+    # and columns past the longest real draft are not verified at all: the engine hands `on_verified` the proposal
+    # trimmed to those columns (a stateful drafter sees fewer columns than it drafted, as under per-row budgets).
     num_drafts: Tensor | None = None
+    # [n] bool: row b's draft came from the history of its prompt (the suffix index: siblings and earlier
+    # rollouts), counted apart in the generation metrics; None: no row did
+    from_history: Tensor | None = None
 
 
 class Drafter:
@@ -98,3 +101,7 @@ class Drafter:
 
     def compact(self, order: list[int]) -> None:
         """Slots order[0], order[1], ... became slots 0, 1, ... (order is increasing); the rest are free."""
+
+    def memory(self) -> dict[str, int]:
+        """What a drafter that keeps rollout history holds ("tokens", "index_entries"); empty for the others."""
+        return {}

@@ -206,6 +206,10 @@ class RolloutEngine:
                     self.budget.observe(zero, zero)
             active = self._retire(active, metrics, progress)
         metrics.total_seconds = time.perf_counter() - t0
+        memory = getattr(self.drafter, "memory", None)
+        if memory is not None:  # what a history-keeping drafter holds after this call (its bounded window)
+            mem = memory()
+            metrics.history_tokens, metrics.history_entries = mem.get("tokens", 0), mem.get("index_entries", 0)
         v = self.policy_version
         outs = [RolloutOutput(s.out, s.logprobs, s.finish_reason or "length", s.index, min(s.versions, default=v),
                               s.versions) for s in seqs]
@@ -380,7 +384,7 @@ class RolloutEngine:
             cap = budgets.clamp_max(ids.shape[1])
             nd = cap if nd is None else torch.minimum(nd, cap)
         proposal = _trim(proposal if ids is proposal.tokens and nd is proposal.num_drafts
-                         else Proposal(ids, proposal.probs, nd))
+                         else Proposal(ids, proposal.probs, nd, proposal.from_history))
         kv = proposal.tokens.shape[1]  # verified columns: k, or the longest real draft of a ragged proposal
         t1 = time.perf_counter()
         last = torch.tensor([[s.out[-1]] for s in active], dtype=torch.long)
@@ -406,7 +410,7 @@ class RolloutEngine:
         self.drafter.on_verified(batch, proposal, emitted, captured)
         t3 = time.perf_counter()
         metrics.record_spec(kv, res.num_accepted, emitted, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1,
-                            num_drafts=proposal.num_drafts)
+                            num_drafts=proposal.num_drafts, from_history=proposal.from_history)
         self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2) - self.drafter.catch_up_seconds)
         # the controller learns what choosing k cost and yielded (a ragged proposal's trimming included)
         self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1, emitted=int(emitted.sum()))
@@ -443,4 +447,4 @@ def _trim(proposal: Proposal) -> Proposal:
         return proposal
     kv = int(nd.max()) if nd.numel() else 0
     probs = proposal.probs[:, :kv] if proposal.probs is not None else None
-    return Proposal(proposal.tokens[:, :kv], probs, None if bool((nd == kv).all()) else nd)
+    return Proposal(proposal.tokens[:, :kv], probs, None if bool((nd == kv).all()) else nd, proposal.from_history)

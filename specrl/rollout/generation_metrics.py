@@ -7,13 +7,16 @@ step) by summing counters and deriving the rates once, here. `batch_trace` is th
 [seconds, active sequences, k, emitted tokens, verify seconds] row per decode step (seconds = the step's end, counted
 over decode steps; verify seconds 0 for plain steps), which shows a rollout's tail (the batch draining while the
 longest replies finish) and gives the throughput of each phase of it (`phase_rates`) and, in benchmarks, each
-step's cost at its occupancy.
+step's cost at its occupancy. The `history_*` counters count apart the drafts that came from the prompt's history
+(the suffix index of the suffix and hybrid drafters: rows, drafted, accepted) and the size of that index at the
+call's end (tokens and n-gram entries; merged calls report the largest).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 
@@ -39,6 +42,11 @@ class SpecMetrics:
     _seq_steps: int = 0  # sequences x engine steps, plain and speculative (for the mean draft length)
     batch_trace: list = field(default_factory=list)  # [decode s at step end, active, k, emitted, verify s]
     _decode_s: float = 0.0
+    history_rows: int = 0  # row-steps whose draft came from the prompt's history (suffix index)
+    history_drafted: int = 0  # of draft_tokens, those from history
+    history_accepted: int = 0  # of accepted_tokens, those from history
+    history_tokens: int = 0  # tokens the history index held at the end of the call (summed over engines)
+    history_entries: int = 0  # its n-gram entries
 
     def __post_init__(self):
         self.drafted_at = [0] * self.k_max
@@ -57,10 +65,17 @@ class SpecMetrics:
         self.batch_trace.append([round(self._decode_s, 4), n, k, emitted, round(verify_s, 6)])
 
     def record_spec(self, k: int, num_accepted: Tensor, emitted: Tensor, draft_s: float, verify_s: float,
-                    num_drafts: Tensor | None = None) -> None:
+                    num_drafts: Tensor | None = None, from_history: Tensor | None = None) -> None:
         """One speculative step over n rows with k verified columns; `num_drafts` [n]: real drafts per row (the
-        rest is padding of a ragged proposal, counted neither as drafted nor as accepted), None: all k."""
+        rest is padding of a ragged proposal, counted neither as drafted nor as accepted), None: all k;
+        `from_history` [n] bool: rows whose draft came from the prompt's history, also counted apart."""
         n = int(num_accepted.numel())
+        if from_history is not None and bool(from_history.any()):
+            h = from_history.bool()
+            real = torch.full((n,), k, dtype=torch.long) if num_drafts is None else num_drafts
+            self.history_rows += int(h.sum())
+            self.history_drafted += int(real[h].sum())
+            self.history_accepted += int(num_accepted[h].sum())
         self.spec_steps += 1
         self.verify_steps += n
         self.draft_tokens += n * k if num_drafts is None else int(num_drafts.sum())
@@ -102,6 +117,7 @@ class SpecMetrics:
             "accepted_per_position": list(self.accepted_at),
             "sequence_steps": self._seq_steps,
             "batch_trace": [list(r) for r in self.batch_trace],
+            **{key: getattr(self, key) for key in _HISTORY},
         }
 
     @classmethod
@@ -110,7 +126,9 @@ class SpecMetrics:
         drafted, accepted = list(d["drafted_per_position"]), list(d["accepted_per_position"])
         m = cls(len(drafted))
         for key in _SUMMED:
-            setattr(m, key, d[key])
+            setattr(m, key, d.get(key, 0) if key in _HISTORY else d[key])
+        for key in _HELD:
+            setattr(m, key, d.get(key, 0))
         m.finished, m._seq_steps = d["num_sequences"], d["sequence_steps"]
         m.k_histogram = {int(k): v for k, v in d["k_histogram"].items()}
         m.drafted_at, m.accepted_at = drafted, accepted
@@ -131,7 +149,10 @@ def phase_rates(trace: list[list]) -> dict[int, tuple[int, float]]:
 
 
 _SUMMED = ("prompt_tokens", "generated_tokens", "ar_steps", "spec_steps", "verify_steps", "draft_tokens",
-           "accepted_tokens", "draft_seconds", "verify_seconds", "ar_seconds", "prefill_seconds", "total_seconds")
+           "accepted_tokens", "draft_seconds", "verify_seconds", "ar_seconds", "prefill_seconds", "total_seconds",
+           "history_rows", "history_drafted", "history_accepted")
+_HELD = ("history_tokens", "history_entries")  # sizes at a call's end: merged calls report the largest
+_HISTORY = ("history_rows", "history_drafted", "history_accepted", *_HELD)
 
 
 def merge_metrics(parts: list[dict], wall_seconds: float | None = None) -> dict:
@@ -145,6 +166,8 @@ def merge_metrics(parts: list[dict], wall_seconds: float | None = None) -> dict:
     for m in ms:
         for key in _SUMMED:
             setattr(out, key, getattr(out, key) + getattr(m, key))
+        for key in _HELD:
+            setattr(out, key, max(getattr(out, key), getattr(m, key)))
         out.finished += m.finished
         out._seq_steps += m._seq_steps
         for k, v in m.k_histogram.items():

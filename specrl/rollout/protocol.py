@@ -51,7 +51,7 @@ class RolloutRequest:
 
     prompt_token_ids: list[int]
     request_id: int
-    group_id: int | None = None  # None: one group per distinct prompt
+    group_id: int | None = None  # None: one group per distinct prompt (across calls: its history too)
 
 
 @dataclass

@@ -7,7 +7,8 @@ acceptance length, and the seed-exact identity the run loop checked after every 
 many steps rollouts and weights were identical, and where the arms parted if they did). It writes `compare.json`,
 `compare.md` (the detail table, decode speed-up by active batch size) and `compare_reward.png`, and the run's
 `report.md`, which leads with `headline`: the speed-ups, AL, R and the bound, the lossless evidence, learning
-(validation accuracy first → last), where it ran, and links to the per-arm reports. The same lines end the
+(validation accuracy first → last), where it ran, and links to the per-arm reports; where prompts repeat, the
+cold and warm steps apart (`specrl.run.cold_warm`). The same lines end the
 terminal output of `specrl run` and `specrl train --compare`.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specrl.observability.run_report import Records, _f, _figure, _finish, _records, _series, hardware_text, summarize
+from specrl.run import cold_warm
 
 ARMS = ("autoregressive", "speculative")
 
@@ -61,6 +63,7 @@ def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = No
             "speculative": [r.reward_mean for r in sd],
         },
     }
+    out["cold_warm"] = cold_warm.cold_warm_split(ar, sd)
     phases = phase_speedups(ar, sd)
     out["phase_speedups"] = phases
     out["phase_speedup_min"] = min(phases.values()) if phases else None
@@ -218,6 +221,8 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
         lines.append(certificate_line(summary["certificate"]))
     lines.append(f"acceptance length AL: {_f(summary['acceptance_length'], '.2f')} tokens per policy forward "
                  "(speculative arm, mean over steps)" + _draft_counters(ss))
+    if summary.get("cold_warm"):
+        lines.append(cold_warm.line(summary["cold_warm"]))
     lines.append(f"generation share R: {_f(summary['gen_share'], '.2f')} of the autoregressive step; bound "
                  f"1/(R/AL + 1 − R) = {_f(summary['bound'], '.2f')}× (the step speed-up if generation ran AL× "
                  "faster and nothing else changed)")

@@ -363,6 +363,10 @@ class Learner:
             accepted_tokens=em.get("accepted_tokens") if spec else None,
             verify_steps=em.get("verify_steps") if spec else None,
             sequence_steps=em.get("sequence_steps") if spec else None,
+            **({"history_rows": em.get("history_rows"), "history_drafted": em.get("history_drafted"),
+                "history_accepted": em.get("history_accepted"), "history_index_tokens": em.get("history_tokens")}
+               if spec and em.get("history_tokens") else {}),
+            prompt_indices=list(r.problem_indices[:: self.cfg.grpo.num_generations]),
             token_mult_prob_error=token_mult_prob_error(batch.gen_logp, batch.old_logp, batch.mask),
             **drafter,
             generated_tokens=gen_tokens,

@@ -13,7 +13,7 @@ all equal (zero advantage: no policy gradient) and generates groups for extra pr
 `grpo.num_prompts_per_step` groups or `grpo.max_extra_prompt_draws` extra prompts were drawn; then it trains on
 what it has. Extra prompts are a pure function of (run seed, step, round) (`extra_prompts`), not of the data
 cursor, so the sync trainer and the async driver draw the same ones and a resumed run draws them again; their
-request and group ids live in their own range (`request_ids`). Speculation cannot change which groups are kept:
+request ids live in their own range (`request_ids`). Speculation cannot change which groups are kept:
 a group's rewards depend only on its tokens, which speculative decoding leaves distributed (or, with
 seed_exact, identical) as plain decoding.
 """
@@ -175,9 +175,10 @@ class RolloutProducer:
         share): request and group ids are the step's global ones, so the parts merge into the whole step."""
         n = self.cfg.grpo.num_generations
         problems = [i for i in prompt_indices for _ in range(n)]
-        base, group0 = self.request_ids(step_index, first_group)
-        requests = [RolloutRequest(self.prompt("train", i), base + j, group0 + j // n)
-                    for j, i in enumerate(problems)]
+        base = self.request_ids(step_index, first_group)
+        # no group id: the engine groups requests by prompt, so a prompt's samples are siblings and a prompt that
+        # comes back in a later epoch finds its earlier rollouts in a history-keeping drafter's index
+        requests = [RolloutRequest(self.prompt("train", i), base + j) for j, i in enumerate(problems)]
         result = self.backend.generate(requests, self.sampling())
         rewards, correct, formatted, components = self._score("train", problems, result)
         return Rollouts(problems, [r.prompt_token_ids for r in requests], [list(o.token_ids) for o in result],
@@ -187,16 +188,16 @@ class RolloutProducer:
                         [list(o.token_versions) if o.token_versions is not None else
                          [o.policy_version] * len(o.token_ids) for o in result])
 
-    def request_ids(self, step_index: int, group: int) -> tuple[int, int]:
-        """(first request id, group id) of group `group` of a step. Groups 0 .. num_prompts_per_step - 1 are the
-        step's own; higher ones are dynamic sampling's extra groups, numbered in a range of their own (up to
+    def request_ids(self, step_index: int, group: int) -> int:
+        """The first request id of group `group` of a step. Groups 0 .. num_prompts_per_step - 1 are the step's
+        own; higher ones are dynamic sampling's extra groups, numbered in a range of their own (up to
         max_extra_prompt_draws per step), so no id is shared with another step's or a validation request."""
         g = self.cfg.grpo
         n, p = g.num_generations, g.num_prompts_per_step
         if group < p:
-            return step_index * self.num_samples + group * n, step_index * p + group
+            return step_index * self.num_samples + group * n
         extra = step_index * max(1, g.max_extra_prompt_draws) + group - p
-        return EXTRA_REQUEST_BASE + extra * n, EXTRA_REQUEST_BASE + extra
+        return EXTRA_REQUEST_BASE + extra * n
 
     def fill_groups(self, step_index: int, r: Rollouts, generate: Callable[[list[int], int], Rollouts]) -> Rollouts:
         """`fill_groups` with this producer's config and train split."""
