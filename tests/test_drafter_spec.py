@@ -169,3 +169,19 @@ def test_the_hybrid_takes_a_history_draft_only_where_it_is_expected_to_beat_the_
     assert h2.memory()["tokens"] > 0  # the hybrid reports its suffix index's size
     with pytest.raises(SpecRLError, match="min_ratio must be a number >= 0, got -1"):
         HybridDrafter(Learned(), min_ratio=-1)
+
+
+def test_the_suffix_index_holds_at_most_max_tokens_over_all_prompts():
+    """Prompts beyond the token budget push out the least recently used prompt's history, never the batch's own."""
+    from specrl.drafters.suffix import SuffixDrafter
+
+    d = SuffixDrafter(max_tokens=100)
+    for group in range(5):  # 5 prompts x 2 rows x 20 tokens = 200 tokens offered, 2 prompts' worth fit
+        d.continuations(_suffix_batch([list(range(group, group + 20)), list(range(group + 1, group + 21))], group), 3)
+        assert d.memory()["tokens"] <= 100 and group in d.groups
+    assert list(d.groups) == [3, 4]  # the two most recently used
+    big = SuffixDrafter(max_tokens=10)  # one batch larger than the budget keeps its own group
+    big.continuations(_suffix_batch([list(range(40))], 9), 3)
+    assert list(big.groups) == [9]
+    with pytest.raises(SpecRLError, match="max_tokens must be an integer >= 1, got 0"):
+        SuffixDrafter(max_tokens=0)

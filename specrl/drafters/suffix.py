@@ -17,7 +17,10 @@ match drafts nothing.
 
 Memory is bounded by a sliding window: a group keeps its `max_history` most recent sequences (the current rollouts
 and the previous epochs' of the same prompt; older ones are dropped with their index entries), and the drafter keeps
-its `max_groups` most recently used groups. `memory()` counts what is held (tokens and index entries).
+its most recently used groups, at most `max_groups` of them and at most `max_tokens` tokens in all (the least
+recently used prompt's history goes first). `memory()` counts what is held (tokens and index entries); measured,
+the index takes ~500 bytes of Python heap per held token (benchmarks/history_memory.py; docs/drafters.md), so the
+default `max_tokens` of 2^21 holds ~1 GB at most.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from specrl.errors import SpecRLError
 RECENT_PER_NGRAM = 4  # occurrences remembered per n-gram (the most recent ones)
 MAX_HISTORY = 64  # sequences kept per group: e.g. 8 samples x the last 8 epochs of one prompt
 MAX_GROUPS = 4096
+MAX_TOKENS = 1 << 21  # tokens held over all groups: ~1 GB of index at the measured ~500 bytes per token
 # a draft stops where the product of its tokens' empirical probabilities falls below this: with up to 4 occurrences
 # per n-gram, one disagreement among 4 (0.75) keeps drafting and a 2-2 split after that (0.375) stops
 DEFAULT_MIN_PROB = 0.3
@@ -50,6 +54,7 @@ class _GroupIndex:
         self.per_ngram = per_ngram
         self.max_history = max_history
         self.next_id = 0
+        self.tokens = 0  # tokens held over this group's sequences
         self.seqs: dict[int, list[int]] = {}  # internal sequence id -> tokens, oldest first
         self.ids: dict[int, int] = {}  # caller's sequence key -> current internal id
         self.table: dict[tuple, list[tuple[int, int]]] = {}  # n-gram -> recent (internal id, end position)
@@ -58,6 +63,7 @@ class _GroupIndex:
         """Drop the oldest sequence and every index entry that points into it."""
         sid = next(iter(self.seqs))
         old = self.seqs.pop(sid)
+        self.tokens -= len(old)
         self.ids = {k: v for k, v in self.ids.items() if v != sid}
         for end in range(1, len(old) + 1):
             for n in self.lengths:
@@ -84,6 +90,7 @@ class _GroupIndex:
                 self._evict_oldest()
         start = len(own)
         own.extend(tokens[start:])
+        self.tokens += len(tokens) - start
         for end in range(max(start, 1), len(own) + 1):
             for n in self.lengths:
                 if end >= n:
@@ -137,18 +144,19 @@ class SuffixDrafter(Drafter):
     kind = "suffix"
 
     def __init__(self, match_lengths: tuple[int, ...] = (8, 5, 3, 2), max_groups: int = MAX_GROUPS,
-                 max_history: int = MAX_HISTORY, min_prob: float = DEFAULT_MIN_PROB):
+                 max_history: int = MAX_HISTORY, min_prob: float = DEFAULT_MIN_PROB, max_tokens: int = MAX_TOKENS):
         if not match_lengths or min(match_lengths) < 1:
             raise SpecRLError(f"match_lengths must be positive integers, got {match_lengths!r}")
         if isinstance(min_prob, bool) or not isinstance(min_prob, int | float) or not 0.0 <= min_prob <= 1.0:
             raise SpecRLError(f"min_prob must be a probability in [0, 1], got {min_prob!r}")
         self.min_prob = float(min_prob)
-        for name, v in (("max_groups", max_groups), ("max_history", max_history)):
+        for name, v in (("max_groups", max_groups), ("max_history", max_history), ("max_tokens", max_tokens)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecRLError(f"{name} must be an integer >= 1, got {v!r}")
         self.lengths = tuple(sorted(set(match_lengths), reverse=True))
         self.max_groups = max_groups
         self.max_history = max_history
+        self.max_tokens = max_tokens
         self.groups: dict[int, _GroupIndex] = {}
 
     def _group(self, gid: int) -> _GroupIndex:
@@ -159,6 +167,13 @@ class SuffixDrafter(Drafter):
             g = _GroupIndex(self.lengths, max_history=self.max_history)
         self.groups[gid] = g
         return g
+
+    def _fit_tokens(self, keep: int) -> None:
+        """Forget least recently used groups while the index holds more than max_tokens (never the `keep` most
+        recent: the batch being drafted)."""
+        total = sum(g.tokens for g in self.groups.values())
+        while total > self.max_tokens and len(self.groups) > keep:
+            total -= self.groups.pop(next(iter(self.groups))).tokens
 
     def memory(self) -> dict[str, int]:
         """What the index holds: groups, sequences, tokens and n-gram entries (bounded by the window)."""
@@ -175,6 +190,7 @@ class SuffixDrafter(Drafter):
         for b, toks in enumerate(batch.tokens):  # index everything new first, so siblings see each other
             key = (int(batch.seeds[b]) << 32) ^ int(batch.request_ids[b])
             ids.append(self._group(batch.group_ids[b]).extend(key, toks))
+        self._fit_tokens(len(set(batch.group_ids)))
         return [self._group(batch.group_ids[b]).continuation(ids[b], toks, k, gate)
                 for b, toks in enumerate(batch.tokens)]
 
