@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specrl.observability.run_report import Records, _f, _records
+from specrl.observability.run_report import Records, _f, _records, summarize
 
 
 def step_kinds(records: Records) -> list[str] | None:
@@ -33,10 +33,8 @@ def _sum(records: list, key: str) -> int:
 
 
 def _part(ar: list, sd: list) -> dict[str, Any]:
-    tps = []
-    for recs in (ar, sd):
-        gen = sum(float(r.stage_seconds.get("gen", 0.0)) for r in recs)
-        tps.append(_sum(recs, "generated_tokens") / gen if gen > 0 else None)
+    tps = [x["generated_tokens"] / x["gen_seconds"] if x["gen_seconds"] > 0 else None
+           for x in (summarize(ar), summarize(sd))]
     verify, drafted = _sum(sd, "verify_steps"), _sum(sd, "history_drafted")
     return {
         "steps": [r.step for r in sd],
