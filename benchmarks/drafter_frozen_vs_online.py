@@ -9,8 +9,12 @@ processor class, cores, threads and the dtypes the config resolves to on this ma
 line under the markdown's title). OUT/frozen and OUT/online are removed at the end unless --keep-runs; the
 acceptance_frozen_vs_online files stay.
 
+`--arms frozen` or `--arms online` runs one arm only (so the two can run at once, one core each, when only AL is
+measured); an arm whose OUT/ARM/metrics.jsonl already holds the asked steps is read, not rerun, so after two such
+runs (with --keep-runs) a third call with no arm to run writes the comparison.
+
     .venv/bin/python benchmarks/drafter_frozen_vs_online.py --config examples/drafter_online.yaml --steps 30 \
-        --out runs/frozen-vs-online [--drafter eagle:DIR] [--set key=value ...] [--threads 1]
+        --out runs/frozen-vs-online [--drafter eagle:DIR] [--set key=value ...] [--threads 1] [--arms frozen]
 """
 
 from __future__ import annotations
@@ -61,6 +65,17 @@ def run_arm(cfg, arm_dir: Path, label: str) -> list:
     return records
 
 
+def completed_records(arm_dir: Path, steps: int) -> list | None:
+    """The records of an arm that already ran `steps` steps in arm_dir, else None."""
+    from specrl.observability.step_record import read_records
+
+    path = arm_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    records = read_records(path)
+    return records if len(records) >= steps else None
+
+
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="examples/drafter_online.yaml")
@@ -71,6 +86,8 @@ def main(argv: list[str] | None = None) -> Path:
                     help="config override (repeatable), as for `specrl train --set`")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--keep-runs", action="store_true", help=KEEP_RUNS_HELP + ": here OUT/frozen and OUT/online")
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help="comma-separated arms to run (default: both); an arm already complete in OUT is read")
     a = ap.parse_args(argv)
     import torch
 
@@ -92,12 +109,27 @@ def main(argv: list[str] | None = None) -> Path:
                           f"{base.speculative.drafter!r} (k={base.speculative.num_draft_tokens}); use eagle:DIR or "
                           "mtp:DIR with num_draft_tokens > 0")
     out = Path(a.out)
+    wanted = [x for x in a.arms.split(",") if x]
+    unknown = sorted(set(wanted) - set(ARMS))
+    if unknown:
+        raise SpecRLError(f"--arms {a.arms!r}: unknown arm(s) {unknown}; the arms are {sorted(ARMS)}")
     runs = {}
     with run_dirs(a.keep_runs) as dirs:
         for arm, online in ARMS.items():
+            done = completed_records(out / arm, base.run.steps)
+            if done is not None:
+                print(f"[specrl] {arm}: {len(done)} steps read from {out / arm}/metrics.jsonl", flush=True)
+                runs[arm] = done
+                continue
+            if arm not in wanted:
+                continue
             data = base.model_dump(mode="json")
             data["drafter"]["online"] = online
             runs[arm] = run_arm(validate_config(data, f"{a.config} ({arm} arm)"), dirs.add(out / arm), arm)
+    if set(runs) != set(ARMS):
+        print(f"[specrl] ran {sorted(runs)}; the comparison is written once every arm of {sorted(ARMS)} is in "
+              f"{out} (run again with the missing --arms and --keep-runs)", flush=True)
+        return out
     png, jpath, mpath = write_acceptance_compare(out, runs)
     jpath.write_text(json.dumps({"hardware": hw, **json.loads(jpath.read_text())}, indent=2) + "\n")
     title, _, rest = mpath.read_text().partition("\n")

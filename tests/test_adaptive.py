@@ -73,8 +73,8 @@ def test_cost_is_measured_against_plain_decoding_at_the_same_batch_size():
     for n in (30, 17, 12):
         c.observe_target(n, 2, 10, 0.5 + 0.05 * n, emitted=n)
         c.observe_acceptance(torch.tensor([0, 1] * (n // 2)), 1)  # half the drafts accepted
-    assert c.cost[(32, 1)] == pytest.approx(1.0, rel=1e-6)
-    assert c.cost[(16, 1)] == pytest.approx(1.0, rel=1e-6)
+    assert c.cost(32, 1) == pytest.approx(1.0, rel=1e-6)
+    assert c.cost(16, 1) == pytest.approx(1.0, rel=1e-6)
     assert c.gain(32, 1) == pytest.approx(1.5, rel=0.02)  # 1 + acceptance rate 0.5
 
 
@@ -153,3 +153,57 @@ def test_plain_step_cost_is_predicted_from_the_same_batch_size_bucket():
     assert c.ar_seconds(28) == pytest.approx(cost(28), rel=1e-6)  # bucket 32 saw n = 32 and 24
     c.observe_target(40, 1, 10, cost(40))  # bucket 64 has one point: the global line moved through it
     assert c.ar_seconds(40) == pytest.approx(cost(40), rel=1e-6)
+
+
+def test_one_measured_k_predicts_every_k_and_the_choice_jumps_to_the_predicted_best():
+    # k=1 steps cost 1.03 plain steps at batch 1 (a flat verify): the cost line through them and (0, 1) predicts
+    # 1 + 0.03 k, so with acceptance 0.8 the choice goes straight to the lookahead (k = 1 + 2), not one k at a time
+    c = DraftLengthController(7, "auto")
+    c.observe_target(1, 1, 10, 1.0)
+    for _ in range(3):
+        c.observe_target(1, 2, 10, 1.03, emitted=2)
+        c.observe_acceptance(torch.tensor([1, 1, 1, 1, 0]), 1)
+    assert c.cost(1, 5) == pytest.approx(1.15, rel=0.01)
+    assert c.choose(1, 10) == 3
+
+
+def test_the_cost_line_is_fitted_through_every_measured_k():
+    # noisy steps at k = 1..3 on a machine where a step costs 1 + 0.1 k: the line predicts k = 6 within 3%
+    c, gen = DraftLengthController(7, "auto"), torch.Generator().manual_seed(0)
+    c.observe_target(8, 1, 10, 1.0)
+    for i in range(60):
+        k = 1 + i % 3
+        noise = 1 + 0.05 * float(torch.randn((), generator=gen))
+        c.observe_target(8, k + 1, 10, (1 + 0.1 * k) * noise, emitted=8)
+    assert c.cost(8, 6) == pytest.approx(1.6, rel=0.03)
+
+
+@pytest.mark.parametrize("n, verify_slope, draft_cost, rate", [
+    (1, 0.023, 0.076, 0.67),  # batch 1 on this CPU (v = 1.07 at k = 3; eagle:think's measured c and acceptance)
+    (8, 0.11, 0.086, 0.67),  # batch 8 (v = 1.34 at k = 3)
+    (8, 0.11, 0.086, 0.45),  # a weaker drafter: k = 1 is best
+    (8, 0.25, 0.1, 0.3),  # a verify too dear for the acceptance: plain decoding is best
+])
+def test_auto_k_is_within_5_percent_of_the_best_fixed_k_on_a_simulated_machine(n, verify_slope, draft_cost, rate):
+    # a step with k drafts costs (1 + verify_slope k)(1 + 5% noise) plain steps plus draft_cost k; each position is
+    # accepted with `rate`. The best fixed k's throughput is exact (1 + r + ... + r^k over its cost); auto's is
+    # what it realises over 400 steps, exploring included
+    def throughput(k: int) -> float:
+        return sum(rate ** j for j in range(k + 1)) / (1 + (verify_slope + draft_cost) * k)
+
+    best = max(throughput(k) for k in range(8))
+    c, gen = DraftLengthController(7, "auto"), torch.Generator().manual_seed(0)
+    tokens = seconds = 0.0
+    for _ in range(400):
+        k = c.choose(n, 10)
+        t = (1 + verify_slope * k) * (1 + 0.05 * float(torch.randn((), generator=gen)))
+        if k:
+            acc = accepted(n, k, rate, gen)
+            c.observe_draft(n, k, draft_cost * k)
+            c.observe_target(n, k + 1, 10, t, emitted=int((acc + 1).sum()))
+            c.observe_acceptance(acc, k)
+            tokens, seconds = tokens + float((acc + 1).sum()), seconds + t + draft_cost * k
+        else:
+            c.observe_target(n, 1, 10, t)
+            tokens, seconds = tokens + n, seconds + t
+    assert tokens / seconds / n >= 0.95 * best

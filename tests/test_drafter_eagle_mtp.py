@@ -132,6 +132,25 @@ def test_reduced_vocab_probs_are_full_vocab_with_zeros(target):
     assert sorted(d.d2t.tolist()) == sub
 
 
+@pytest.mark.parametrize("top_p, top_k", [(1.0, 0), (0.8, 0), (1.0, 5)])
+def test_sampling_over_the_draft_vocabulary_draws_what_full_vocabulary_sampling_draws(target, top_p, top_k):
+    # the draft vocabulary in descending id order (not the order the CDF runs in): the same uniforms give the same
+    # tokens, and q scattered into the full vocabulary is the full-vocabulary distribution
+    from specrl.rollout.drafter import DraftBatch
+
+    d, n = make("eagle-reduced", target), 400
+    hidden = torch.randn(n, target.args.hidden_size, generator=torch.Generator().manual_seed(0))
+    batch = DraftBatch(tokens=[[1]] * n, positions=torch.arange(n) + 3, seeds=torch.arange(n),
+                       request_ids=torch.arange(n), group_ids=[0] * n, temperature=torch.full((n,), 0.8),
+                       top_p=torch.full((n,), top_p), top_k=torch.full((n,), top_k, dtype=torch.long))
+    with torch.no_grad():
+        tok, q = d._sample(batch, hidden, 1)
+        ref_tok, ref_q = batch.sample(d.full_logits(hidden), 1)
+    assert torch.equal(tok, ref_tok)
+    assert torch.allclose(q, ref_q, atol=1e-6) and q[:, 1::2].abs().max() == 0
+    assert len(set(tok.tolist())) > 5  # the rows drew many different tokens
+
+
 # ---------------------------------------------------------------- exact distribution
 @pytest.fixture(scope="module")
 def small_target():

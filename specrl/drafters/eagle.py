@@ -130,6 +130,7 @@ class EagleDrafter(nn.Module, Drafter, TrainableDrafter):
             self.norm.weight.copy_(target.norm.weight.float())
         self._shared = {"embed": target.embed_tokens}
         self.cache: KVCache | None = None
+        self._id_order: tuple | None = None  # (d2t's identity, d2t ascending, its order), for `_sample`
 
     # ---------------------------------------------------------------- config / dtype
     def config(self) -> dict:
@@ -179,6 +180,18 @@ class EagleDrafter(nn.Module, Drafter, TrainableDrafter):
 
     def full_logits(self, hidden: Tensor) -> Tensor:
         return self.to_full_vocab(self.head(hidden))
+
+    def _sample(self, batch: DraftBatch, hidden: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        """Draw the draft token at positions + offset from output hidden states [n, H]: over the draft vocabulary
+        only (its ids in ascending order, so a uniform picks the token full-vocabulary sampling would), with q
+        scattered into the full vocabulary for the verifier."""
+        if self.full_vocab:
+            return batch.sample(self.full_logits(hidden), offset)
+        key = (self.d2t.device, self.d2t._version, self.d2t.data_ptr())  # a loaded state may replace d2t
+        if self._id_order is None or self._id_order[0] != key:
+            self._id_order = (key, *self.d2t.sort())
+        _, ids, order = self._id_order
+        return batch.sample_subset(self.head(hidden)[..., order], ids, self.target_args.vocab_size, offset)
 
     def target_to_draft(self) -> Tensor | None:
         """Each target id's draft-vocabulary index (-1 outside it); None when drafting over the full vocabulary."""
@@ -351,7 +364,7 @@ class EagleDrafter(nn.Module, Drafter, TrainableDrafter):
         pos = (batch.positions - 1)[:, None]
         toks, qs = [], []
         for i in range(k):
-            tok, q = batch.sample(self.full_logits(o), i)
+            tok, q = self._sample(batch, o, i)
             toks.append(tok)
             qs.append(q)
             if i + 1 < k:

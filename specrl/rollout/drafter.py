@@ -61,6 +61,17 @@ class DraftBatch:
         q = probs_from_logits(logits, self.temperature, self.top_p, self.top_k)
         return sample_inverse_cdf(q, self.noise(offset)), q
 
+    def sample_subset(self, logits: Tensor, ids: Tensor, vocab_size: int, offset: int) -> tuple[Tensor, Tensor]:
+        """`sample` for logits [n, Vd] over a subset of the vocabulary, `ids` [Vd] its target ids in ascending
+        order: T/top-p/top-k, the softmax and the inverse CDF run over the Vd entries only (the full distribution
+        is zero elsewhere, so its CDF in id order has the same steps, and a uniform picks the same token), and
+        the returned q [n, vocab_size] is that distribution scattered into the full vocabulary, zero outside."""
+        qd = probs_from_logits(logits, self.temperature, self.top_p, self.top_k)
+        tok = ids[sample_inverse_cdf(qd, self.noise(offset))]
+        q = qd.new_zeros((*qd.shape[:-1], vocab_size))
+        q[..., ids] = qd
+        return tok, q
+
 
 @dataclass
 class Proposal:

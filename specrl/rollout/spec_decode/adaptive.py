@@ -6,24 +6,27 @@ how many sequences are still running (a plain step over 32 sequences emits far m
 both in the same batch-size bucket). So every speculative step is scored against plain decoding at the same batch
 size, in two low-noise parts: its *cost* c(b, k) = (draft + verify seconds) / t_ar(n), where t_ar(n) = a + b·n is
 a least-squares line through recent plain steps of that batch-size bucket (exponentially forgotten, so it follows
-the machine; see `ar_seconds`), kept as an EMA per (batch-size bucket, k); and its *yield*
-E[tokens | k] = 1 + Σ_j Π_{i<j} r_i from the per-position acceptance rates r_i measured over all speculative steps
-(also forgotten slowly). The gain of k is yield / cost; plain decoding has gain 1. (A step's own emitted tokens are
-no score at small batch: one sequence emits 1 or k+1.)
+the machine; see `ar_seconds`); and its *yield* E[tokens | k] = 1 + Σ_j Π_{i<j} r_i from the per-position
+acceptance rates r_i measured over all speculative steps (also forgotten slowly). The gain of k is yield / cost;
+plain decoding has gain 1. (A step's own emitted tokens are no score at small batch: one sequence emits 1 or k+1.)
 
-The controller hill-climbs over k on these gains: a new bucket takes one plain step (a baseline for t_ar at that
-size) and then starts from the best k of the nearest measured bucket (k=1 at first); it measures both neighbours of
-its best, and every `recheck` steps re-measures a neighbour so a drifting cost or acceptance moves the choice. Where
-k=0 is best, probes of k=1 back off to every 8·`recheck` steps (`MAX_PROBE_DOUBLINGS`): a probe costs more than one
-step, since a stateful drafter first catches up on the tokens of the plain steps before it, and that catch-up is not
-charged to k, because in steady speculation it does not recur. With a fixed k the controller only returns that k.
+The cost is a model, not a table: per batch-size bucket, c(b, k) = α + β·k (the verify forward's rows grow with k,
+and so does the drafter's work), a least-squares line through every speculative step of that bucket at whatever k
+it ran, plus the point (k = 0, c = 1) at a small fixed weight (a step with no draft costs a plain step), so one
+measured k already predicts them all. Each step the controller takes the k of the highest predicted gain (looking
+at most two past the largest k measured in the bucket, so a far extrapolation is measured before it is trusted),
+and every `recheck` steps a neighbour of it, so the slope stays measured on both sides. A new bucket takes one plain
+step (a baseline for t_ar at that size) and then the best k its nearest measured bucket predicts (k = 1 at first).
+Where k = 0 is best, probes of k = 1 back off to every 8·`recheck` steps (`MAX_PROBE_DOUBLINGS`): a probe costs
+more than one step, since a stateful drafter first catches up on the tokens of the plain steps before it, and that
+catch-up is not charged to k, because in steady speculation it does not recur. With a fixed k the controller only
+returns that k.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-EMA = 0.3  # weight of the newest step in a (bucket, k) cost estimate
 RECHECK_STEPS = 8  # steps between re-measurements of a neighbour of the best k
 FORGET = 0.97  # per-step decay of old plain-step timings and acceptance counts, so the estimates follow the machine
 # Speculate only where the estimated gain beats plain decoding by this much: gain estimates are good to several
@@ -31,20 +34,22 @@ FORGET = 0.97  # per-step decay of old plain-step timings and acceptance counts,
 MARGIN = 0.10
 PRIOR_ACCEPTANCE = 0.5  # per-position acceptance rate assumed before any measurement
 MAX_PROBE_DOUBLINGS = 3  # while k=0 wins, the k=1 probe interval doubles up to 2**3 = 8 x `recheck`
+ANCHOR_WEIGHT = 1.0  # weight of the point (k = 0, cost 1) in each bucket's cost line (real steps reach ~1/(1-FORGET))
+LOOKAHEAD = 2  # the choice looks at most this far past the largest k measured in a bucket
 _FIT_SUMS = 5  # decayed sums of the t_ar(n) = a + b n fit: w, w n, w n^2, w t, w n t
 _SINGULAR = 1e-9  # relative determinant below which the fit points span only one batch size
 
 
 class DraftLengthController:
-    def __init__(self, k_max: int, num_draft_tokens: int | str, ema: float = EMA, recheck: int = RECHECK_STEPS,
+    def __init__(self, k_max: int, num_draft_tokens: int | str, recheck: int = RECHECK_STEPS,
                  forget: float = FORGET, margin: float = MARGIN):
         self.k_max = k_max
         self.fixed = None if num_draft_tokens == "auto" else int(num_draft_tokens)
-        self.ema = ema
         self.recheck = recheck
         self.forget = forget
         self.margin = margin  # see MARGIN
-        self.cost: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA of step seconds / t_ar(n); k=0: 1
+        self._ratio: dict[int, list[float]] = {}  # bucket -> decayed sums over (k, step seconds / t_ar(n))
+        self._k_seen: dict[int, int] = {}  # bucket -> largest k measured there
         self.steps: dict[int, int] = {}  # bucket -> steps taken
         self._fit = [0.0] * _FIT_SUMS  # decayed sums for t_ar(n) = a + b n: w, w n, w n^2, w t, w n t
         self._fits: dict[int, list[float]] = {}  # the same sums per batch-size bucket (key: it has a baseline)
@@ -113,14 +118,16 @@ class DraftLengthController:
                 self._fits[bb] = [f * x for x in sums]
             self._fits[bucket] = [x + y for x, y in zip(self._fits.get(bucket, [0.0] * _FIT_SUMS), point,
                                                         strict=True)]
-            self.cost[(bucket, 0)] = 1.0
+            if bucket in self._ratio:  # the cost line forgets per step of its bucket, plain or not
+                self._ratio[bucket] = [f * x for x in self._ratio[bucket]]
             return
         t_ar = self.ar_seconds(n)
         if t_ar is None:
             return
-        value = total / t_ar
-        old = self.cost.get((bucket, k))
-        self.cost[(bucket, k)] = value if old is None else (1 - self.ema) * old + self.ema * value
+        y = total / t_ar
+        old = self._ratio.get(bucket, [0.0] * _FIT_SUMS)
+        self._ratio[bucket] = [self.forget * x + p for x, p in zip(old, (1.0, k, k * k, y, k * y), strict=True)]
+        self._k_seen[bucket] = max(k, self._k_seen.get(bucket, 0))
 
     def observe_acceptance(self, num_accepted: Tensor, k: int) -> None:
         """Per-position acceptance of one step with k asked drafts: a row reaching position i counts as an attempt
@@ -144,17 +151,28 @@ class DraftLengthController:
             total += p
         return total
 
+    def cost(self, bucket: int, k: int) -> float | None:
+        """Predicted (draft + verify seconds) / t_ar of a step with k drafts in this bucket: the bucket's cost line
+        (None before any speculative step there)."""
+        sums = self._ratio.get(bucket)
+        if sums is None:
+            return None
+        w, sk, skk, sy, sky = sums
+        return self._line([w + ANCHOR_WEIGHT, sk, skk, sy + ANCHOR_WEIGHT, sky], k)
+
     def gain(self, bucket: int, k: int) -> float | None:
-        """Estimated speedup of k drafts over plain decoding at this batch-size bucket (None: cost not measured)."""
-        c = self.cost.get((bucket, k))
-        return None if c is None else self.expected_tokens(k) / c
+        """Predicted speedup of k drafts over plain decoding at this batch-size bucket (None: no cost measured)."""
+        c = self.cost(bucket, k)
+        return None if c is None or c <= 0 else self.expected_tokens(k) / c
 
     # ---------------------------------------------------------------- choice
     def _gains(self, bucket: int) -> dict[int, float]:
-        g = {k: self.gain(b, k) for (b, k) in self.cost if b == bucket}
-        if 0 in g:
-            g[0] = 1.0 + self.margin
-        return g
+        """Predicted gain of every k the choice may take in this bucket; k = 0 counts 1 + margin ({}: unmeasured)."""
+        if bucket not in self._ratio:
+            return {}
+        top = min(self.k_max, self._k_seen[bucket] + LOOKAHEAD)
+        g = {k: self.gain(bucket, k) for k in range(1, top + 1)}
+        return {0: 1.0 + self.margin, **{k: v for k, v in g.items() if v is not None}}
 
     def _best(self, bucket: int) -> int | None:
         tried = self._gains(bucket)
@@ -170,17 +188,13 @@ class DraftLengthController:
     def _choose(self, b: int, step: int) -> int:
         if b not in self._fits:  # one plain step: the baseline every gain in this bucket is measured against
             return 0
-        tried = {k for (bb, k) in self.cost if bb == b and k > 0}
-        if not tried:  # start from the best k of the nearest bucket with speculative measurements (or k=1)
-            others = {bb for bb, k in self.cost if k > 0}
-            if not others:
+        if b in self._ratio:
+            best = self._best(b)
+        else:  # no speculative step here yet: what the nearest measured bucket predicts (k = 1 at first)
+            if not self._ratio:
                 return min(1, self.k_max)
-            near = min(others, key=lambda bb: abs(bb.bit_length() - b.bit_length()))
-            return min(max(1, self._best(near)), self.k_max)  # where the nearest switched off, retry k=1 once
-        best = self._best(b)
-        for nb in (best - 1, best + 1):  # measure both neighbours of the best before settling
-            if 1 <= nb <= self.k_max and (b, nb) not in self.cost:
-                return nb
+            near = min(self._ratio, key=lambda bb: abs(bb.bit_length() - b.bit_length()))
+            best = self._best(near)
         if step >= self._due.get(b, self.recheck):  # re-measure a neighbour so the choice can move
             if best == 0:  # switched off: each confirming probe doubles the wait, as a probe is costly (catch-up)
                 quiet = self._quiet[b] = self._quiet.get(b, 0) + 1
