@@ -28,3 +28,15 @@ def test_auto_below_the_tolerance_fails():
     kd = load_benchmark("k_decision")
     s = kd.summarize([_row(1, 3, 1.8), _row(1, "auto", 1.6, 2.0)])[0]
     assert not s["within_tolerance"] and abs(s["auto_over_best"] - 1.6 / 1.8) < 1e-12
+
+
+def test_an_earlier_sweeps_auto_is_shown_beside(tmp_path, capsys):
+    kd = load_benchmark("k_decision")
+    rows = [_row(1, 1, 1.3), _row(1, 3, 1.8), _row(1, "auto", 1.75, 3.4)]
+    now, before = tmp_path / "now.json", tmp_path / "before.json"
+    now.write_text(json.dumps({"hardware": {"processor_class": "AMX", "threads": 2}, "rows": rows}))
+    before.write_text(json.dumps({"hardware": {"processor_class": "AMX", "threads": 2},
+                                  "rows": [_row(1, "auto", 1.44, 2.1)]}))
+    assert kd.main([str(now), "--before", str(before), "--out", str(tmp_path / "k.png")]) == 0
+    assert "0.800 (k 2.1)" in capsys.readouterr().out  # 1.44 / 1.8
+    assert (tmp_path / "k.png").stat().st_size > 0
