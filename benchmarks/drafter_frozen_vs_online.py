@@ -10,8 +10,8 @@ line under the markdown's title). OUT/frozen and OUT/online are removed at the e
 acceptance_frozen_vs_online files stay.
 
 `--arms frozen` or `--arms online` runs one arm only (so the two can run at once, one core each, when only AL is
-measured); an arm whose OUT/ARM/metrics.jsonl already holds the asked steps is read, not rerun, so after two such
-runs (with --keep-runs) a third call with no arm to run writes the comparison.
+measured); an arm whose OUT/ARM already holds the asked steps of the same config (its config.yaml) is read, not
+rerun, so after two such runs (with --keep-runs) a third call writes the comparison from both.
 
     .venv/bin/python benchmarks/drafter_frozen_vs_online.py --config examples/drafter_online.yaml --steps 30 \
         --out runs/frozen-vs-online [--drafter eagle:DIR] [--set key=value ...] [--threads 1] [--arms frozen]
@@ -65,15 +65,19 @@ def run_arm(cfg, arm_dir: Path, label: str) -> list:
     return records
 
 
-def completed_records(arm_dir: Path, steps: int) -> list | None:
-    """The records of an arm that already ran `steps` steps in arm_dir, else None."""
+def completed_records(arm_dir: Path, cfg) -> list | None:
+    """The records of an arm that already ran cfg.run.steps steps in arm_dir with this very config, else None (a
+    run of another config there is rerun, not read)."""
     from specrl.observability.step_record import read_records
 
-    path = arm_dir / "metrics.jsonl"
-    if not path.exists():
+    path, saved = arm_dir / "metrics.jsonl", arm_dir / "config.yaml"
+    if not path.exists() or not saved.exists():
+        return None
+    if saved.read_text() != cfg.to_yaml():
+        print(f"[specrl] {arm_dir} holds a run of another config: not read", flush=True)
         return None
     records = read_records(path)
-    return records if len(records) >= steps else None
+    return records if len(records) >= cfg.run.steps else None
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -116,16 +120,15 @@ def main(argv: list[str] | None = None) -> Path:
     runs = {}
     with run_dirs(a.keep_runs) as dirs:
         for arm, online in ARMS.items():
-            done = completed_records(out / arm, base.run.steps)
+            data = base.model_dump(mode="json")
+            data["drafter"]["online"] = online
+            cfg = validate_config(data, f"{a.config} ({arm} arm)")
+            done = completed_records(out / arm, cfg)
             if done is not None:
                 print(f"[specrl] {arm}: {len(done)} steps read from {out / arm}/metrics.jsonl", flush=True)
                 runs[arm] = done
-                continue
-            if arm not in wanted:
-                continue
-            data = base.model_dump(mode="json")
-            data["drafter"]["online"] = online
-            runs[arm] = run_arm(validate_config(data, f"{a.config} ({arm} arm)"), dirs.add(out / arm), arm)
+            elif arm in wanted:
+                runs[arm] = run_arm(cfg, dirs.add(out / arm), arm)
     if set(runs) != set(ARMS):
         print(f"[specrl] ran {sorted(runs)}; the comparison is written once every arm of {sorted(ARMS)} is in "
               f"{out} (run again with the missing --arms and --keep-runs)", flush=True)

@@ -486,6 +486,17 @@ def test_frozen_vs_online_benchmark(tiny, tmp_path):
         recs = read_jsonl(out / arm / "metrics.jsonl")
         assert [r["step"] for r in recs] == [1, 2] and all(r["acceptance_length"] is not None for r in recs)
         assert yaml.safe_load((out / arm / "config.yaml").read_text())["drafter"]["online"] is (arm == "online")
+    # a second call with the same config reads both arms instead of rerunning them; another config reruns its arm
+    stamp = {arm: (out / arm / "metrics.jsonl").stat().st_mtime_ns for arm in ("frozen", "online")}
+    mod.main(["--config", str(cfg), "--steps", "2", "--out", str(out), "--drafter", f"eagle:{ddir}", "--keep-runs",
+              "--arms", "online"])
+    assert {arm: (out / arm / "metrics.jsonl").stat().st_mtime_ns for arm in stamp} == stamp
+    mod.main(["--config", str(cfg), "--steps", "2", "--out", str(out), "--drafter", f"eagle:{ddir}", "--keep-runs",
+              "--arms", "online", "--set", "drafter.learning_rate=2e-2"])
+    assert (out / "online" / "metrics.jsonl").stat().st_mtime_ns != stamp["online"]
+    assert (out / "frozen" / "metrics.jsonl").stat().st_mtime_ns == stamp["frozen"]
+    with pytest.raises(SpecRLError, match="unknown arm"):
+        mod.main(["--config", str(cfg), "--out", str(out), "--drafter", f"eagle:{ddir}", "--arms", "warm"])
 
 
 def test_a_few_drafts_do_not_count_as_drafter_health(tiny, monkeypatch):
