@@ -57,7 +57,12 @@ def main(argv: list[str] | None = None) -> dict:
     from specrl.drafters.build.heldout import evaluate_drafter
     from specrl.drafters.build.stages import _load_target
     from specrl.drafters.default import resolve_drafter
+    from specrl.errors import SpecRLError
 
+    try:
+        sizes = sorted({int(x) for x in a.sizes.split(",") if x.strip()})
+    except ValueError:
+        raise SpecRLError(f"--sizes must be comma-separated integers, got {a.sizes!r}") from None
     torch.set_num_threads(a.threads)
     recipe, source = _recipe_prompts("think")
     hw = run_header({"rollout": dtype_name(recipe.rollout_dtype)}, a.threads)
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     _, held = source(tokenizer)
     held = list(held)[: a.prompts]
     rows = []
-    for size in sorted({int(x) for x in a.sizes.split(",") if x.strip()}):
+    for size in sizes:
         d = cut(target, shipped, size)
         ev = evaluate_drafter(target, d, held, recipe.temperature, recipe.max_new_tokens, stops, ks=(a.k,),
                               seed=recipe.seed, cost_batches=(a.cost,) if a.cost else ())
