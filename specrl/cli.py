@@ -449,18 +449,37 @@ def _parse_int_list(text: str, name: str) -> list[int]:
 def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(None, help="the build directory"),
                 k: int = typer.Option(None, help="draft length (default: the recipe's k)"),
                 prompts: int = typer.Option(None, help="held-out prompts (default: the recipe's heldout_prompts)"),
-                plot: Path = typer.Option(Path("docs/img/drafter_scaling.png"), help="where to draw the curve"),
+                plot: Path = typer.Option(None, help="where to draw the curve (default docs/img/drafter_scaling.png, "
+                                          "with --separate docs/img/drafter_scaling_separate.png)"),
+                separate: bool = typer.Option(False, "--separate", help="train a fresh head on the first N shards "
+                                              "for each N in the recipe's curve (resumable, WORK/curve/) and "
+                                              "evaluate each, instead of the one training's snapshots"),
                 threads: str = typer.Option("auto", help=THREADS_HELP)):
-    """The scaling curve: held-out AL at k of the head's snapshots along its training (WORK/eval/curve.json)."""
+    """The scaling curve: held-out AL at k of the head's snapshots along its training (WORK/eval/curve.json), or
+    with --separate of separate trainings on the first N shards (WORK/eval/curve_separate.json)."""
+    import json
+
+    from specrl.drafters.build.curve import plot_separate_curve, run_separate_curve
     from specrl.drafters.build.release import plot_curve, run_curve
 
     _threads(threads)
     try:
         r, source = _recipe_prompts(recipe)
         w = work or Path("builds") / r.name
-        rows = run_curve(r, w, source, k=k, n_prompts=prompts, log=typer.echo)
-        plot_curve(rows, plot, f"eagle:{r.name} ({r.model}, {r.task} {r.answer_format}, T={r.temperature}): "
-                               f"{rows[0]['prompts']} held-out prompts")
+        if separate:
+            rows = run_separate_curve(r, w, source, k=k, n_prompts=prompts, log=typer.echo)
+            if len(rows) < len({n for n in r.curve if n < r.n_shards}) + 1:
+                _fail(SpecRLError(f"the curve is not complete ({len(rows)} points); run the same command again"))
+            snap = w / "eval" / "curve.json"
+            plot = plot or Path("docs/img/drafter_scaling_separate.png")
+            plot_separate_curve(rows, plot, f"eagle:{r.name} ({r.model}, {r.task} {r.answer_format}, "
+                                f"T={r.temperature}): {rows[0]['setting']['prompts']} held-out prompts",
+                                snapshots=json.loads(snap.read_text()) if snap.exists() else None)
+        else:
+            rows = run_curve(r, w, source, k=k, n_prompts=prompts, log=typer.echo)
+            plot = plot or Path("docs/img/drafter_scaling.png")
+            plot_curve(rows, plot, f"eagle:{r.name} ({r.model}, {r.task} {r.answer_format}, T={r.temperature}): "
+                                   f"{rows[0]['prompts']} held-out prompts")
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] curve of {len(rows)} points -> {plot}")

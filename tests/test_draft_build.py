@@ -214,3 +214,47 @@ def test_a_shipped_drafter_refuses_a_tampered_file_or_a_manifest_that_disagrees(
     other = tiny_model("llama", vocab_size=64, seed=0, num_layers=5, hidden_size=48, head_dim=12)
     with pytest.raises(SpecRLError, match="hidden_size 32, but this target has hidden_size 48"):
         check_shipped(good, other)
+
+
+def test_the_separate_scaling_curve_trains_on_the_first_n_shards_resumes_and_reads_back_finished_points(tmp_path):
+    from specrl.drafters.build.curve import curve_dir, run_separate_curve
+    from specrl.drafters.build.fit import CHECKPOINT_FILE
+    from specrl.drafters.build.stages import run_train
+    from specrl.drafters.io import load_drafter
+
+    model, recipe = tiny_build(tmp_path)
+    held = [[1, 30 + i, 7, 9] for i in range(2)]
+    source = lambda tok: ([], held)  # noqa: E731
+    with pytest.raises(SpecRLError, match="not trained yet"):
+        run_separate_curve(recipe, tmp_path, source, model, k=2, progress=False, log=lambda *_: None)
+    full = run_train(recipe, tmp_path, model, progress=False)
+    # killed inside the one-shard training: nothing is evaluated, the checkpoint is there, the next call resumes
+    logged = []
+    part = run_separate_curve(recipe, tmp_path, source, model, k=2, progress=False, stop_after=1, log=logged.append)
+    assert part == [] and (curve_dir(tmp_path, 1) / CHECKPOINT_FILE).exists() and "continue" in logged[-1]
+    rows = run_separate_curve(recipe, tmp_path, source, model, k=2, progress=False, log=logged.append)
+    assert [r["shards"] for r in rows] == [1, 2]
+    one, two = rows
+    shard0 = sum(len(r["response_ids"]) for r in read_shard(shard_path(tmp_path / "rollouts", 0)))
+    assert one["train"]["response_tokens"] == shard0 < two["train"]["response_tokens"] == full["response_tokens"]
+    assert one["train"]["sequences"] == 3 and two["train"]["sequences"] == 6
+    assert one["train"]["steps"] == 4 and two["train"]["steps"] == full["steps"] == 6  # 2 epochs of 2 vs 3 batches
+    assert all(1 <= r["acceptance_length"] <= 3 for r in rows)
+    a = load_drafter(curve_dir(tmp_path, 1) / "drafter", model)
+    b = load_drafter(tmp_path / "train" / "drafter", model)
+    assert any(not torch_equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=False))
+    # a second call reads both points back; another k is evaluated anew
+    logged.clear()
+    again = run_separate_curve(recipe, tmp_path, source, model, k=2, progress=False, log=logged.append)
+    assert again == rows and sum("already evaluated" in m for m in logged) == 2
+    other = run_separate_curve(recipe, tmp_path, source, model, k=1, progress=False, log=lambda *_: None)
+    assert [r["setting"]["k"] for r in other] == [1, 1]
+    assert run_separate_curve(recipe, tmp_path, source, model, k=2, progress=False, log=lambda *_: None) == rows
+    with pytest.raises(SpecRLError, match="no shard count below"):
+        run_separate_curve(Recipe(**{**recipe.as_dict(), "curve": (2,)}), tmp_path, source, model, progress=False)
+
+
+def torch_equal(x, y):
+    import torch
+
+    return x.shape == y.shape and torch.equal(x, y)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specrl.drafters.build.recipe import Recipe
+from specrl.drafters.training.offline import select_draft_vocab
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 
@@ -158,25 +159,21 @@ def curve_steps(recipe: Recipe, steps_per_epoch: int) -> dict[int, int]:
     return out
 
 
-def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, stop_after: int | None = None,
-              log=print) -> dict:
-    """Stage 3: the draft vocabulary, then the EAGLE head trained on every shard's features (resumable)."""
-    import math
-
+def train_head(recipe: Recipe, work: Path, target, infos: list, feats: list, out: Path,
+               snapshot_marks: dict | None = None, progress: bool = True, stop_after: int | None = None,
+               log=print) -> tuple:
+    """A fresh EAGLE head trained with the recipe's settings on the given shards of build `work` (`infos`, their
+    `feats`), into `out` (resumable from its checkpoint there): the draft vocabulary chosen by coverage of these
+    shards' responses, then `fit`. Returns (drafter, fit's result, the vocabulary's coverage)."""
     import torch
 
     from specrl.drafters.build.features import feature_path
     from specrl.drafters.build.fit import examples_from_features, fit, vocab_coverage
-    from specrl.drafters.build.shards import data_hash, read_shard, shard_path
+    from specrl.drafters.build.shards import read_shard, shard_path
     from specrl.drafters.eagle import EagleDrafter
-    from specrl.drafters.io import save_drafter
-    from specrl.drafters.training.offline import select_draft_vocab
+    from specrl.model.tokenizer import stop_token_ids
 
-    _claim(work, recipe)
-    infos = whole_shards(recipe, work)
-    target, _, stops = _load_target(recipe, target)
-    feats = run_features(recipe, work, target, progress=progress)  # a no-op when every shard's file is current
-    t0 = time.perf_counter()
+    stops = stop_token_ids(None, target.args)
     responses = [r["response_ids"] for s in infos for r in read_shard(shard_path(work / "rollouts", s.index))]
     vocab = select_draft_vocab(responses, recipe.draft_vocab_size, always=stops) \
         if recipe.draft_vocab_size < target.args.vocab_size else None
@@ -185,17 +182,38 @@ def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, st
     coverage = vocab_coverage(responses, [int(t) for t in drafter.d2t], sizes=(1024, 2048, 4096, 8192))
     examples = examples_from_features([feature_path(work / "features", f.index) for f in feats],
                                       drafter.target_to_draft())
-    spe = math.ceil(len(examples) / recipe.batch_size)
-    marks = curve_steps(recipe, spe)
-    res = fit(drafter, examples, work / "train", recipe.epochs, recipe.lr, recipe.batch_size, recipe.ttt_steps,
-              seed=recipe.seed, snapshot_steps=tuple(marks), progress=progress, log=log, stop_after=stop_after,
-              autocast=recipe.train_dtype)
+    res = fit(drafter, examples, out, recipe.epochs, recipe.lr, recipe.batch_size, recipe.ttt_steps,
+              seed=recipe.seed, snapshot_steps=tuple(snapshot_marks or ()), progress=progress, log=log,
+              stop_after=stop_after, autocast=recipe.train_dtype)
+    res["sequences"] = len(examples)
+    return drafter, res, coverage
+
+
+def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, stop_after: int | None = None,
+              log=print) -> dict:
+    """Stage 3: the draft vocabulary, then the EAGLE head trained on every shard's features (resumable)."""
+    import math
+
+    import torch
+
+    from specrl.drafters.build.shards import data_hash
+    from specrl.drafters.io import save_drafter
+
+    _claim(work, recipe)
+    infos = whole_shards(recipe, work)
+    target, _, _ = _load_target(recipe, target)
+    feats = run_features(recipe, work, target, progress=progress)  # a no-op when every shard's file is current
+    t0 = time.perf_counter()
+    rows = sum(f.rows for f in feats)
+    marks = curve_steps(recipe, math.ceil(rows / recipe.batch_size))
+    drafter, res, coverage = train_head(recipe, work, target, infos, feats, work / "train", marks, progress=progress,
+                                        stop_after=stop_after, log=log)
     for s in res["snapshots"]:
         s["shards"] = marks.get(s["step"])
     prev = stage_record(work, "train") or {}
     record = {**res, "seconds": prev.get("seconds_this_stage", 0.0) + time.perf_counter() - t0,
               "threads": torch.get_num_threads(), "data_hash": data_hash(infos), "vocab": coverage,
-              "sequences": len(examples), "response_tokens": sum(f.response_tokens for f in feats)}
+              "response_tokens": sum(f.response_tokens for f in feats)}
     record["seconds_this_stage"] = record["seconds"]
     if res["finished"]:
         save_drafter(drafter, work / "train" / "drafter")
