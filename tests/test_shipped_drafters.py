@@ -1,8 +1,8 @@
 """The drafters shipped inside the package: verified files, a manifest that matches the target, a held-out AL floor.
 
-The floor is behavioural, far below the measured figure (the manifest's eval), so it is not flaky: an untrained
-or mis-loaded head accepts ~1.0 tokens per verify step; the shipped eagle:think measures 2.55 at k=3 (64 held-out
-prompts x 512 tokens, its manifest).
+The floors are behavioural, far below the measured figures (each manifest's eval), so they are not flaky: an
+untrained or mis-loaded head accepts ~1.0 tokens per verify step. Each shipped drafter is checked at its own
+workload: `think` (reasoning replies, T=0.7) and `default` (short number answers, T=1).
 """
 
 import json
@@ -13,7 +13,8 @@ from specrl.drafters.shipped import MANIFEST, check_shipped, is_shipped, shipped
 from specrl.errors import SpecRLError
 
 pytestmark = pytest.mark.slow
-AL_FLOOR = 1.5  # at k=3, T=0.7, on 4 held-out prompts x 96 tokens
+# name -> (answer format, temperature, max new tokens, held-out prompts, AL floor at k=3)
+SHIPPED = {"think": ("reasoning", 0.7, 96, 4, 1.5), "default": ("number", 1.0, 32, 16, 1.2)}
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +25,14 @@ def target():
     return model, tok
 
 
-def test_eagle_think_ships_and_its_manifest_matches_its_files_and_recipe():
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_each_shipped_drafter_s_manifest_matches_its_files_and_recipe(name):
     from specrl.drafters.build.recipe import Recipe
 
-    assert is_shipped("eagle", "think")
-    m = check_shipped(shipped_dir("think"), target_model="smollm2-135m")
+    assert is_shipped("eagle", name)
+    m = check_shipped(shipped_dir(name), target_model="smollm2-135m")
     assert m["kind"] == "eagle" and m["dtype"] == "bfloat16" and m["target"]["vocab_size"] == 49152
-    recipe = Recipe.load("think")
+    recipe = Recipe.load(name)
     assert m["recipe"]["temperature"] == recipe.temperature and m["recipe"]["task"] == recipe.task
     assert len(m["data_hash"]) == 64 and m["commit"]
     per_k = m["eval"]["per_k"]
@@ -38,7 +40,9 @@ def test_eagle_think_ships_and_its_manifest_matches_its_files_and_recipe():
     assert len(per_k["7"]["accepted_at_least"]) == 7
 
 
-def test_eagle_think_loads_without_a_build_and_beats_the_al_floor_on_heldout_prompts(target, monkeypatch):
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_each_shipped_drafter_loads_without_a_build_and_beats_its_al_floor_on_heldout_prompts(name, target,
+                                                                                              monkeypatch):
     from specrl.drafters import default as default_drafter
     from specrl.drafters.default import resolve_drafter, task_prompts
     from specrl.drafters.training.offline import heldout_acceptance
@@ -49,13 +53,14 @@ def test_eagle_think_loads_without_a_build_and_beats_the_al_floor_on_heldout_pro
 
     monkeypatch.setattr(default_drafter.drafter_build, "train_drafter_offline", no_build)
     model, tok = target
-    d = resolve_drafter("eagle:think", model)
+    fmt, temperature, new_tokens, prompts, floor = SHIPPED[name]
+    d = resolve_drafter(f"eagle:{name}", model)
     assert str(d.dtype) == "torch.bfloat16"
-    _, held = task_prompts("chain_sum", 8, heldout=4, answer_format="reasoning")(tok)
-    al = heldout_acceptance(model, d, held, k=3, temperature=0.7, max_new_tokens=96,
+    _, held = task_prompts("chain_sum", 8, heldout=prompts, answer_format=fmt)(tok)
+    al = heldout_acceptance(model, d, held, k=3, temperature=temperature, max_new_tokens=new_tokens,
                             stop_token_ids=stop_token_ids(tok, model.args), seed=0)
-    assert al >= AL_FLOOR, f"eagle:think accepts {al:.2f} tokens per verify step (floor {AL_FLOOR})"
-    assert default_drafter.ensure_default_drafter("eagle", "think") == shipped_dir("think")
+    assert al >= floor, f"eagle:{name} accepts {al:.2f} tokens per verify step (floor {floor})"
+    assert default_drafter.ensure_default_drafter("eagle", name) == shipped_dir(name)
 
 
 def test_a_tampered_shipped_file_is_refused_by_name(tmp_path, target):

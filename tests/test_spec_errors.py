@@ -74,16 +74,17 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(build, "train_drafter_offline", fake_build)
-    path = dd.ensure_default_drafter("eagle", progress=False)
-    assert path == dd.default_drafter_dir("eagle") and (path / "config.json").exists()
-    assert calls == [("smollm2-135m", "eagle", "chain_sum (number)", dd.DEFAULT_BUILD["samples"],
+    path = dd.ensure_default_drafter("mtp", progress=False)
+    assert path == dd.default_drafter_dir("mtp") and (path / "config.json").exists()
+    assert calls == [("smollm2-135m", "mtp", "chain_sum (number)", dd.DEFAULT_BUILD["samples"],
                       dd.DEFAULT_BUILD["epochs"], 64, 1.0)]
-    assert dd.ensure_default_drafter("eagle", progress=False) == path and len(calls) == 1  # cached
+    assert dd.ensure_default_drafter("mtp", progress=False) == path and len(calls) == 1  # cached
     think = dd.ensure_default_drafter("mtp", "think", progress=False)  # the long-reasoning workload's own
     assert think == dd.default_drafter_dir("mtp", "think") != path
     assert calls[-1] == ("smollm2-135m", "mtp", "chain_sum (reasoning)", 320, 3, 512, 0.7)
-    n = len(calls)  # eagle:think ships in the package: verified and used, never built
+    n = len(calls)  # eagle:think and eagle:default ship in the package: verified and used, never built
     assert dd.ensure_default_drafter("eagle", "think", progress=False) == shipped_dir("think") and len(calls) == n
+    assert dd.ensure_default_drafter("eagle", progress=False) == shipped_dir("default") and len(calls) == n
     with pytest.raises(SpecRLError, match="not an embedded drafter name"):
         dd.default_drafter_dir("eagle", "thinking")
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, think.name])  # no temporary dirs
@@ -116,7 +117,11 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
     (path / dd.RECIPE_FILE).unlink()  # a cache from a specrl that recorded no recipe
     dd.ensure_default_drafter("mtp", "think", progress=False)
     assert epochs == [3, 8, 8] and "an unrecorded recipe (an older specrl)" in capsys.readouterr().out
-    # an EAGLE head of drafter format 1 (the layer before EAGLE-3's) under the current recipe: rebuilt
+    # an EAGLE head of drafter format 1 (the layer before EAGLE-3's) under the current recipe: rebuilt (where
+    # the package ships no eagle:default; it does, so its absence is simulated)
+    import specrl.drafters.shipped as shipped
+
+    monkeypatch.setattr(shipped, "is_shipped", lambda kind, name, root=None: False)
     path = dd.ensure_default_drafter("eagle", "default", progress=False)
     (path / "config.json").write_text(json.dumps({"kind": "eagle", "format_version": 1}))
     dd.ensure_default_drafter("eagle", "default", progress=False)
@@ -138,8 +143,8 @@ def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):
 
     monkeypatch.setattr(build, "train_drafter_offline", failing_build)
     with pytest.raises(KeyboardInterrupt):
-        dd.ensure_default_drafter("eagle", progress=False)
-    assert not dd.default_drafter_dir("eagle").exists()
+        dd.ensure_default_drafter("mtp", progress=False)
+    assert not dd.default_drafter_dir("mtp").exists()
 
 
 def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_path, monkeypatch):
@@ -149,8 +154,8 @@ def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     embedded = SimpleNamespace(args=ModelArgs(vocab_size=49152))
-    with pytest.raises(SpecRLError, match=r"not built yet.*specrl prepare --drafter eagle"):
-        make_drafter("eagle:default", embedded)
+    with pytest.raises(SpecRLError, match=r"not built yet.*specrl prepare --drafter mtp"):
+        make_drafter("mtp:default", embedded)
     assert not (tmp_path / "drafters").exists()
     built = []
 

@@ -125,6 +125,8 @@ def _build(parsed: DrafterSpec, target, dtype, build_default: Callable[[str, str
         if is_shipped(kind, arg):  # trained ahead of time, inside the package: verified, never rebuilt
             if target is None:
                 raise SpecRLError(f"{kind}:{arg} needs the target model it drafts for (pass target=)")
+            if not _is_embedded(target):
+                raise SpecRLError(_other_model(kind, arg))
             return load_shipped(kind, arg, target)
         parsed = DrafterSpec(kind, str(_default_dir(kind, arg, target, build_default)))
     return info.build(parsed, target, dtype)
@@ -176,12 +178,16 @@ for _name, _build_fn, _cls in (("none", _build_none, None), ("ngram", _build_ngr
 del _name, _build_fn, _cls
 
 
+def _other_model(kind: str, name: str) -> str:
+    return (f"{kind}:{name} is a drafter of the embedded {DEFAULT_DRAFTER_MODEL} model; this target is a different "
+            f"model. Train one for it with `specrl draft init --model PATH --drafter {kind} --task TASK --out DIR` "
+            f"and pass {kind}:DIR")
+
+
 def _default_dir(kind: str, name: str, target, build_default: Callable[[str, str], Path] | None) -> Path:
     final = default_drafter_dir(kind, name)
     if target is not None and not _is_embedded(target) and not final.exists():
-        raise SpecRLError(f"{kind}:{name} is a drafter of the embedded {DEFAULT_DRAFTER_MODEL} model; this target "
-                          f"is a different model. Train one for it with `specrl draft init --model PATH "
-                          f"--drafter {kind} --task TASK --out DIR` and pass {kind}:DIR")
+        raise SpecRLError(_other_model(kind, name))
     if build_default is not None:  # it returns the cached directory when that is current
         return Path(build_default(kind, name))
     if (final / "config.json").exists():

@@ -1,16 +1,14 @@
 """The embedded model's drafters, built from the RL task's own prompts, and drafter specs with them.
 
-`eagle:default` / `mtp:default` is an in-domain drafter of SmolLM2-135M: the policy's rollouts on chain_sum
-prompts, distilled with a small fixed budget (`DEFAULT_BUILDS["default"]`) by
-`specrl.drafters.build.from_rollouts.train_drafter_offline`; `eagle:think` the same on examples/think.yaml's long
-step-by-step
-replies (`DEFAULT_BUILDS["think"]`: the `reasoning` answer format, its temperature and length). Both are cached
-next to the model (`specrl.drafters.default_drafter_dir`). The drafters layer only loads it; the build lives here
-because only this layer knows tasks: `task_prompts` renders a task's train and held-out prompts
-exactly as the trainer does (`PromptFormatter`). A drafter the package ships (`specrl.drafters.shipped`, today
-`eagle:think`, trained by `specrl draft build --recipe think`) is used as shipped, never built: `ensure_default_drafter`
-verifies and returns its directory. Otherwise `ensure_default_drafter` builds it once; `resolve_drafter` is
-`make_drafter` with that builder, what the CLI, the trainer, the rollout backends and the benchmarks call.
+`eagle:default` (the short-answer workload's head) and `eagle:think` (examples/think.yaml's long step-by-step replies)
+are shipped in the package (`specrl.drafters.shipped`, trained by `specrl draft build --recipe default|think`):
+`ensure_default_drafter` verifies and returns a shipped drafter's directory, never builds it. The others (`mtp:default`,
+`mtp:think`) are in-domain drafters of SmolLM2-135M built on first use: the policy's rollouts on chain_sum prompts,
+distilled with a small fixed budget (`DEFAULT_BUILDS`) by `specrl.drafters.build.from_rollouts.train_drafter_offline`
+and cached next to the model (`specrl.drafters.default_drafter_dir`). The drafters layer only loads them; the build
+lives here because only this layer knows tasks: `task_prompts` renders a task's train and held-out prompts exactly
+as the trainer does (`PromptFormatter`). `resolve_drafter` is `make_drafter` with that builder, what the CLI, the
+trainer, the rollout backends and the benchmarks call.
 """
 
 from __future__ import annotations
