@@ -184,6 +184,19 @@ def copy_state(module: torch.nn.Module, state: dict[str, torch.Tensor], where: s
             t.copy_(state[name].to(t.dtype))
 
 
+def model_from_state(args: ModelArgs, state: dict[str, torch.Tensor], dtype: str | torch.dtype,
+                     where: str) -> Transformer:
+    """Our `Transformer` of `args` holding `state` (HF names, validated like a checkpoint's) in `dtype`, on CPU."""
+    with torch.device("meta"):
+        model = Transformer(args)
+    model = model.to_empty(device="cpu").to(parse_dtype(dtype))
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.inv_freq = _rope_inv_freq(args)  # buffers made on the meta device hold no values
+    load_state_into(model, state, where)
+    return model
+
+
 def load_hf_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16) -> Transformer:
     ckpt_dir = Path(path)
     cfg_path = ckpt_dir / "config.json"
@@ -194,13 +207,7 @@ def load_hf_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = torch
     except json.JSONDecodeError as e:
         raise SpecRLError(f"{cfg_path}: not valid JSON ({e})") from None
     args = args_from_hf_config(cfg, str(cfg_path))
-    with torch.device("meta"):
-        model = Transformer(args)
-    model = model.to_empty(device="cpu").to(parse_dtype(dtype))
-    if args.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    model.inv_freq = _rope_inv_freq(args)  # buffers made on the meta device hold no values
-    load_state_into(model, read_state_dict(ckpt_dir), str(ckpt_dir))
+    model = model_from_state(args, read_state_dict(ckpt_dir), dtype, str(ckpt_dir))
     check_finite(model, str(ckpt_dir), "the checkpoint is corrupt or was saved from a diverged run; use another "
                                        "checkpoint (e.g. an earlier one of the run)")
     return model.eval()

@@ -1,0 +1,80 @@
+"""The end of training: the losslessness certificate of the final policy and drafter, in TRL's logs.
+
+`SpecRLCallback` is added to the trainer by the rollout function's first call. At `on_train_end` it loads the
+trainer's final weights into the engine (acknowledged like every refit), samples continuations of the run's own
+prompts through the engine's speculative path (its drafter, verify mode and k; k = 7 where the run chose k
+itself, so every draft depth is verified), tests them against an fp32 copy of the final policy with the
+losslessness probe (`specrl.backends.probe`), logs `specrl/certificate_*` through `trainer.log` and writes
+`OUTPUT_DIR/specrl_certificate[.rankN].json`. Plain decoding (no drafter) and greedy sampling get no certificate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+MAX_PROMPTS = 4
+PROBE_BATCH = 64
+
+
+def certify(rollouts, trainer, num_samples: int) -> dict[str, Any] | None:
+    """The probe's result on the engine as the run ended, or None where no certificate applies."""
+    import torch
+
+    from specrl.backends.probe import chat_prompts, probe_backend
+    from specrl.integrations.trl.weights import engine_model
+    from specrl.rollout.engine import RolloutEngine
+    from specrl.rollout.sampling import SamplingParams
+
+    if not rollouts.speculative or float(trainer.temperature) <= 0:
+        return None
+    rollouts.sync(trainer)
+    engine = rollouts.engine
+    k = rollouts.num_draft_tokens if isinstance(rollouts.num_draft_tokens, int) else engine.k_max
+    prompts = rollouts.seen_prompts[:MAX_PROMPTS] or chat_prompts(rollouts.tokenizer)
+    tokens = max(8, k + 2)
+    reference = engine_model(rollouts.model, torch.float32, trainer.accelerator.device)
+    if rollouts.backend_name == "native":
+        backend = RolloutEngine(engine.model, max_batch_size=PROBE_BATCH,
+                                max_seq_len=max(len(p) for p in prompts) + tokens + k + 2, drafter=engine.drafter,
+                                num_draft_tokens=k, verify=rollouts.verify, k_max=max(k, engine.k_max))
+    else:
+        backend = engine
+    setting = (f"TRL's final policy and drafter ({rollouts.drafter_spec}), k={k}, verify={rollouts.verify}, "
+               f"T={trainer.temperature}, top_p={trainer.top_p}, top_k={trainer.top_k}")
+    t0 = time.perf_counter()
+    r = probe_backend(backend, reference, prompts,
+                      SamplingParams(temperature=float(trainer.temperature), top_p=float(trainer.top_p or 1.0),
+                                     top_k=int(trainer.top_k or 0), seed=rollouts.seed),
+                      num_samples=max(num_samples, len(prompts)), num_tokens=tokens, setting=setting)
+    return {**r.as_dict(), "k": k, "policy_version": rollouts.version, "seconds": time.perf_counter() - t0,
+            "summary": r.summary()}
+
+
+class SpecRLCallback(TrainerCallback):
+    """Runs the certificate when training ends and puts its figures in the trainer's logs."""
+
+    def __init__(self, rollouts):
+        self.rollouts = rollouts
+
+    def on_train_end(self, args, state, control, **kwargs):
+        r = self.rollouts
+        if not r.certificate_enabled or r.trainer is None:
+            return
+        cert = certify(r, r.trainer, r.certificate_samples)
+        if cert is None:
+            return
+        r.certificate = cert
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        suffix = f".rank{r.process_index}" if r.process_index else ""
+        (out / f"specrl_certificate{suffix}.json").write_text(json.dumps(cert, indent=1) + "\n")
+        r.trainer.log({"specrl/certificate_passed": float(cert["passed"]),
+                       "specrl/certificate_p_value": cert["p_value"],
+                       "specrl/certificate_detectable_w": cert["detectable_w"],
+                       "specrl/certificate_tokens": float(cert["num_tokens"]),
+                       "specrl/certificate_seconds": cert["seconds"]})
