@@ -1,11 +1,12 @@
 """The trainer's policy as the rollout engine holds it: HF-named tensors out of a transformers (or PEFT) model,
 and a specrl `Transformer` built from them in memory.
 
-`policy_tensors(model)` is a context manager yielding the model's current weights under HF checkpoint names,
-detached and not copied; a PEFT model's LoRA adapters are merged for the duration (as TRL does before it sends
-weights to vLLM) and unmerged after, so the names are the base model's and the values are what the merged policy
-computes. `engine_model(model, dtype, device)` builds specrl's model of the same architecture from the
-transformers config and those tensors (no file is read), or says which architectures the native engine loads.
+`policy_tensors(model)` yields the model's current weights under HF checkpoint names, detached and not copied; a
+PEFT model's LoRA layers are given as base weight + adapter delta, computed out of place (TRL merges and unmerges
+in place before it sends weights to vLLM, which leaves rounding error in the base weights), so the names are the
+base model's and the values are what the merged policy computes. `engine_model(model, dtype, device)` builds
+specrl's model of the same architecture from the transformers config and those tensors (no file is read), or says
+which architectures the native engine loads.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import args_from_hf_config, model_from_state
 from specrl.model.transformer import SUPPORTED_ARCHITECTURES
 
-LORA_MARKERS = ("lora_", "modules_to_save")
-
 
 def is_peft(model) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
 def base_model(model):
@@ -32,28 +31,38 @@ def base_model(model):
     return model.get_base_model() if is_peft(model) else model
 
 
-def _hf_names(state: dict[str, Tensor], peft: bool) -> dict[str, Tensor]:
-    if not peft:
-        return {k: v.detach() for k, v in state.items()}
-    out = {}
-    for k, v in state.items():
-        if any(m in k for m in LORA_MARKERS):
+def _merged(model) -> dict[str, Tensor]:
+    """A PEFT model's weights under the base model's HF names, each LoRA layer's as base + its active adapters'
+    delta, computed out of place: the trainer's tensors are read, never written (a merge / unmerge round trip
+    would leave rounding error in the base weights every step)."""
+    base = base_model(model)
+    out: dict[str, Tensor] = {}
+    for k, v in base.state_dict().items():
+        if "lora_" in k or ".original_module." in k:
             continue
+        if ".modules_to_save." in k:  # a fully trained copy of a module: its active copy is the weight
+            head, tail = k.split(".modules_to_save.", 1)
+            k = f"{head}.{tail.split('.', 1)[1]}"
         out[k.replace(".base_layer.", ".")] = v.detach()
+    for name, m in base.named_modules():
+        if not (hasattr(m, "get_delta_weight") and hasattr(m, "base_layer") and hasattr(m, "lora_A")):
+            continue
+        if getattr(m, "merged", False):
+            raise SpecRLError(f"{name}: the PEFT adapters are merged into the base weights already; unmerge them "
+                              "(model.unmerge_adapter()) before training with specrl's rollouts")
+        w = m.base_layer.weight.detach()
+        for adapter in m.active_adapters:
+            if adapter in m.lora_A:
+                w = w + m.get_delta_weight(adapter).detach().to(w.dtype)
+        out[f"{name}.weight"] = w
     return out
 
 
 @contextlib.contextmanager
 def policy_tensors(model) -> Iterator[dict[str, Tensor]]:
-    """The policy's weights under HF names (a PEFT model's with its adapters merged while the block runs)."""
-    if is_peft(model):
-        model.merge_adapter()
-        try:
-            yield _hf_names(base_model(model).state_dict(), peft=True)
-        finally:
-            model.unmerge_adapter()
-    else:
-        yield _hf_names(model.state_dict(), peft=False)
+    """The policy's weights under HF names (a PEFT model's with its active adapters merged, out of place)."""
+    with torch.no_grad():
+        yield _merged(model) if is_peft(model) else {k: v.detach() for k, v in model.state_dict().items()}
 
 
 def hf_config(model) -> dict:
