@@ -200,3 +200,31 @@ def test_embedded_model_logprobs_match_trls_recomputation(tmp_path):
         errs.append(torch.exp((ref - torch.tensor(lp)).abs()))
     token_mult_prob_error = float(torch.cat(errs).mean())
     assert token_mult_prob_error <= 1.01
+
+
+def test_each_process_of_a_two_rank_run_generates_its_slice_on_its_own_engine(tiny_dir, tmp_path):
+    """torchrun with 2 CPU processes (gloo): each rank's engine gets its own prompts and seed, and both hold the
+    same (DDP-synchronised) weights at every step."""
+    import json
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ranks"
+    out.mkdir()
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+                        str(port), str(Path(__file__).with_name("trl_ranks.py")), str(tiny_dir), str(out)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [x["world"] for x in ranks] == [2, 2]
+    assert all(x["versions"] == [0, 1] for x in ranks)
+    assert ranks[0]["seed"] != ranks[1]["seed"]
+    assert ranks[0]["prompts"] != ranks[1]["prompts"]  # each rank its own slice
+    assert ranks[0]["digest"] == ranks[1]["digest"]  # the same trained weights on both engines
+    assert all(x["certificate_tokens"] for x in ranks)
