@@ -39,6 +39,7 @@ LAYERS = {
     "specrl.cluster": 11,
     "specrl.cli": 12,
     "specrl.api": 12,
+    "specrl.integrations": 13,
 }
 FACADE = "specrl"  # specrl/__init__.py: a lazy facade for users, exempt as importer, forbidden as imported
 
