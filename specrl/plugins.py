@@ -44,7 +44,7 @@ def import_file(path: str | Path, what: str = "plugins"):
     name = f"specrl_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
     if name in sys.modules:
         return sys.modules[name]
-    source = path if path.is_file() else _runtime_env_copy(path)
+    source = path if path.is_file() else runtime_env_copy(path)
     if source is None:
         raise SpecRLError(f"{what}: {path} does not exist; give a path to a .py file or an importable module name")
     spec = importlib.util.spec_from_file_location(name, source)
@@ -58,7 +58,7 @@ def import_file(path: str | Path, what: str = "plugins"):
     return module
 
 
-def _runtime_env_copy(path: Path) -> Path | None:
+def runtime_env_copy(path: Path) -> Path | None:
     """The copy of the driver's plugin file `path` that a Ray runtime env put on this process's module path (an
     actor on another node, where the driver's path does not exist: `specrl.cluster.plugin_env`), or None."""
     try:

@@ -20,7 +20,11 @@ from specrl.algorithms.losses import LOSSES, register_loss
 def plugenv_pkg_loss(logp, old_logp, advantages, mask, **kw):
     return LOSSES["dapo"].fn(logp, old_logp, advantages, mask, **kw)
 '''
-FILE = PKG.replace("plugenv_pkg_loss", "plugenv_file_loss")
+FILE = PKG.replace("plugenv_pkg_loss", "plugenv_file_loss") + '''
+
+def plugenv_reward(prompt, completion, row):
+    return float(len(completion))
+'''
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -128,8 +132,16 @@ def test_a_module_and_a_file_plugin_reach_an_actor_on_another_node(sources, two_
                 return ray.get_runtime_context().get_node_id(), str(e)
             return ray.get_runtime_context().get_node_id(), sorted(n for n in LOSSES if n.startswith("plugenv"))
 
+        def reward(self, spec):
+            from specrl.data.rewards import load_reward_fn
+
+            try:
+                return load_reward_fn(spec)("p", "abc", {})
+            except SpecRLError as e:
+                return str(e)
+
     here = ray.get_runtime_context().get_node_id()
-    data = {"plugins": ["plugenv_pkg", str(f)]}
+    data = {"plugins": ["plugenv_pkg", str(f)], "reward": {"functions": [f"{f}:plugenv_reward"]}}
     opts = actor_options(data, resources={"other_node": 0.1})
     assert len(opts["runtime_env"]["py_modules"]) == 2 and opts["resources"] == {"other_node": 0.1}
     carried = Probe.options(**opts).remote()
@@ -139,6 +151,8 @@ def test_a_module_and_a_file_plugin_reach_an_actor_on_another_node(sources, two_
     f.rename(f.with_suffix(".moved"))
     node, got = ray.get(carried.load.remote(data["plugins"]), timeout=120)
     assert node != here and got == ["plugenv_file_loss", "plugenv_pkg_loss"]
+    assert ray.get(carried.reward.remote(f"{f}:plugenv_reward"), timeout=120) == 3.0  # a reward file, too
+    assert "plugenv_file.py does not exist" in ray.get(bare.reward.remote(f"{f}:plugenv_reward"), timeout=120)
     # without the runtime env the module is unknown there
     node, err = ray.get(bare.load.remote(["plugenv_pkg"]), timeout=120)
     assert node != here and "cannot import module 'plugenv_pkg'" in err

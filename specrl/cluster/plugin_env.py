@@ -1,8 +1,8 @@
 """The users' code every Ray actor needs, carried to it: the Ray `runtime_env` of the config's plugins.
 
-Every actor imports the config's `plugins` (and the modules of `reward.functions`) before it validates the config
-(`specrl.plugins`). On the driver's own machine they are on its disk; an actor placed on another node of a Ray
-cluster has neither the driver's `.py` files nor its local packages. `plugin_runtime_env` is the `runtime_env`
+Every actor imports the config's `plugins` (and the modules and files of `reward.functions`) before it validates
+the config (`specrl.plugins`). On the driver's own machine they are on its disk; an actor placed on another node of
+a Ray cluster has neither the driver's `.py` files nor its local packages. `plugin_runtime_env` is the `runtime_env`
 each actor is created with (`py_modules`, uploaded to the cluster first, as `ray.init` does for a job): a plugin
 file as itself, a plugin module as its top-level package (or single-file module) directory as found on the driver.
 A module installed as a distribution (under a `site-packages` directory) is not carried: installing it on every
@@ -64,11 +64,13 @@ def plugin_runtime_env(data: dict) -> dict | None:
     specs = [(resolve(s), True) for s in data.get("plugins") or []]
     for fn in (data.get("reward") or {}).get("functions") or []:
         module, sep, _ = str(fn).rpartition(":")
-        if sep and module and not module.endswith(".py") and "/" not in module:
+        if sep and (module.endswith(".py") or "/" in module):
+            specs.append((str(Path(module).expanduser().resolve()), False))
+        elif sep and module:
             specs.append((module, False))  # the producer imports it later, from its working directory
     out: list[str] = []
     for spec, strict in specs:
-        src = Path(spec) if spec.endswith(".py") else _module_source(spec, strict)
+        src = (Path(spec) if Path(spec).is_file() else None) if spec.endswith(".py") else _module_source(spec, strict)
         if src is not None and str(src) not in out:
             out.append(str(src))
     return {"py_modules": out} if out else None
