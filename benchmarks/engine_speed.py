@@ -152,7 +152,7 @@ def main() -> None:
     # same tensor as the table, read whole by the head)
     n_params = sum(p.numel() for p in model.parameters()) - model.embed_tokens.weight.numel() + \
         model.lm_head.weight.numel() * (model.lm_head.weight is model.embed_tokens.weight)
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdt).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdt, trust_remote_code=False).eval()
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -84,8 +84,8 @@ def main() -> None:
         prompts = [fmt.encode(p.question) for p in val.problems][: a.prompts]
     else:
         prompts = prompt_ids(tok, a.prompts)
-    hf_t = AutoModelForCausalLM.from_pretrained(str(prepare("smollm2-135m")), dtype=tdt).eval()
-    hf_fixed = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=tdt).eval()
+    hf_t = AutoModelForCausalLM.from_pretrained(str(prepare("smollm2-135m")), dtype=tdt, trust_remote_code=False).eval()
+    hf_fixed = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=tdt, trust_remote_code=False).eval()
     hf_fixed.generation_config.num_assistant_tokens = a.k
     hf_fixed.generation_config.num_assistant_tokens_schedule = "constant"
     hf_fixed.generation_config.assistant_confidence_threshold = 0.0

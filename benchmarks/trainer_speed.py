@@ -63,7 +63,8 @@ def main() -> None:
 
     n = a.prompts * a.group
     policy, tok = load_model("smollm2-135m", dtype=torch.float32)
-    hf = AutoModelForCausalLM.from_pretrained(str(prepare("smollm2-135m")), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(prepare("smollm2-135m")), dtype=torch.float32,
+                                              trust_remote_code=False)
     cfg = validate_config({"grpo": {"num_prompts_per_step": a.prompts, "num_generations": a.group},
                            "policy": {"train_micro_batch_size": a.micro, "learning_rate": 1e-6,
                                       "precision": a.precision},

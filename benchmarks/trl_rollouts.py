@@ -39,8 +39,8 @@ def make_trainer(arm: str, a, model_dir, rows, reward):
     from specrl.integrations.trl import rollout_func
 
     torch.manual_seed(a.seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     args = GRPOConfig(output_dir=os.path.join(a.work, arm), max_steps=a.steps, per_device_train_batch_size=a.group,
                       num_generations=a.group, max_completion_length=a.max_completion_length,
                       temperature=a.temperature, learning_rate=2e-5, logging_steps=1, save_strategy="no",

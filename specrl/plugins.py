@@ -7,8 +7,10 @@ name, or a path to a `.py` file) and/or advertised by an installed package under
 `specrl.plugins` (as vLLM's plugins are). `specrl.config.schema.validate_config` calls `load_plugins` first, in the
 driver, every actor and every rank alike, so the registries hold the same names everywhere before the config is
 checked against them. Importing is idempotent (a module is imported once per process); a file path is made
-absolute on the driver, so a process with another working directory imports the same file. Lower layer: imports
-errors only.
+absolute on the driver, so a process with another working directory imports the same file, and an actor on
+another node of a Ray cluster, where that path does not exist, imports the copy its runtime env carries
+(`specrl.cluster.plugin_env`). An entry point that fails to load is tried again on the next call. Lower layer:
+imports errors only.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 from specrl.errors import SpecRLError
 
 ENTRY_POINT_GROUP = "specrl.plugins"
-_entry_points_loaded = False
+_entry_points_loaded = False  # every entry point has loaded in this process
+_entry_points_done: set[str] = set()  # the entry points (`module:attr`) loaded so far
 
 
 def resolve(spec: str) -> str:
@@ -41,9 +44,10 @@ def import_file(path: str | Path, what: str = "plugins"):
     name = f"specrl_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
     if name in sys.modules:
         return sys.modules[name]
-    if not path.is_file():
+    source = path if path.is_file() else runtime_env_copy(path)
+    if source is None:
         raise SpecRLError(f"{what}: {path} does not exist; give a path to a .py file or an importable module name")
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, source)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -54,6 +58,18 @@ def import_file(path: str | Path, what: str = "plugins"):
     return module
 
 
+def runtime_env_copy(path: Path) -> Path | None:
+    """The copy of the driver's plugin file `path` that a Ray runtime env put on this process's module path (an
+    actor on another node, where the driver's path does not exist: `specrl.cluster.plugin_env`), or None."""
+    try:
+        found = importlib.util.find_spec(path.stem)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or Path(found.origin).name != path.name:
+        return None
+    return Path(found.origin)
+
+
 def load_plugins(specs: list[str] | tuple[str, ...] = ()) -> list[str]:
     """Import every plugin in `specs` and every installed `specrl.plugins` entry point (once per process);
     return the resolved specs. A plugin that cannot be imported is a SpecRLError naming it."""
@@ -61,13 +77,16 @@ def load_plugins(specs: list[str] | tuple[str, ...] = ()) -> list[str]:
     if not isinstance(specs, (list, tuple)):
         raise SpecRLError(f"plugins must be a list of module names or .py paths, got {type(specs).__name__}")
     if not _entry_points_loaded:
-        _entry_points_loaded = True
         for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.value in _entry_points_done:
+                continue
             try:
                 ep.load()
-            except Exception as e:
+            except Exception as e:  # not marked: the next call tries it again, and the ones after it
                 raise SpecRLError(f"the installed specrl plugin {ep.name!r} ({ep.value}) failed to load "
                                   f"({type(e).__name__}: {e})") from e
+            _entry_points_done.add(ep.value)
+        _entry_points_loaded = True  # only once every entry point has loaded
     out = []
     for spec in specs:
         r = resolve(spec)

@@ -258,3 +258,28 @@ def torch_equal(x, y):
     import torch
 
     return x.shape == y.shape and torch.equal(x, y)
+
+
+def test_a_planted_training_checkpoint_is_refused_before_it_runs_code(tmp_path):
+    """`specrl draft build` resumes `WORK/train/checkpoint.pt`: it is read with `weights_only=True`, so a crafted
+    file whose unpickling would call `os.system` is refused naming the global, and the command never runs."""
+    import torch
+
+    from specrl.drafters.build.fit import CHECKPOINT_FILE
+    from specrl.drafters.build.stages import run_train
+    from tests.test_rl_checkpoint import _RunsCode
+
+    model, recipe = tiny_build(tmp_path)
+    part = run_train(recipe, tmp_path, model, progress=False, stop_after=1)
+    assert part["steps"] == 1 and not part["finished"]
+    ck = tmp_path / "train" / CHECKPOINT_FILE
+    state = torch.load(ck, weights_only=True)  # what fit writes is plain data
+    assert state["step"] == 1 and isinstance(state["opt"]["state"], dict)
+    marker = tmp_path / "ran"
+    torch.save({**state, "losses": [_RunsCode(marker)]}, ck)
+    with pytest.raises(SpecRLError, match=r"checkpoint\.pt asks to build `posix\.system`.*could run code; refused"):
+        run_train(recipe, tmp_path, model, progress=False)
+    assert not marker.exists()
+    torch.save(["not", "a", "checkpoint"], ck)
+    with pytest.raises(SpecRLError, match="not a specrl drafter training checkpoint"):
+        run_train(recipe, tmp_path, model, progress=False)

@@ -172,16 +172,56 @@ def test_the_hybrid_takes_a_history_draft_only_where_it_is_expected_to_beat_the_
 
 
 def test_the_suffix_index_holds_at_most_max_tokens_over_all_prompts():
-    """Prompts beyond the token budget push out the least recently used prompt's history, never the batch's own."""
+    """Prompts beyond the token budget push out the oldest sequences first: here the older prompts' history."""
     from specrl.drafters.suffix import SuffixDrafter
 
     d = SuffixDrafter(max_tokens=100)
     for group in range(5):  # 5 prompts x 2 rows x 20 tokens = 200 tokens offered, 2 prompts' worth fit
         d.continuations(_suffix_batch([list(range(group, group + 20)), list(range(group + 1, group + 21))], group), 3)
         assert d.memory()["tokens"] <= 100 and group in d.groups
-    assert list(d.groups) == [3, 4]  # the two most recently used
-    big = SuffixDrafter(max_tokens=10)  # one batch larger than the budget keeps its own group
+    # the five newest sequences: prompt 2's second row, prompts 3 and 4 whole
+    assert {g: list(d.groups[g].seqs.values()) for g in d.groups} == {
+        2: [list(range(3, 23))], 3: [list(range(3, 23)), list(range(4, 24))],
+        4: [list(range(4, 24)), list(range(5, 25))]}
+    big = SuffixDrafter(max_tokens=10)  # one batch larger than the budget: the bound holds for it too
     big.continuations(_suffix_batch([list(range(40))], 9), 3)
-    assert list(big.groups) == [9]
+    assert list(big.groups) == [9] and big.memory()["tokens"] == 0
     with pytest.raises(SpecRLError, match="max_tokens must be an integer >= 1, got 0"):
         SuffixDrafter(max_tokens=0)
+
+
+def test_the_suffix_index_bound_is_in_tokens_and_drops_the_oldest_sequences_the_batch_s_included():
+    """A long-response run: 4 prompts x 4 samples growing to 60 tokens, three epochs, a budget of 300 tokens (less
+    than one batch, 960). After every engine step the index holds at most 300 tokens (and at most one n-gram entry
+    per match length per token); what it drops is always the oldest sequences, the running batch's included; a
+    dropped running sequence is not indexed again as it grows, and its siblings still draft for it."""
+    import torch
+
+    from specrl.drafters.suffix import SuffixDrafter
+
+    d = SuffixDrafter(max_tokens=300)
+    g = torch.Generator().manual_seed(0)
+    created = []  # (epoch, group, row) in the order the index first saw them
+    for epoch in range(3):
+        rows = {(grp, r): torch.randint(3, 12, (60,), generator=g).tolist() for grp in range(4) for r in range(4)}
+        for length in range(5, 61, 5):  # the engine's steps: every row grows by 5 tokens
+            keys = sorted(rows)
+            batch = _batch(tokens=[rows[key][:length] for key in keys], positions=torch.tensor([length] * 16),
+                           seeds=torch.tensor([epoch] * 16), request_ids=torch.tensor([r for _, r in keys]),
+                           group_ids=[grp for grp, _ in keys])
+            if length == 5:
+                created += [(epoch, *key) for key in keys]
+            matches = d.continuations(batch, 3)
+            mem = d.memory()
+            assert mem["tokens"] <= 300 and mem["index_entries"] <= 300 * len(d.lengths), (epoch, length, mem)
+            assert len(matches) == 16
+        held = {(epoch, grp, r) for grp, gi in d.groups.items() for sid, toks in gi.seqs.items()
+                for r in range(4) if toks == rows[(grp, r)]}
+        # the held sequences are the newest ones: every dropped one was created before every held one
+        order = [created.index(h) for h in held]
+        dropped = [i for i, c in enumerate(created) if c[0] == epoch and c not in held]
+        assert held and dropped and max(dropped) < min(order), (sorted(order), dropped)
+        assert sum(len(t) for gi in d.groups.values() for t in gi.seqs.values()) == d.memory()["tokens"] <= 300
+    # a dropped running sequence stays out of the index as it grows
+    gone = next(gi for gi in d.groups.values() if gi.gone)
+    assert all(n == 60 for n, _ in gone.gone.values())

@@ -126,6 +126,7 @@ class AsyncGRPOTrainer:
 
     def __init__(self, cfg: TrainConfig, run_dir: Path):
         from specrl.cluster.actors import LearnerActor, RolloutWorker, WeightStore
+        from specrl.cluster.plugin_env import actor_options
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -140,10 +141,12 @@ class AsyncGRPOTrainer:
             # run.device=cuda: the learner and the workers share the visible GPUs (Ray hides GPUs from an actor
             # that asks for none); on CPU they ask for none
             gpus = 1.0 / (pl.num_rollout_workers + 1) if cfg.run.device.startswith("cuda") else 0
-            self.learner = LearnerActor.options(num_cpus=pl.learner_threads, num_gpus=gpus).remote(
+            self.learner = LearnerActor.options(**actor_options(data, num_cpus=pl.learner_threads,
+                                                                num_gpus=gpus)).remote(
                 data, pl.learner_threads, self.store)
-            self.workers = [RolloutWorker.options(num_cpus=pl.worker_threads, num_gpus=gpus,
-                                                  max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS)
+            self.workers = [RolloutWorker.options(**actor_options(data, num_cpus=pl.worker_threads, num_gpus=gpus,
+                                                                  max_restarts=WORKER_RESTARTS,
+                                                                  max_task_retries=WORKER_RESTARTS))
                             .remote(data, w, pl.worker_threads, store_name)
                             for w in range(pl.num_rollout_workers)]
             names = ["learner", *[f"rollout worker {w}" for w in range(len(self.workers))]]

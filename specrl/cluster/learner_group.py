@@ -31,6 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from specrl.algorithms.rollouts import Rollouts
 from specrl.checkpoint.sharded_state import DCP_PART, dcp_dir
 from specrl.cluster.local_ray import start_local_ray
+from specrl.cluster.plugin_env import actor_options
 from specrl.config.schema import TrainConfig, validate_config
 from specrl.cpu import allowed_cores
 from specrl.errors import SpecRLError
@@ -225,9 +226,9 @@ class LearnerGroup:
                               f"{', ' + format(have.get('GPU', 0), 'g') + ' free GPUs' if gpu else ''}); lower "
                               "learner.world_size or learner.threads") from None
         data = cfg.model_dump(mode="json")
-        self.ranks = [LearnerRank.options(num_cpus=threads, num_gpus=1 if gpu else 0,
-                                          scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                              self.pg, placement_group_bundle_index=i))
+        self.ranks = [LearnerRank.options(**actor_options(data, num_cpus=threads, num_gpus=1 if gpu else 0,
+                                                          scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                                              self.pg, placement_group_bundle_index=i)))
                       .remote(data, i, n, threads) for i in range(n)]
         host, port = ray.get(self.ranks[0].address.remote())
         self.pids = ray.get([r.pid.remote() for r in self.ranks])

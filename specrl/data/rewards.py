@@ -34,10 +34,11 @@ def load_reward_fn(spec: str) -> RewardFn:
     if not sep or not module_name or not attr:
         raise SpecRLError(f"reward function {spec!r}: expected 'package.module:function' or 'path/file.py:function'")
     if module_name.endswith(".py") or "/" in module_name:
+        from specrl.plugins import import_file, runtime_env_copy
+
         path = Path(module_name).resolve()
-        if not path.is_file():
+        if not path.is_file() and runtime_env_copy(path) is None:  # (a Ray actor on another node: its copy)
             raise SpecRLError(f"reward function {spec!r}: file {path} does not exist")
-        from specrl.plugins import import_file
 
         try:  # once per process: the same file listed in `plugins` is the same module
             module = import_file(path, f"reward function {spec!r}")

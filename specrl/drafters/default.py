@@ -2,7 +2,8 @@
 
 `eagle:default` (the short-answer workload's head) and `eagle:think` (examples/think.yaml's long step-by-step replies)
 are shipped in the package (`specrl.drafters.shipped`, trained by `specrl draft build --recipe default|think`):
-`ensure_default_drafter` verifies and returns a shipped drafter's directory, never builds it. The others (`mtp:default`,
+`ensure_default_drafter` verifies and returns a shipped drafter's directory, never builds it (a shipped name with a
+missing or edited manifest is an error). The others (`mtp:default`,
 `mtp:think`) are in-domain drafters of SmolLM2-135M built on first use: the policy's rollouts on chain_sum prompts,
 distilled with a small fixed budget (`DEFAULT_BUILDS`) by `specrl.drafters.build.from_rollouts.train_drafter_offline`
 and cached next to the model (`specrl.drafters.default_drafter_dir`). The drafters layer only loads them; the build
@@ -99,8 +100,8 @@ def ensure_default_drafter(kind: str, name: str = "default", progress: bool = Tr
         raise SpecRLError(f"there is no default {kind!r} drafter; defaults exist for 'eagle' and 'mtp'")
     from specrl.drafters.shipped import check_shipped, is_shipped, shipped_dir
 
-    if is_shipped(kind, name):  # trained ahead of time and shipped in the package: nothing to build
-        check_shipped(shipped_dir(name), target_model=DEFAULT_DRAFTER_MODEL)
+    if is_shipped(kind, name):  # trained ahead of time and shipped in the package: nothing to build, ever
+        check_shipped(shipped_dir(name))  # its files; the target is checked where the head is loaded or exported
         return shipped_dir(name)
     final = default_drafter_dir(kind, name)
     b = DEFAULT_BUILDS[name]

@@ -99,6 +99,7 @@ def export_vllm_eagle3(drafter_dir: str | os.PathLike, target_dir: str | os.Path
     from safetensors.torch import load_file
 
     from specrl.drafters.io import read_config
+    from specrl.drafters.manifest import verify_manifest
 
     src, tgt, dst = Path(drafter_dir), Path(target_dir), Path(out)
     cfg = read_config(src)
@@ -107,6 +108,7 @@ def export_vllm_eagle3(drafter_dir: str | os.PathLike, target_dir: str | os.Path
                           "MTP loads the target's own MTP layers, which specrl's MTP heads are not)")
     if not (tgt / "config.json").is_file():
         raise SpecRLError(f"{tgt} is not an HF checkpoint directory (no config.json); give the target model")
+    verify_manifest(src, target_dir=tgt)  # a shipped or packaged head: its files and the actual target
     if dst.resolve() == src.resolve():
         raise SpecRLError(f"--out {dst} is the drafter directory itself; give a new directory")
     if dst.exists() and any(dst.iterdir()):

@@ -3,7 +3,8 @@
 Only the drafter's own weights are saved; the pieces it shares with the target (embedding, and for MTP the
 LM head) come from the target passed to `load_drafter`. Loading checks that the directory is a specrl
 drafter of the requested kind, that it was made for a target of this shape (hidden size, vocabulary, layer
-indices) and that the tensors match the config, and says which value disagreed with which.
+indices) and that the tensors match the config, and says which value disagreed with which. A directory holding a
+`manifest.json` (shipped and packaged drafters) is first verified against it and the target (`manifest.py`).
 
 The kinds saved this way are the rows of the kinds table (`specrl.rollout.drafter_spec.DRAFTER_KINDS`) with a
 `min_format_version`; each row's drafter class says which config fields a directory needs and makes the drafter
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from specrl.drafters.manifest import verify_manifest
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import check_finite, copy_state
 from specrl.rollout.drafter_spec import DRAFTER_KINDS, DrafterKind
@@ -118,12 +120,14 @@ def read_config(path: str | os.PathLike) -> dict:
 
 def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = None):
     """Load a drafter directory for `target` (a specrl Transformer); `expected_kind` (a kind saved as a drafter
-    directory: eagle, mtp) is checked."""
+    directory: eagle, mtp) is checked. A directory holding a manifest (a shipped or packaged drafter) is verified
+    against it and against `target` first (`manifest.verify_manifest`), whatever spec named it."""
     kind = expected_kind
     if kind is not None and kind not in directory_kinds():
         raise SpecRLError(f"unknown drafter kind {kind!r}; known kinds are {sorted(directory_kinds())}")
     p = Path(path)
     cfg = read_config(p)
+    verify_manifest(p, target)
     if kind is not None and cfg["kind"] != kind:
         raise SpecRLError(f"{p} holds a {cfg['kind']!r} drafter, but a {kind!r} drafter was requested; use "
                           f"`{cfg['kind']}:{p}` or a {kind} drafter directory")

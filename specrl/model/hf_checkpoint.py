@@ -240,6 +240,15 @@ def save_hf_checkpoint(model: Transformer, path: str | os.PathLike) -> Path:
 
 
 def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved in the checkpoint directory `path`, never running code from it: a tokenizer that names
+    its own Python class (`auto_map`) is refused (`trust_remote_code=False`) instead of asking on the terminal."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        raise SpecRLError(f"{path}: its tokenizer names Python code of its own (auto_map in tokenizer_config.json "
+                          "or config.json), which specrl never runs; save the tokenizer with a standard "
+                          "transformers class (tokenizer.json)") from None

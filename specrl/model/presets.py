@@ -106,8 +106,9 @@ def prepare(name: str, verbose: bool = True) -> Path:
 
     from specrl.model.hf_checkpoint import load_hf_checkpoint, save_hf_checkpoint
 
-    hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32,
+                                              trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name, trust_remote_code=False)
     hf.hf_quantizer = None
     hf.config.quantization_config = None
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,9 @@ of them it covers). `fit` is `training.train_drafter`'s loop (AdamW, warm-up the
 length in a seeded order, gradient clipping, the same soft cross-entropy over `ttt_steps` of training-time test)
 made resumable: every `checkpoint_every` steps and at each epoch's end it saves the head, the optimizer, the step
 and the random state to one file, atomically; a killed training restarts from that step with the same batch order,
-so it ends where an uninterrupted one would. It also saves snapshots of the head at given steps (the scaling
+so it ends where an uninterrupted one would. The checkpoint holds only tensors, numbers, strings, lists and dicts
+and is read with `torch.load(weights_only=True)`: a crafted file that would build any other object (and so could
+run code) is refused before anything in it runs. It also saves snapshots of the head at given steps (the scaling
 curve's points) and returns the tokens each had trained on.
 """
 
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import random
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -92,6 +96,25 @@ def _save_atomic(obj, path: Path) -> None:
         raise
 
 
+def _load_checkpoint(ck: Path) -> dict:
+    """The training checkpoint `ck`, read with `weights_only=True` (tensors and plain data only)."""
+    try:
+        state = torch.load(ck, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"`{found.group(1)}`" if found else "an object that is not a tensor or plain data"
+        raise SpecRLError(f"training checkpoint {ck} asks to build {what} when loaded, which could run code; "
+                          "refused. specrl's training checkpoint holds only tensors, numbers, strings, lists and "
+                          f"dicts: delete {ck} to train from the start") from None
+    except Exception as e:
+        raise SpecRLError(f"training checkpoint {ck} cannot be read ({type(e).__name__}: {e}); delete it to "
+                          "train from the start") from None
+    if not isinstance(state, dict) or not {"setting", "model", "opt", "torch_rng"} <= set(state):
+        raise SpecRLError(f"training checkpoint {ck} is not a specrl drafter training checkpoint (it needs the "
+                          "keys setting, model, opt, torch_rng); delete it to train from the start")
+    return state
+
+
 def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, batch_size: int, ttt_steps: int,
         seed: int = 0, checkpoint_every: int = 200, snapshot_steps: tuple[int, ...] = (), progress: bool = True,
         log=print, stop_after: int | None = None, autocast: str = "float32") -> dict:
@@ -128,11 +151,7 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
     ck = out / CHECKPOINT_FILE
     step, tokens_seen, losses, snaps, seconds, resumed = 0, 0, [], [], 0.0, None
     if ck.exists():
-        try:
-            state = torch.load(ck, weights_only=False)
-        except Exception as e:
-            raise SpecRLError(f"training checkpoint {ck} cannot be read ({type(e).__name__}: {e}); delete it to "
-                              "train from the start") from None
+        state = _load_checkpoint(ck)
         if state.get("setting") != setting:
             diff = {k: (state.get("setting", {}).get(k), v) for k, v in setting.items()
                     if state.get("setting", {}).get(k) != v}

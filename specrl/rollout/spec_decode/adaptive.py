@@ -15,8 +15,14 @@ and so does the drafter's work), a least-squares line through every speculative 
 it ran, plus the point (k = 0, c = 1) at a small fixed weight (a step with no draft costs a plain step), so one
 measured k already predicts them all. Each step the controller takes the k of the highest predicted gain (looking
 at most two past the largest k measured in the bucket, so a far extrapolation is measured before it is trusted),
-and every `recheck` steps a neighbour of it, so the slope stays measured on both sides. A new bucket takes one plain
-step (a baseline for t_ar at that size) and then the best k its nearest measured bucket predicts (k = 1 at first).
+and every `recheck` steps a neighbour of it, so the slope stays measured on both sides. A new bucket's first step is
+a warm-up (on a GPU it compiles and allocates) and is not timed; it then takes one plain step (a baseline for t_ar at
+that size) and then the best k its nearest measured bucket predicts (k = 1 at first). Plain steps are timed per
+batch-size bucket *and* context-length bucket (powers of two of the longest sequence's length, the `ctx_len` every
+step reports): a step at a context length with no plain timing at that batch size first takes one, so a cost ratio
+is never taken against a plain step at another context length. While speculation wins, plain decoding is re-timed
+every `retime` steps of the bucket (`RETIME_STEPS`), so the baseline follows a machine whose plain step gets
+cheaper or dearer over a run (a warm-up ending, another job starting or stopping).
 Where k = 0 is best, probes of k = 1 back off to every 8·`recheck` steps (`MAX_PROBE_DOUBLINGS`): a probe costs
 more than one step, since a stateful drafter first catches up on the tokens of the plain steps before it, and that
 catch-up is not charged to k, because in steady speculation it does not recur. With a fixed k the controller only
@@ -28,6 +34,8 @@ from __future__ import annotations
 from torch import Tensor
 
 RECHECK_STEPS = 8  # steps between re-measurements of a neighbour of the best k
+RETIME_STEPS = 32  # while speculating, a bucket times a plain step again after this many of its steps without one
+WARMUP_STEPS = 1  # a bucket's first steps (compilation, allocation on a GPU) are not timed
 FORGET = 0.97  # per-step decay of old plain-step timings and acceptance counts, so the estimates follow the machine
 # Speculate only where the estimated gain beats plain decoding by this much: gain estimates are good to several
 # percent, and a choice that flips around the threshold pays drafter catch-up both ways.
@@ -42,17 +50,22 @@ _SINGULAR = 1e-9  # relative determinant below which the fit points span only on
 
 class DraftLengthController:
     def __init__(self, k_max: int, num_draft_tokens: int | str, recheck: int = RECHECK_STEPS,
-                 forget: float = FORGET, margin: float = MARGIN):
+                 forget: float = FORGET, margin: float = MARGIN, retime: int = RETIME_STEPS,
+                 warmup: int = WARMUP_STEPS):
         self.k_max = k_max
         self.fixed = None if num_draft_tokens == "auto" else int(num_draft_tokens)
         self.recheck = recheck
+        self.retime = retime  # see RETIME_STEPS
+        self.warmup = warmup  # see WARMUP_STEPS
+        self._seen: dict[int, int] = {}  # bucket -> steps observed there (the first `warmup` are not timed)
+        self._plain_at: dict[int, int] = {}  # bucket -> its step count at its newest timed plain step
         self.forget = forget
         self.margin = margin  # see MARGIN
         self._ratio: dict[int, list[float]] = {}  # bucket -> decayed sums over (k, step seconds / t_ar(n))
         self._k_seen: dict[int, int] = {}  # bucket -> largest k measured there
         self.steps: dict[int, int] = {}  # bucket -> steps taken
         self._fit = [0.0] * _FIT_SUMS  # decayed sums for t_ar(n) = a + b n: w, w n, w n^2, w t, w n t
-        self._fits: dict[int, list[float]] = {}  # the same sums per batch-size bucket (key: it has a baseline)
+        self._fits: dict[tuple[int, int], list[float]] = {}  # the same sums per (batch-size, context) bucket
         self.acc = [0.0] * k_max
         self.att = [0.0] * k_max
         self._draft_s = 0.0
@@ -74,20 +87,31 @@ class DraftLengthController:
         b = (w * snt - sn * st) / det
         return (st - b * sn) / w + b * n
 
-    def ar_seconds(self, n: int) -> float | None:
-        """Predicted plain-step seconds at n sequences (None before any plain step).
+    def _local(self, bucket: int, ctx_len: int | None) -> list[float] | None:
+        """The plain-step sums of this batch-size bucket at the context bucket of `ctx_len` (None: its best
+        measured one), else at its nearest measured context bucket."""
+        mine = [(cb, sums) for (b, cb), sums in self._fits.items() if b == bucket and sums[0] > 0]
+        if not mine:
+            return None
+        if ctx_len is None:
+            return max(mine, key=lambda x: x[1][0])[1]
+        want = self._bucket(max(1, ctx_len)).bit_length()
+        return min(mine, key=lambda x: (abs(x[0].bit_length() - want), -x[0]))[1]
+
+    def ar_seconds(self, n: int, ctx_len: int | None = None) -> float | None:
+        """Predicted plain-step seconds at n sequences and context length `ctx_len` (None before any plain step).
 
         A line through all recent plain steps misses the level where the cost curve bends (t(n) is flat while
         memory-bound and then steepens), which makes marginal speculation look like a win. So within a batch-size
-        bucket the prediction comes from that bucket's own plain steps: a line through them, or the global line
-        moved through their mean."""
+        bucket the prediction comes from that bucket's own plain steps at the same context bucket (else the
+        nearest measured one): a line through them, or the global line moved through their mean."""
         w, sn, _, st, _ = self._fit
         if w <= 0:
             return None
         glob = self._line(self._fit, n)
         if glob is None or glob <= 0:
             glob = st / w
-        local = self._fits.get(self._bucket(n))
+        local = self._local(self._bucket(n), ctx_len)
         if local is None or local[0] <= 0:
             return glob
         t = self._line(local, n)
@@ -107,21 +131,26 @@ class DraftLengthController:
         k = tokens_per_seq - 1
         total = seconds + self._draft_s
         self._draft_s = 0.0
-        if self.fixed is not None or total <= 0 or n <= 0:
+        if self.fixed is not None or n <= 0:
             return
         bucket = self._bucket(n)
+        seen = self._seen[bucket] = self._seen.get(bucket, 0) + 1
+        if seen <= self.warmup or total <= 0:  # a warm-up step times compilation and allocation, not decoding
+            return
+        f = self.forget  # plain timings age with every step, plain or not: rare re-timings then dominate
+        self._fit = [f * x for x in self._fit]
+        for bb, sums in self._fits.items():
+            self._fits[bb] = [f * x for x in sums]
         if k == 0:
-            f = self.forget
             point = (1.0, n, n * n, total, n * total)
-            self._fit = [f * x + y for x, y in zip(self._fit, point, strict=True)]
-            for bb, sums in self._fits.items():
-                self._fits[bb] = [f * x for x in sums]
-            self._fits[bucket] = [x + y for x, y in zip(self._fits.get(bucket, [0.0] * _FIT_SUMS), point,
-                                                        strict=True)]
+            self._fit = [x + y for x, y in zip(self._fit, point, strict=True)]
+            key = (bucket, self._bucket(max(1, ctx_len)))
+            self._fits[key] = [x + y for x, y in zip(self._fits.get(key, [0.0] * _FIT_SUMS), point, strict=True)]
+            self._plain_at[bucket] = self.steps.get(bucket, 0)
             if bucket in self._ratio:  # the cost line forgets per step of its bucket, plain or not
                 self._ratio[bucket] = [f * x for x in self._ratio[bucket]]
             return
-        t_ar = self.ar_seconds(n)
+        t_ar = self.ar_seconds(n, ctx_len)
         if t_ar is None:
             return
         y = total / t_ar
@@ -183,11 +212,11 @@ class DraftLengthController:
             return self.fixed
         b = self._bucket(n)
         step = self.steps[b] = self.steps.get(b, 0) + 1
-        return self._choose(b, step)
+        return self._choose(b, step, self._bucket(max(1, ctx_len)))
 
-    def _choose(self, b: int, step: int) -> int:
-        if b not in self._fits:  # one plain step: the baseline every gain in this bucket is measured against
-            return 0
+    def _choose(self, b: int, step: int, ctx_bucket: int = 1) -> int:
+        if (b, ctx_bucket) not in self._fits:  # a plain step: the baseline every gain here is measured against
+            return 0  # (after the bucket's warm-up step, which is not timed)
         if b in self._ratio:
             best = self._best(b)
         else:  # no speculative step here yet: what the nearest measured bucket predicts (k = 1 at first)
@@ -195,6 +224,8 @@ class DraftLengthController:
                 return min(1, self.k_max)
             near = min(self._ratio, key=lambda bb: abs(bb.bit_length() - b.bit_length()))
             best = self._best(near)
+        if best and step - self._plain_at.get(b, 0) > self.retime:  # re-time plain decoding: the machine drifts
+            return 0
         if step >= self._due.get(b, self.recheck):  # re-measure a neighbour so the choice can move
             if best == 0:  # switched off: each confirming probe doubles the wait, as a probe is costly (catch-up)
                 quiet = self._quiet[b] = self._quiet.get(b, 0) + 1
