@@ -164,11 +164,25 @@ class SpecRLRollouts:
 
         device = trainer.accelerator.device
         model = engine_model(self.model, self._dtype(), device)
+        model.checkpoint_dir = self._tokenizer_dir()  # a drafter's manifest checks the target by its vocabulary
         drafter = resolve_drafter(self.drafter_spec, model) if self.speculative else None
         self.version = None  # engine_model copied the weights; sync() checks and records the version
         return RolloutEngine(model, max_batch_size=self.engine_batch, max_seq_len=self.engine_max_seq_len,
                              drafter=drafter, num_draft_tokens=self.num_draft_tokens if drafter is not None else 0,
                              verify=self.verify, k_max=K_MAX)
+
+    def _tokenizer_dir(self):
+        """A directory holding the trainer's tokenizer files (saved once, in a temporary directory): the identity
+        a drafter's manifest compares against what it was trained for."""
+        import atexit
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        d = Path(tempfile.mkdtemp(prefix="specrl-trl-tokenizer-"))
+        atexit.register(shutil.rmtree, d, True)
+        self.tokenizer.save_pretrained(str(d))
+        return d
 
     # ------------------------------------------------------------------ weights
     def sync(self, trainer) -> None:
