@@ -17,6 +17,20 @@ import torch
 from specrl.errors import SpecRLError
 
 
+def group_signal(rewards: torch.Tensor, group_size: int, dynamic_sampling: dict | None = None) -> dict[str, int]:
+    """How many of a step's groups carry a learning signal: {"groups", "groups_nonzero_advantage"}, a group counting
+    when its rewards are not all equal. With dynamic sampling's counts (`groups_trained`, `groups_filtered`), the
+    groups generated, of which those kept had a non-zero advantage."""
+    if dynamic_sampling:
+        kept = int(dynamic_sampling["groups_trained"])
+        return {"groups": kept + int(dynamic_sampling["groups_filtered"]), "groups_nonzero_advantage": kept}
+    if group_size < 1 or rewards.numel() % group_size:
+        raise SpecRLError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    grouped = rewards.reshape(-1, group_size)
+    mixed = int((grouped != grouped[:, :1]).any(dim=1).sum())
+    return {"groups": int(grouped.shape[0]), "groups_nonzero_advantage": mixed}
+
+
 def group_advantages(
     rewards: torch.Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:

@@ -52,7 +52,7 @@ class AsyncStepFields:
 
 
 _ASYNC_KEYS = tuple(f.name for f in dataclasses.fields(AsyncStepFields))
-VALIDATION_KEYS = ("val_reward", "val_format_rate", "val_seconds")
+VALIDATION_KEYS = ("val_reward", "val_format_rate", "val_seconds", "val_questions")
 # written only where the drafter keeps a history index (suffix, hybrid)
 HISTORY_FIELDS = ("history_rows", "history_drafted", "history_accepted", "history_index_tokens")
 
@@ -103,6 +103,8 @@ class StepRecord:
     processor_class: str | None = None
     rollout_dtype: str | None = None
     precision: str | None = None
+    groups: int | None = None  # groups generated this step
+    groups_nonzero_advantage: int | None = None  # of those, groups whose rewards were not all equal
     groups_trained: int | None = None
     groups_filtered: int | None = None
     extra_prompts_drawn: int | None = None

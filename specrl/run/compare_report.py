@@ -19,7 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specrl.observability.run_report import Records, _f, _figure, _finish, _records, _series, hardware_text, summarize
+from specrl.observability import learning
+from specrl.observability.compare_plots import plot_learning, plot_reward_compare
+from specrl.observability.run_report import Records, _f, _records, _series, hardware_text, summarize
 from specrl.run import cold_warm
 
 ARMS = ("autoregressive", "speculative")
@@ -63,12 +65,38 @@ def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = No
             "speculative": [r.reward_mean for r in sd],
         },
     }
+    out["reward_curve_se"] = {"autoregressive": [p["se"] for p in learning.reward_curve(ar)],
+                              "speculative": [p["se"] for p in learning.reward_curve(sd)]}
+    out["signal"] = reward_signal(ar, sd)
     out["cold_warm"] = cold_warm.cold_warm_split(ar, sd)
     phases = phase_speedups(ar, sd)
     out["phase_speedups"] = phases
     out["phase_speedup_min"] = min(phases.values()) if phases else None
     out.update(checks or {})
     return out
+
+
+def reward_signal(ar: Records, sd: Records) -> dict[str, Any]:
+    """compare.json's `signal`: each arm's `learning.signal`, and pooled over both arms the step-0 success rate (both
+    arms' first rollouts come from the same untrained policy) and the share of groups with a non-zero advantage."""
+    arms = {"autoregressive": learning.signal(ar), "speculative": learning.signal(sd)}
+    firsts = [a for a in arms.values() if a["step0_success_rate"] is not None and a["step0_completions"]]
+    n0 = sum(a["step0_completions"] for a in firsts)
+    p0 = sum(a["step0_success_rate"] * a["step0_completions"] for a in firsts) / n0 if n0 else None
+    groups = sum(a["groups"] for a in arms.values())
+    nonzero = sum(a["groups_nonzero_advantage"] for a in arms.values())
+    return {"step0_success_rate": p0, "step0_success_rate_se": learning.proportion_se(p0, n0) if n0 else None,
+            "step0_completions": n0 or None, "groups": groups, "groups_nonzero_advantage": nonzero,
+            "nonzero_advantage_share": nonzero / groups if groups else None, **arms}
+
+
+def learning_summary(validation: dict[str, Records] | None, default_n: int | None = None) -> dict[str, Any]:
+    """compare.json's `learning`: each arm's held-out accuracy at start and end with standard errors, and the
+    equivalence test (TOST) of the final accuracies."""
+    val = validation or {}
+    return {"autoregressive": learning.learning_line(val.get("autoregressive"), default_n),
+            "speculative": learning.learning_line(val.get("speculative"), default_n),
+            "equivalence": learning.final_equivalence(val, default_n)}
 
 
 def _per_token_speedup(sa: dict, ss: dict, key: str) -> float | None:
@@ -98,22 +126,29 @@ def phase_speedups(ar: Records, sd: Records) -> dict[int, float]:
     return out
 
 
+def full_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = None,
+                 certificate: dict[str, Any] | None = None, validation: dict[str, Records] | None = None
+                 ) -> dict[str, Any]:
+    """`compare_summary` plus the certificate and, with validation records, `learning` (`learning_summary`)."""
+    summary = {**compare_summary(ar, sd, checks), "certificate": certificate}
+    if validation is not None:
+        summary["learning"] = learning_summary(validation)
+    return summary
+
+
 def write_compare(out_dir: str | Path, ar: Records, sd: Records,
-                  checks: dict[str, Any] | None = None, certificate: dict[str, Any] | None = None
-                  ) -> tuple[Path, Path]:
-    """Write compare.json, compare.md and compare_reward.png (both reward curves overlaid)."""
+                  checks: dict[str, Any] | None = None, certificate: dict[str, Any] | None = None,
+                  validation: dict[str, Records] | None = None) -> tuple[Path, Path]:
+    """Write compare.json, compare.md and compare_reward.png (both arms' reward per step with ±1 SE bands), and
+    with validation records compare_learning.png (reward and held-out accuracy of both arms with bands)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ar, sd = _records(ar), _records(sd)
-    summary = compare_summary(ar, sd, checks)
-    summary["certificate"] = certificate
-    plt, fig, ax = _figure()
-    for recs, label, color in ((ar, "autoregressive", "#3a6ea5"), (sd, "speculative", "#3aa655")):
-        xs, ys = _series(recs, "reward_mean")
-        ax.plot(xs, ys, "-o", ms=3, label=label, color=color, alpha=0.8)
-    ax.legend(fontsize=8)
-    _finish(plt, fig, ax, out_dir / "compare_reward.png", "step", "train reward (mean)",
-            "reward: autoregressive vs speculative rollouts")
+    summary = full_summary(ar, sd, checks, certificate, validation)
+    runs = {"autoregressive": ar, "speculative": sd}
+    plot_reward_compare(runs, out_dir / "compare_reward.png")
+    if validation is not None:
+        plot_learning(runs, validation, out_dir / "compare_learning.png", summary["learning"]["equivalence"])
     jpath = out_dir / "compare.json"
     jpath.write_text(json.dumps(summary, indent=2) + "\n")
     rows = [
@@ -142,7 +177,8 @@ def write_compare(out_dir: str | Path, ar: Records, sd: Records,
                  "| active sequences | " + " | ".join(str(n) for n in summary["phase_speedups"]) + " |",
                  "|---|" + "---|" * len(summary["phase_speedups"]),
                  "| speedup | " + " | ".join(f"{v:.2f}×" for v in summary["phase_speedups"].values()) + " |"]
-    rows += ["", "![reward curves](compare_reward.png)", ""]
+    rows += ["", "![reward curves](compare_reward.png)", "",
+             *(["![learning curves](compare_learning.png)", ""] if validation is not None else [])]
     mpath = out_dir / "compare.md"
     mpath.write_text("\n".join(rows) + "\n")
     return jpath, mpath
@@ -179,6 +215,38 @@ def _accuracy(validation: Records | None) -> tuple[str, tuple[int, int] | None]:
     if not acc:
         return "n/a", None
     return f"{acc[0]:.3f} → {acc[-1]:.3f}", (xs[0], xs[-1])
+
+
+def signal_line(sig: dict[str, Any]) -> str:
+    """`reward signal: step-0 success rate 0.312 ± 0.082 (32 completions ...); groups with a non-zero advantage ...`"""
+    p0, se, n0 = sig.get("step0_success_rate"), sig.get("step0_success_rate_se"), sig.get("step0_completions")
+    first = f"{_f(p0)} ± {_f(se)} ({n0} completions of the untrained policy, both arms' first step)" if p0 is not None \
+        else "n/a"
+    per = "; ".join(f"{arm} {sig[arm]['groups_nonzero_advantage']}/{sig[arm]['groups']}"
+                    for arm in ARMS if sig.get(arm))
+    share = _f(sig.get("nonzero_advantage_share"), ".2f")
+    return (f"reward signal: step-0 success rate {first}; groups with a non-zero advantage "
+            f"{sig.get('groups_nonzero_advantage')} of {sig.get('groups')} ({share}) over the run ({per}; a group "
+            "whose rewards are all equal gives no gradient)")
+
+
+def _point(p: dict[str, Any]) -> str:
+    return f"{p['accuracy']:.3f} ± {_f(p['se'])}"
+
+
+def _learning_detail(lrn: dict[str, Any] | None) -> str:
+    """`; with standard errors: speculative 0.125 ± 0.083 → 0.250 ± 0.108 (16 questions), ...; final accuracies: TOST
+    ...` from `learning_summary`."""
+    if not lrn:
+        return ""
+    parts = [f"{arm} {_point(x['first'])} → {_point(x['last'])} ({x['last']['n']} questions)"
+             for arm in ("speculative", "autoregressive") if (x := lrn.get(arm))]
+    out = f"; value ± SE: {', '.join(parts)}" if parts else ""
+    eq = lrn.get("equivalence")
+    if eq:
+        out += (f"; final accuracies {'equivalent' if eq['equivalent'] else 'not shown equivalent'} within "
+                f"±{eq['margin']:.2f} (TOST, p = {eq['p_value']:.3f})")
+    return out
 
 
 def _draft_counters(ss: dict) -> str:
@@ -249,11 +317,18 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
     elif verify is not None:
         lines.append(f"lossless (verify={verify}): the samples have plain decoding's distribution; tokens are not "
                      "compared step by step (speculative.verify=seed_exact compares them)")
+    if summary.get("signal"):
+        lines.append(signal_line(summary["signal"]))
     val = validation or {}
     acc, span = _accuracy(val.get("speculative"))
     ar_acc, _ = _accuracy(val.get("autoregressive"))
     where = f" (steps {span[0]} → {span[1]})" if span else ""
-    lines.append(f"learning: validation accuracy {acc}{where}, speculative arm; autoregressive arm {ar_acc}")
+    lines.append(f"learning: validation accuracy {acc}{where}, speculative arm; autoregressive arm {ar_acc}"
+                 + _learning_detail(summary.get("learning")))
+    if summary.get("sizing"):
+        from specrl.run.sizing import line as sizing_line
+
+        lines.append(sizing_line(summary["sizing"]))
     if hardware:
         lines.append(f"hardware: {hardware}")
     lines.append(f"per-arm reports: {link('speculative/report.md')} (the training run kept: final policy in "
@@ -267,12 +342,13 @@ def write_compare_report(out_dir: str | Path, ar: Records, sd: Records, checks: 
     """Write compare.json / compare.md / compare_reward.png (`write_compare`) and report.md, which leads with
     `headline`; return report.md's path and the headline's lines with paths for the terminal."""
     out_dir = Path(out_dir)
-    write_compare(out_dir, ar, sd, checks, certificate)
-    summary = {**compare_summary(ar, sd, checks), "certificate": certificate}  # its line only when one was run
+    write_compare(out_dir, ar, sd, checks, certificate, validation)
+    summary = full_summary(ar, sd, checks, certificate, validation)  # the certificate's line only when one was run
     hw = hardware_text(sd)
     lines = headline(summary, validation, hw, link=lambda rel: f"[{rel}]({rel})")
     text = [f"# specrl run `{out_dir.name}`: speculative vs autoregressive", "", lines[0] + ":", "",
-            *(f"- {line}" for line in lines[1:]), "", "![reward curves](compare_reward.png)", ""]
+            *(f"- {line}" for line in lines[1:]), "", "![reward curves](compare_reward.png)", "",
+            *(["![learning curves](compare_learning.png)", ""] if validation is not None else [])]
     path = out_dir / "report.md"
     path.write_text("\n".join(text) + "\n")
     return path, headline(summary, validation, hw, link=lambda rel: str(out_dir / rel))

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from specrl.algorithms.batch import Batch, collate, micro, response_logprobs, update_plan
-from specrl.algorithms.grpo import token_mult_prob_error
+from specrl.algorithms.grpo import group_signal, token_mult_prob_error
 from specrl.algorithms.losses import get_loss, loss_normalizer
 from specrl.algorithms.rollouts import Rollouts
 from specrl.checkpoint.sharded_state import DCP_PART, DcpPart, dcp_dir, load_dcp
@@ -378,6 +378,7 @@ class Learner:
             policy_version=r.policy_version,
             policy_lag=lag,
             **self.hardware,
+            **group_signal(r.rewards, self.cfg.grpo.num_generations, ds),
             **{k: ds.get(k) for k in ("groups_trained", "groups_filtered", "extra_prompts_drawn",
                                       "reward_mean_generated")},
             **train,

@@ -229,7 +229,8 @@ class RolloutProducer:
         requests = [RolloutRequest(self.prompt("val", i), VAL_REQUEST_BASE + i) for i in range(len(self.val_data))]
         outs = self.backend.generate(requests, self.sampling(greedy=True))
         rewards, correct, formatted, _ = self._score("val", list(range(len(self.val_data))), outs)
-        return {"accuracy": float(np.mean(correct)), "val_reward": float(np.mean(rewards)),
+        return {"accuracy": float(np.mean(correct)), "val_questions": len(correct),
+                "val_reward": float(np.mean(rewards)),
                 "val_format_rate": None if None in formatted else float(np.mean(formatted))}
 
     # ------------------------------------------------------------------ state
