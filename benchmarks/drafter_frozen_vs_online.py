@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> Path:
 
     from specrl.config.schema import load_config, validate_config
     from specrl.errors import SpecRLError
-    from specrl.observability.run_report import write_acceptance_compare
+    from specrl.observability.acceptance_compare import write_acceptance_compare
 
     if a.threads:
         torch.set_num_threads(a.threads)

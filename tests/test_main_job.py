@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from specrl import cli
 from specrl.cli import app
 from specrl.device import processor_class
+from specrl.run.compare_report import ARMS
 from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.faults import parting_step
 from tests.test_rl_trainer import cfg_dict, write_cfg
@@ -20,7 +21,8 @@ from tests.tiny import make_tiny_checkpoint
 runner = CliRunner()
 
 LEADS = ["generation speed-up: ", "RL step speed-up: ", "losslessness certificate: ", "acceptance length AL: ",
-         "generation share R: ", "lossless (seed_exact): ", "learning: validation accuracy ", "hardware: ",
+         "generation share R: ", "lossless (seed_exact): ", "reward signal: step-0 success rate ",
+         "learning: validation accuracy ", "hardware: ",
          "per-arm reports: "]
 
 
@@ -51,20 +53,37 @@ def test_run_is_a_compare_that_leads_with_the_speedup_and_identity(tiny, tmp_pat
     assert [b[:len(lead)] for b, lead in zip(bullets, LEADS, strict=True)] == LEADS
     assert "rollouts identical at 2/2 steps, weights identical at 2/2 steps" in bullets[5]
     assert "parted" not in bullets[5]
-    assert re.search(r"\(steps 0 → 2\), speculative arm; autoregressive arm \d\.\d{3} → \d\.\d{3}", bullets[6])
-    assert f"processor class {processor_class()}" in bullets[7] and "rollouts float32, training fp32" in bullets[7]
-    assert "[speculative/report.md](speculative/report.md)" in bullets[8]
+    assert re.search(r"\(steps 0 → 2\), speculative arm; autoregressive arm \d\.\d{3} → \d\.\d{3}", bullets[7])
+    assert re.search(r"value ± SE: speculative \d\.\d{3} ± \d\.\d{3} → \d\.\d{3} ± \d\.\d{3} \(4 "
+                     r"questions\)", bullets[7])
+    assert f"processor class {processor_class()}" in bullets[8] and "rollouts float32, training fp32" in bullets[8]
+    assert "[speculative/report.md](speculative/report.md)" in bullets[9]
     # the terminal ends with the same lines (paths for links), then the report's path
     tail = r.output.splitlines()
     assert tail[-1] == f"[specrl] report: {Path('runs/t/report.md')}"
-    assert tail[-11] == f"[specrl] {text[2]}"
-    assert [line.removeprefix("  - ") for line in tail[-10:-2]] == bullets[:8]
+    assert tail[-12] == f"[specrl] {text[2]}"
+    assert [line.removeprefix("  - ") for line in tail[-11:-2]] == bullets[:9]
     assert tail[-2] == (f"  - per-arm reports: {Path('runs/t/speculative/report.md')} (the training run kept: final "
                         f"policy in {Path('runs/t/speculative/final')}), {Path('runs/t/autoregressive/report.md')}; "
                         f"detail: {Path('runs/t/compare.md')}")
     assert (run_dir / "speculative" / "final" / "model.safetensors").exists()
     assert (run_dir / "autoregressive" / "report.md").exists() and (run_dir / "compare.json").exists()
     assert "| hardware | " in (run_dir / "speculative" / "report.md").read_text()
+    # the structured fields behind the reward-signal and learning lines
+    c = json.loads((run_dir / "compare.json").read_text())
+    sig = c["signal"]
+    assert sig["step0_completions"] == 16 and 0.0 <= sig["step0_success_rate"] <= 1.0  # 2 arms x 2 prompts x 4
+    assert sig["groups"] == 8 and sig["autoregressive"]["groups"] == 4  # 2 steps x 2 prompts per arm
+    assert len(sig["speculative"]["nonzero_advantage_per_step"]) == 2
+    assert sig["groups_nonzero_advantage"] == sum(s["nonzero"] for arm in ARMS for s in
+                                                  sig[arm]["nonzero_advantage_per_step"])
+    lrn = c["learning"]
+    for arm in ARMS:
+        assert lrn[arm]["first"]["step"] == 0 and lrn[arm]["last"]["step"] == 2 and lrn[arm]["last"]["n"] == 4
+        assert lrn[arm]["first"]["se"] is not None
+    assert lrn["equivalence"]["margin"] == 0.15 and lrn["equivalence"]["n1"] == 4
+    assert len(c["reward_curve_se"]["speculative"]) == 2 and c["sizing"] is None
+    assert (run_dir / "compare_learning.png").stat().st_size > 0
 
 
 def test_run_reports_where_the_arms_parted_and_exits_0(tiny, tmp_path, monkeypatch):
@@ -212,3 +231,41 @@ def test_a_compare_without_repeated_prompts_has_no_cold_warm_line(tiny):
     assert step_kinds([StepRecord(step=1)]) is None  # records written without prompt indices
     again = [*recs, StepRecord(step=4, prompt_indices=[0, 5])]  # a new prompt beside a repeated one: cold
     assert step_kinds(again)[-1] == "cold"
+
+
+def test_a_killed_compare_resumes_from_its_checkpoints(tiny, tmp_path, monkeypatch):
+    """The overlay run's resume: a compare killed after step 2 (both arms checkpointed every step) and with the
+    speculative arm one checkpoint behind (killed between the arms' checkpoints) continues with `specrl train
+    --compare --resume DIR`: the lagging arm catches up, then the pairs go on to run.steps; no step is missing or
+    repeated in either arm's metrics, and step 0's validation is not run again."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
+    d["run"].update(steps=4, checkpoint_every=1, keep_checkpoints=5)
+    d["grpo"]["val_every"] = 2
+    cfg_path = write_cfg(tmp_path / "o.yaml", d)
+    out = tmp_path / "ov"
+    first = runner.invoke(app, ["train", "--config", str(cfg_path), "--compare", "--out", str(out),
+                                "--set", "run.steps=2"])
+    assert first.exit_code == 0, first.output
+    # what a kill leaves: no final policy, and the speculative arm's last checkpoint (and record) not written
+    for arm in ARMS:
+        shutil.rmtree(out / arm / "final")
+    shutil.rmtree(out / "speculative" / "checkpoints" / "step_000002")
+    again = runner.invoke(app, ["train", "--compare", "--resume", str(out), "--set", "run.steps=4"])
+    assert again.exit_code == 0, again.output
+    for arm in ARMS:
+        steps = [json.loads(x)["step"] for x in (out / arm / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1, 2, 3, 4], (arm, steps)
+        val = [json.loads(x)["step"] for x in (out / arm / "validation.jsonl").read_text().splitlines()]
+        assert val == [0, 2, 4], (arm, val)
+        assert (out / arm / "final" / "model.safetensors").exists()
+    c = json.loads((out / "compare.json").read_text())
+    assert c["steps"] == 4 and c["learning"]["speculative"]["last"]["step"] == 4
+    assert len(c["shared_tokens_per_step"]) == 2  # pairs run after the resume (steps 3, 4)
+
+
+def test_a_compare_resume_needs_a_run_directory(tmp_path):
+    r = runner.invoke(app, ["train", "--compare", "--resume", str(tmp_path / "nothing")])
+    assert r.exit_code == 2 and "no config.yaml there" in r.output

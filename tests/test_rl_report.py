@@ -148,7 +148,7 @@ def test_progress_rich_panel_renders():
 
 
 def test_acceptance_compare(tmp_path):
-    from specrl.observability.run_report import acceptance_compare_table, write_acceptance_compare
+    from specrl.observability.acceptance_compare import acceptance_compare_table, write_acceptance_compare
 
     frozen = [record(s, al=2.0 - 0.1 * s) for s in range(1, 7)]
     online = [{**record(s, al=1.8 + 0.05 * s), "draft_updates": 1 + 4 * (s == 3), "draft_refreshed": s == 3}

@@ -21,7 +21,7 @@ SYNC_LINE = {
     "gen_tokens_per_second": 35.8, "train_accuracy": 0.375, "format_rate": None,
     "reward_components": {"correct": 0.375}, "truncated_fraction": 0.0, "policy_version": 1, "policy_lag": 0,
     "device": "cpu", "processor_class": "x86_64", "rollout_dtype": "fp32", "precision": "fp32",
-    "groups_trained": 2, "groups_filtered": None, "extra_prompts_drawn": None, "reward_mean_generated": None,
+    "groups": 2, "groups_nonzero_advantage": 1, "groups_trained": 2, "groups_filtered": None, "extra_prompts_drawn": None, "reward_mean_generated": None,
     "loss": -0.01, "grad_norm": 0.3, "lr": 1e-05, "clip_fraction": 0.0, "kl": None, "ratio_mean": 1.0,
     "optimizer_steps": 1, "is_ratio_mean": None, "is_ratio_max": None, "is_clipped_fraction": None,
     "torch_threads": 2, "val_reward": 0.5, "val_format_rate": None, "val_seconds": 0.8,

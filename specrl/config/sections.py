@@ -324,6 +324,10 @@ class RunConfig(_Section):
     that would end past it, predicted from the slowest step so far plus as long as step 0's validation took, and
     ends normally at that step (validation, checkpoint, final policy, report), saying that it stopped at step N of
     `steps`. None: every step runs."""
+    min_steps: int | None = Field(None, ge=1)
+    """With run.time_budget_minutes: size the per-step work (generation.max_new_tokens, task.val_size) to the
+    processor class measured at start so this many steps per arm fit the budget (specrl.run.sizing; what was sized
+    and why goes to sizing.json and the report). None: the work as configured."""
     certify: bool = True
     """At the end of a speculative sync run, test the run's final policy and drafter with the losslessness probe at
     the run's sampling settings and k (`specrl.run.certificate`: certificate.json; a compare fails if it does)."""

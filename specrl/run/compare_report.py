@@ -240,7 +240,7 @@ def _learning_detail(lrn: dict[str, Any] | None) -> str:
     if not lrn:
         return ""
     parts = [f"{arm} {_point(x['first'])} → {_point(x['last'])} ({x['last']['n']} questions)"
-             for arm in ("speculative", "autoregressive") if (x := lrn.get(arm))]
+             for arm in ("speculative", "autoregressive") if (x := lrn.get(arm)) and x["last"]["n"]]
     out = f"; value ± SE: {', '.join(parts)}" if parts else ""
     eq = lrn.get("equivalence")
     if eq:
@@ -317,7 +317,7 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
     elif verify is not None:
         lines.append(f"lossless (verify={verify}): the samples have plain decoding's distribution; tokens are not "
                      "compared step by step (speculative.verify=seed_exact compares them)")
-    if summary.get("signal"):
+    if (summary.get("signal") or {}).get("groups"):  # records written before the group counts have none
         lines.append(signal_line(summary["signal"]))
     val = validation or {}
     acc, span = _accuracy(val.get("speculative"))

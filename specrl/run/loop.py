@@ -43,6 +43,7 @@ from specrl.parallel.data_parallel import LearnerRankError
 from specrl.run import certificate
 from specrl.run.compare_report import identity_checks, write_compare_report
 from specrl.run.run_dir import LOCK_FILE, RunLock, release_run, setup_run, warn
+from specrl.run.sizing import read_sizing
 from specrl.trainer.sync_trainer import GRPOTrainer, seed_everything
 from specrl.trainer.weight_check import NonFiniteError, check_weights
 
@@ -375,12 +376,14 @@ def shared_tokens(a: list[list[int]], b: list[list[int]]) -> dict[str, int]:
     return {"shared": common, "autoregressive": sum(map(len, a)), "speculative": sum(map(len, b))}
 
 
-def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True) -> Path:
+def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True, resume: bool = False) -> Path:
     """Same config twice — autoregressive and speculative — steps interleaved; write report.md, compare.json/.md.
 
     The arms run in `run_dir/autoregressive` and `run_dir/speculative` (the latter is the training run to keep).
     With `stop_on_divergence`, a seed_exact compare whose arms parted raises `SpecRLError` after the reports are
-    written; without it the run ends normally and the report says where they parted."""
+    written; without it the run ends normally and the report says where they parted. With `resume`, each arm
+    continues from its newest checkpoint (`run.checkpoint_every`); an arm that got further before the kill waits
+    until the other has caught up, and the steps go on in pairs from there."""
     if cfg.pipeline.mode != "sync":
         raise SpecRLError(f"{_COMPARE} runs the sync pipeline twice, got pipeline.mode={cfg.pipeline.mode!r}; set "
                           "pipeline.mode=sync, or run this config alone with `specrl train --config FILE` "
@@ -394,34 +397,41 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
     ar_cfg = validate_config(data, "compare (autoregressive copy)")
     display = ProgressDisplay(cfg.run.steps, cfg.run.progress, live=False)
     governor = _governor(cfg)
-    runs = {"autoregressive": _Run(ar_cfg, run_dir / "autoregressive", False, display),
-            "speculative": _Run(cfg, run_dir / "speculative", False, display)}
+    runs = {"autoregressive": _Run(ar_cfg, run_dir / "autoregressive", resume, display),
+            "speculative": _Run(cfg, run_dir / "speculative", resume, display)}
     budget = _Budget(cfg.run.time_budget_minutes)
     for r in runs.values():
         (r.run_dir / "config.yaml").write_text(r.cfg.to_yaml())
-        budget.reserve += r.validate(0)["val_seconds"]
+        if r.trainer.step_count == 0:
+            budget.reserve += r.validate(0)["val_seconds"]
     exact = cfg.speculative.verify == "seed_exact"
     same_rollouts: list[bool] = []
     same_weights: list[bool] = []
     shared: list[dict[str, int]] = []  # per step: tokens the arms' rollouts shared before they parted
     ar, sd = runs["autoregressive"], runs["speculative"]
     try:
-        for _ in range(cfg.run.steps):
+        while (target := min(r.trainer.step_count for r in runs.values()) + 1) <= cfg.run.steps:
             if not budget.fits_another():
                 break
             budget.begin()
             threads = governor.update() if governor else None  # once per pair: both arms on the same threads
+            stepped = [r.trainer.step_count < target for r in runs.values()]
             for name, r in runs.items():
+                if r.trainer.step_count >= target:
+                    continue  # resumed ahead of the other arm: wait for it
                 rec = r.trainer.step()
                 if threads is not None:
                     rec.torch_threads = threads
                 r.after_step(rec, label="[ar]   " if name == "autoregressive" else "[spec] ")
+            if not all(stepped):
+                budget.end()
+                continue
             shared.append(shared_tokens(ar.trainer.last_rollouts.responses, sd.trainer.last_rollouts.responses))
             if exact:
                 same_rollouts.append(ar.trainer.last_rollouts.responses == sd.trainer.last_rollouts.responses)
                 same_weights.append(_weights_equal(ar.trainer.policy, sd.trainer.policy))
             budget.end()
-        done = len(shared)
+        done = min(r.trainer.step_count for r in runs.values())
         budget_note = budget.note(done, cfg.run.steps) if done < cfg.run.steps else None
         if budget_note:
             display.message(f"[specrl] {budget_note}")
@@ -435,7 +445,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
         r.finish()
     cert = _certify(sd) if cfg.run.certify else None
     checks = {**identity_checks(cfg.speculative.verify, same_rollouts, same_weights), "shared_tokens_per_step": shared,
-              "stopped_early": budget_note}
+              "stopped_early": budget_note, "sizing": read_sizing(run_dir)}
     report, lines = write_compare_report(
         run_dir, read_records(ar.writer.path), read_records(sd.writer.path), checks,
         validation={name: read_records(r.val_path) for name, r in runs.items()}, certificate=cert)
@@ -464,11 +474,9 @@ def train_main(config_path: str | Path | TrainConfig | None, sets: list[str] | N
     holds report.md. `config_path` is a YAML file, a `TrainConfig` object, or None for the defaults. `compare` runs
     the config's autoregressive and speculative arms side by side (`run_compare`; `stop_on_divergence` as there)."""
     if compare:
-        if resume:
-            raise SpecRLError("--compare and --resume cannot be combined; compare runs start from scratch")
-        cfg, run_dir = setup_run(config_path, sets or [], None, out)
+        cfg, run_dir = setup_run(config_path, sets or [], resume, None if resume else out)
         try:
-            return run_compare(cfg, run_dir, stop_on_divergence)
+            return run_compare(cfg, run_dir, stop_on_divergence, resume=resume is not None)
         finally:
             release_run(run_dir)
     cfg, run_dir = setup_run(config_path, sets or [], resume, out)

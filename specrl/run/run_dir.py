@@ -22,6 +22,7 @@ from specrl.config.hardware import hardware_fields, resolve_hardware
 from specrl.config.schema import TrainConfig, apply_override, load_config, validate_config
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
+from specrl.run.sizing import apply_sizing, write_sizing
 
 LOCK_FILE = ".specrl.lock"
 
@@ -127,7 +128,7 @@ class RunLock:
 _ARTEFACTS = ("checkpoints", "tensorboard", "final", "metrics.jsonl", "validation.jsonl", "report.md",
               "reward.png", "stages.png", "acceptance.png", "rollout_shape.png", "config.yaml", "autoregressive",
               "speculative", "compare.json", "compare.md", "compare_reward.png", "timeline.jsonl", "timeline.png",
-              "wandb", "mlruns")
+              "wandb", "mlruns", "sizing.json", "compare_learning.png")
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -215,6 +216,7 @@ def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], res
             raise
         return cfg, run_dir
     cfg = resolve_hardware(_resolve_config(config_path, sets))  # config.yaml records what auto resolved to
+    cfg, sized = apply_sizing(cfg, hardware_fields(cfg)["processor_class"])  # run.min_steps: work sized to the CPU
     print(f"[specrl] device {cfg.run.device} ({hardware_fields(cfg)['processor_class']}): rollouts in "
           f"{cfg.model.rollout_dtype}, training in {cfg.policy.precision}", flush=True)
     run_dir = Path(out) if out else Path(cfg.run.out_dir) / cfg.run.name
@@ -244,6 +246,7 @@ def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], res
                 elif p.exists():
                     p.unlink()
         _write_text(run_dir / "config.yaml", cfg.to_yaml())
+        write_sizing(run_dir, sized)
     except BaseException:
         RunLock.release(run_dir)
         raise
