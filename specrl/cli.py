@@ -153,12 +153,15 @@ def run(config: str | None = typer.Option(None, help=f"Training config [default:
         _demo()
         return
     from specrl.run.loop import train_main
+    from specrl.run.run_dir import unfinished_compare
 
     try:
         if config is not None and not Path(config).is_file():
             raise SpecRLError(f"--config {config} is not a file; pass a training config YAML (e.g. {DEFAULT_CONFIG})"
                               ", or --demo for the generation demo")
-        run_dir = train_main(config or DEFAULT_CONFIG, [], None, None, compare=True, stop_on_divergence=False)
+        resume = unfinished_compare(config or DEFAULT_CONFIG)  # a killed run of a config that keeps its runs
+        run_dir = train_main(None if resume else config or DEFAULT_CONFIG, [], resume, None, compare=True,
+                             stop_on_divergence=False)
     except SpecRLError as e:
         _fail(e)
     typer.echo(f"[specrl] report: {Path(run_dir) / 'report.md'}")

@@ -269,3 +269,30 @@ def test_a_killed_compare_resumes_from_its_checkpoints(tiny, tmp_path, monkeypat
 def test_a_compare_resume_needs_a_run_directory(tmp_path):
     r = runner.invoke(app, ["train", "--compare", "--resume", str(tmp_path / "nothing")])
     assert r.exit_code == 2 and "no config.yaml there" in r.output
+
+
+def test_specrl_run_continues_a_killed_compare_of_a_config_that_keeps_its_runs(tiny, tmp_path, monkeypatch):
+    """`specrl run --config C` where C has run.overwrite false (the overlay run) and its run directory holds a killed
+    compare: it continues that compare instead of refusing; with run.overwrite true (make run) it starts over."""
+    import shutil
+
+    from specrl.run.run_dir import unfinished_compare
+
+    monkeypatch.chdir(tmp_path)
+    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
+    d["run"].update(steps=2, checkpoint_every=1, keep_checkpoints=3, overwrite=False)
+    cfg_path = write_cfg(tmp_path / "k.yaml", d)
+    assert runner.invoke(app, ["run", "--config", str(cfg_path)]).exit_code == 0
+    run_dir = tmp_path / "runs" / "t"
+    assert unfinished_compare(cfg_path) is None  # finished
+    for arm in ARMS:
+        shutil.rmtree(run_dir / arm / "final")
+    shutil.rmtree(run_dir / "speculative" / "checkpoints" / "step_000002")
+    assert unfinished_compare(cfg_path) == str(Path("runs") / "t")
+    r = runner.invoke(app, ["run", "--config", str(cfg_path)])
+    assert r.exit_code == 0, r.output
+    assert "holds an unfinished compare of this config: continuing it" in r.output
+    steps = [json.loads(x)["step"] for x in (run_dir / "speculative" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and (run_dir / "speculative" / "final").is_dir()
+    d["run"]["overwrite"] = True
+    assert unfinished_compare(write_cfg(tmp_path / "k2.yaml", d)) is None

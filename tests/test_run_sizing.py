@@ -86,3 +86,20 @@ def test_the_main_job_config_asks_for_sizing():
 
     cfg = load_config("examples/default.yaml")
     assert cfg.run.min_steps >= 6 and cfg.run.time_budget_minutes is not None
+
+
+def test_the_overlay_config_is_the_main_job_for_sixty_resumable_steps():
+    from specrl.config.schema import load_config
+
+    main, ov = load_config("examples/default.yaml"), load_config("examples/overlay.yaml")
+    assert ov.run.steps >= 60 and ov.run.time_budget_minutes is None and ov.run.min_steps is None
+    assert ov.run.checkpoint_every > 0 and not ov.run.overwrite  # `specrl run` continues it after a kill
+    assert 0 < ov.grpo.val_every < ov.run.steps and ov.task.val_size >= 64
+    for section in ("model", "grpo", "policy", "generation", "speculative", "drafter"):
+        a, b = getattr(main, section).model_dump(), getattr(ov, section).model_dump()
+        if section == "grpo":
+            a.pop("val_every"), b.pop("val_every")
+        assert a == b, section
+    t_main, t_ov = main.task.model_dump(), ov.task.model_dump()
+    t_main.pop("val_size"), t_ov.pop("val_size")
+    assert t_main == t_ov

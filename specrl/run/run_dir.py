@@ -253,6 +253,22 @@ def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], res
     return cfg, run_dir
 
 
+def unfinished_compare(config_path: str | Path) -> str | None:
+    """The run directory of `config_path`'s compare when it holds an unfinished one that may not be overwritten
+    (`run.overwrite: false`, an arm with checkpoints and no final policy: a killed run), so `specrl run` continues
+    it; None otherwise (a new run, or one `run.overwrite` starts over)."""
+    cfg = load_config(config_path)
+    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    if cfg.run.overwrite or not (run_dir / "config.yaml").is_file():
+        return None
+    arms = [run_dir / arm for arm in ("autoregressive", "speculative")]
+    if any(_unfinished_checkpoint(a) is not None for a in arms):
+        warn(f"[specrl] {run_dir} holds an unfinished compare of this config: continuing it (as `specrl train "
+             f"--compare --resume {run_dir}`)")
+        return str(run_dir)
+    return None
+
+
 def release_run(run_dir: Path) -> None:
     """Release the run directory's lock taken by `setup_run`."""
     RunLock.release(run_dir)
