@@ -142,3 +142,15 @@ def test_prompt_sampler_epochs_and_resume():
     assert r.next(3) == nxt
     with pytest.raises(SpecRLError, match="same task config"):
         r.load_state_dict({"cursor": 5, "seed": 8, "size": 5})
+
+
+def test_basic_arithmetic_sums_preset_is_two_small_addends():
+    import re
+
+    from specrl.data.tasks import make_task
+
+    train, val = make_task("basic_arithmetic", "sums", train_size=50, val_size=8, seed=0)
+    for p in [*train.problems, *val.problems]:
+        m = re.fullmatch(r"Calculate (\d+) \+ (\d+)\.", p.question)
+        assert m, p.question
+        assert int(p.answer) == int(m[1]) + int(m[2]) and max(int(m[1]), int(m[2])) <= 10

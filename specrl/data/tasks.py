@@ -37,6 +37,9 @@ DIFFICULTIES: dict[str, dict[str, dict[str, Any]]] = {
         "medium": dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2, allow_parentheses=False,
                        allow_negation=False),
         "hard": dict(min_terms=3, max_terms=5, min_digits=1, max_digits=3),
+        # two one-digit addends, "+" only: the step-0 signal candidate measured in docs/results.md
+        "sums": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=("+",), allow_parentheses=False,
+                     allow_negation=False),
         "default": {},
     },
     "countdown": {
