@@ -103,3 +103,36 @@ def test_the_overlay_config_is_the_main_job_for_sixty_resumable_steps():
     t_main, t_ov = main.task.model_dump(), ov.task.model_dump()
     t_main.pop("val_size"), t_ov.pop("val_size")
     assert t_main == t_ov
+
+
+def test_a_sized_compare_says_what_was_sized_in_its_report(tmp_path, monkeypatch):
+    """run.min_steps end to end on a tiny model: sizing.json beside the config, compare.json's `sizing`, the report's
+    `sizing:` line, and the arms' config.yaml carrying the sized values (the same in both arms)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from specrl.cli import app
+    from specrl.run import run_dir as run_dir_mod
+    from tests.test_rl_trainer import cfg_dict, write_cfg
+    from tests.tiny import make_tiny_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_dir_mod, "hardware_fields", lambda cfg: {"processor_class": "AVX2"})
+    tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
+    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
+    d["generation"]["max_new_tokens"] = 16
+    d["task"]["val_size"] = 4
+    d["run"].update(steps=1, checkpoint_every=0, time_budget_minutes=3.7, min_steps=6)  # rung 0 does not fit
+    r = CliRunner().invoke(app, ["run", "--config", str(write_cfg(tmp_path / "s.yaml", d))])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "runs" / "t"
+    expect = size_run("AVX2", 3.7, 6, 16, 4)
+    assert expect["sized"] and expect["fits"]
+    assert json.loads((out / "sizing.json").read_text()) == json.loads(json.dumps(expect))
+    assert json.loads((out / "compare.json").read_text())["sizing"]["max_new_tokens"] == expect["max_new_tokens"]
+    for arm in ("autoregressive", "speculative"):
+        c = yaml.safe_load((out / arm / "config.yaml").read_text())
+        assert c["generation"]["max_new_tokens"] == expect["max_new_tokens"] < 16
+        assert c["task"]["val_size"] == expect["val_size"]
+    assert any(line.startswith("- sizing: per-step work sized to the processor: ")
+               for line in (out / "report.md").read_text().splitlines())
