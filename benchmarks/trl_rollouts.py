@@ -103,12 +103,14 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    from specrl.config.schema import load_config
     from specrl.integrations.trl.task import task_rows
     from specrl.model.presets import prepare
 
     rec = run_header({"rollout": "float32", "train": "float32"}, a.threads)
     model_dir = prepare("smollm2-135m")
-    rows, reward = task_rows("chain_sum", "easy", "reasoning", size=64, seed=a.seed)
+    task = load_config(os.path.join(HERE, "..", "examples", "default.yaml")).task  # the main job's task
+    rows, reward = task_rows(task.name, task.difficulty, task.answer_format, size=64, seed=a.seed)
     runs = {arm: make_trainer(arm, a, model_dir, rows, reward) for arm in arms}
     steps = {arm: [] for arm in arms}
     for s in range(a.steps):

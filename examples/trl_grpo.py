@@ -32,6 +32,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from specrl.config.schema import load_config
     from specrl.integrations.trl import rollout_func
     from specrl.integrations.trl.task import task_rows
     from specrl.model.presets import prepare
@@ -41,7 +42,8 @@ def main() -> None:
     model_dir = prepare("smollm2-135m")  # the embedded model, as an HF checkpoint directory
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows, reward = task_rows("chain_sum", "easy", "reasoning", size=256)
+    task = load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.yaml")).task  # the main job's
+    rows, reward = task_rows(task.name, task.difficulty, task.answer_format, size=256)
     args = GRPOConfig(output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=8, num_generations=8,
                       max_completion_length=a.max_completion_length, temperature=0.7, learning_rate=2e-5,
                       logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0)

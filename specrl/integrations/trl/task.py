@@ -14,7 +14,7 @@ from collections.abc import Callable
 from specrl.data.tasks import ANSWER_FORMATS, make_task, resolve_answer_format, score_response
 
 
-def task_rows(name: str = "chain_sum", difficulty: str = "easy", answer_format: str = "reasoning", size: int = 256,
+def task_rows(name: str, difficulty: str, answer_format: str = "reasoning", size: int = 256,
               seed: int = 0) -> tuple[list[dict], Callable]:
     """(rows, reward function) of `size` train problems of a reasoning-gym task."""
     fmt = resolve_answer_format(name, answer_format)
@@ -31,3 +31,4 @@ def task_rows(name: str = "chain_sum", difficulty: str = "easy", answer_format: 
 
     task_reward.__name__ = f"{name}_reward"
     return rows, task_reward
+
