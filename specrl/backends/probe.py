@@ -100,13 +100,15 @@ def pit_values(reference, prompts: Sequence[Sequence[int]], samples: Sequence[Se
             lg = logits[:, start:start + num_tokens].float()  # [b, m, V]: the distribution of each sampled token
             x = toks[:, start + 1:start + 1 + num_tokens]
             shape = lg.shape[:-1]
-            probs = probs_from_logits(lg, torch.full(shape, float(params.temperature)),
-                                      torch.full(shape, float(params.top_p)),
-                                      torch.full(shape, int(params.top_k), dtype=torch.long))
+            probs = probs_from_logits(lg, torch.full(shape, float(params.temperature), device=dev),
+                                      torch.full(shape, float(params.top_p), device=dev),
+                                      torch.full(shape, int(params.top_k), dtype=torch.long, device=dev))
             px = probs.gather(-1, x[..., None]).squeeze(-1)
             idx = torch.arange(probs.shape[-1], device=dev)
             before = (probs * ((probs > px[..., None]) | ((probs == px[..., None]) & (idx < x[..., None])))).sum(-1)
-            u = before + torch.rand(shape, generator=generator, dtype=torch.float64).float() * px
+            # drawn where the generator lives (a CPU generator cannot draw on CUDA), then moved: the same draws
+            u = before + torch.rand(shape, generator=generator, dtype=torch.float64,
+                                    device=generator.device).to(dev).float() * px
             u = torch.where(px > 0, u.clamp(0.0, 1.0 - 1e-7), torch.full_like(u, float("nan")))
             logp = torch.log(probs.clamp_min(1e-38))
             us.append(u.flatten())
