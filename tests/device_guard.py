@@ -34,6 +34,7 @@ INDEXING = {torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_sel
 WRITES = {torch.Tensor.__setitem__, torch.Tensor.copy_, torch.Tensor.index_put_, torch.Tensor.masked_scatter_,
           torch.Tensor.scatter_, torch.Tensor.index_copy_}
 DEVICE_GETTER = torch._C.TensorBase.device
+METADATA = {torch._has_compatible_shallow_copy_type}  # asks about tensors, computes nothing
 HOST = torch.device("cpu")
 
 
@@ -167,6 +168,8 @@ class HostAllocationGuard(TorchFunctionMode):
             result = func(*args, **kwargs)
             (self._mark if self.on_host(dev) else self._unmark)(result)
             return result
+        if func in METADATA:
+            return func(*args, **kwargs)
         if func in MOVES:
             result = func(*args, **kwargs)
             if func is torch.Tensor.cuda:
