@@ -6,19 +6,22 @@ itself. The policy's device is a marker, `cpu:0` (`guard.device`): a placed tens
 host-born one reports plain `cpu`, so `torch.zeros(n, device=x.device)` follows `x`. A tensor is *host-born* when
 a CUDA machine would put it on the host: made by a factory with no `device=` or with the host named explicitly
 (`device="cpu"`, `torch.device("cpu")`, a CPU generator's `.device`), by `torch.from_numpy` / `torch.frombuffer`,
-by `.cpu()` / `.to("cpu")`, or made before the guard started and not declared placed (`place=`: modules, tensors,
-optimizers, or objects holding them). What a host-born tensor computes stays host-born; `.to(guard.device)`,
-`.to(other)`, `.cuda()` and factories naming the policy's device (or any non-CPU device) give placed tensors. An op
-that mixes a host-born tensor of one or more dimensions with a placed one, writes placed values into a host-born
-tensor or indexes one with placed indices, or draws from a CPU generator onto the policy's device raises
-`HostAllocationError` naming the op and the first specrl frame (0-dim host tensors and host index tensors mix with
-CUDA ones, as CUDA allows). With `record=True` it records each violation and lets the op run (one run lists every
-site). On a real CUDA run (`device=cuda`), CPU tensors are host whatever made them.
+by `.cpu()` / `.to("cpu")`, as a module's parameter from host data (`nn.Linear(a, b)`), or before the guard
+started and not declared placed (`place=`: modules, tensors, optimizers, or objects holding them). What a
+host-born tensor computes stays host-born; `.to(guard.device)`, `.to(other)`, `.cuda()` and factories naming the
+policy's device (or any non-CPU device) give placed tensors. An op that mixes a host-born tensor of one or more
+dimensions with a placed one, writes placed values into a host-born tensor or indexes one with placed indices, or
+draws from a CPU generator onto the policy's device raises `HostAllocationError` naming the op and the first
+specrl frame (0-dim host tensors and host index tensors mix with CUDA ones, as CUDA allows). With `record=True` it
+records each violation and lets the op run (one run lists every site). torch.distributed's own ops are not
+checked on the CPU (a gloo mesh's device is named cpu there). On a real CUDA run (`device=cuda`), CPU tensors are
+host whatever made them.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import traceback
 import warnings
 import weakref
@@ -34,6 +37,7 @@ INDEXING = {torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_sel
 WRITES = {torch.Tensor.__setitem__, torch.Tensor.copy_, torch.Tensor.index_put_, torch.Tensor.masked_scatter_,
           torch.Tensor.scatter_, torch.Tensor.index_copy_}
 DEVICE_GETTER = torch._C.TensorBase.device
+DATA = torch._C.TensorBase.data
 METADATA = {torch._has_compatible_shallow_copy_type}  # asks about tensors, computes nothing
 HOST = torch.device("cpu")
 
@@ -85,6 +89,21 @@ def _where() -> str:
     return f"{pick.filename}:{pick.lineno}" if pick else "?"
 
 
+def _torch_internal() -> bool:
+    """Whether the op being handled was called by torch.distributed (the first frame outside torch's core and this
+    file is in it): on a gloo mesh it names cpu for its device and moves its own buffers there, which on this CPU is
+    the policy's device; its own code is trusted, specrl's tensors handed to it are checked where specrl made them."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if "/torch/distributed/" in name:
+            return True
+        if name != __file__ and "/torch/" not in name:
+            return False
+        f = f.f_back
+    return False
+
+
 class HostAllocationGuard(TorchFunctionMode):
     def __init__(self, place=(), device: torch.device | str | None = None, record: bool = False):
         super().__init__()
@@ -133,6 +152,15 @@ class HostAllocationGuard(TorchFunctionMode):
                 warnings.simplefilter("ignore")
                 self._mark([o for o in gc.get_objects() if isinstance(o, torch.Tensor)])
             self.place(*self._place)
+        new_param = torch.nn.Parameter.__new__
+        self._patched["Parameter.__new__"] = new_param
+
+        def parameter(cls, data=None, requires_grad=True):  # a module's weights are where their data is
+            p = new_param(cls, data, requires_grad)
+            if data is None or self.is_host(data):
+                self._mark(p)
+            return p
+        torch.nn.Parameter.__new__ = parameter
         for name in ("from_numpy", "frombuffer"):
             real = getattr(torch, name)
             self._patched[name] = real
@@ -146,7 +174,10 @@ class HostAllocationGuard(TorchFunctionMode):
 
     def __exit__(self, *exc):
         for name, real in self._patched.items():
-            setattr(torch, name, real)
+            if name == "Parameter.__new__":
+                torch.nn.Parameter.__new__ = real
+            else:
+                setattr(torch, name, real)
         self._patched.clear()
         return super().__exit__(*exc)
 
@@ -154,6 +185,8 @@ class HostAllocationGuard(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__qualname__", getattr(func, "__name__", str(func)))
+        if not self.real and _torch_internal():
+            return func(*args, **kwargs)
         if getattr(func, "__self__", None) is DEVICE_GETTER:
             dev = func(*args, **kwargs)
             if self.real or dev.type != "cpu":
@@ -167,6 +200,10 @@ class HostAllocationGuard(TorchFunctionMode):
                            "on CUDA; draw on the generator's device and .to(device))")
             result = func(*args, **kwargs)
             (self._mark if self.on_host(dev) else self._unmark)(result)
+            return result
+        if getattr(func, "__self__", None) is DATA and func.__name__ == "__set__":  # p.data = x: p is where x is
+            result = func(*args, **kwargs)
+            (self._mark if self.is_host(args[1]) else self._unmark)(args[0])
             return result
         if func in METADATA:
             return func(*args, **kwargs)

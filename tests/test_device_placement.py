@@ -163,6 +163,8 @@ def test_the_guard_sees_the_host_named_explicitly_numpy_and_earlier_tensors():
             torch.add(x, x, out=buffer)
         with pytest.raises(HostAllocationError, match="mixes host-born"):
             buffer.add_(x)
+        with pytest.raises(HostAllocationError, match="mixes host-born"):
+            torch.nn.Linear(4, 4)(x)  # a module made in device code without device=: its weights are on the host
         with pytest.raises(HostAllocationError, match="CPU generator"):
             torch.rand(4, generator=torch.Generator(), device=x.device)
         # placed code passes: the policy's device named, moved there, followed from a placed tensor
@@ -170,6 +172,7 @@ def test_the_guard_sees_the_host_named_explicitly_numpy_and_earlier_tensors():
         ok = (torch.zeros(4, device=x.device) + torch.full((4,), 2.0, device=guard.device)
               + torch.from_numpy(np.ones(4, dtype=np.float32)).to(x.device) + buffer.to(x.device)
               + torch.rand(4, generator=g, device=g.device).to(x.device) + torch.zeros_like(x) + x.new_zeros(4))
+        ok = ok + torch.nn.Linear(4, 4, device=x.device)(x) + torch.nn.Linear(4, 4).to(x.device)(x)
         buffer[:] = 0.0  # host values into a host buffer
         buffer.copy_(torch.ones(4))
         assert ok.shape == (4,) and not guard.is_host(ok)

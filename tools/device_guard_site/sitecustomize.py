@@ -67,7 +67,9 @@ if os.environ.get("SPECRL_DEVICE_GUARD"):
             if guard is not None and not guard.real and str(spec) in ("cpu:0",):
                 spec = "cpu"
             dev = real(spec)
-            if guard is not None and not guard.real and dev.type == "cpu":
+            # a named device (cpu, auto) is the policy's; a torch.device object is already where it says (a host
+            # tensor's .device stays the host)
+            if guard is not None and not guard.real and dev.type == "cpu" and isinstance(spec, str):
                 return guard.device  # the policy's device on this CPU
             return dev
 
@@ -88,7 +90,9 @@ if os.environ.get("SPECRL_DEVICE_GUARD"):
     def _patch_load_model(module) -> None:
         real = module.load_model
 
-        def load_model(name_or_path, dtype="auto", device="cpu"):  # on CUDA it moves the model: here, places it
+        def load_model(name_or_path, dtype="auto", device=None):  # on CUDA it moves the model: here, places it
+            if device is None:  # the default: the host (a CPU pipeline such as `specrl draft build`)
+                return real(name_or_path, dtype)
             model, tokenizer = real(name_or_path, dtype, device)
             guard = _state.get("guard")
             if guard is not None and not guard.real and module.resolve_device(device) == guard.device:
