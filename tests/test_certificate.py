@@ -66,3 +66,24 @@ def test_a_lossy_verifier_fails_the_certificate_and_the_compare(tmp_path, monkey
         train_main(str(_config(tmp_path, "lossy")), [], None, str(tmp_path / "lossy"), compare=True)
     cert = json.loads((tmp_path / "lossy" / "speculative" / "certificate.json").read_text())
     assert not cert["passed"] and cert["p_value"] < cert["alpha"]
+
+
+def test_the_certificate_at_its_default_size_catches_a_planted_verifier_bug():
+    """tools/certificate_mutants.py: the real verifier passes and a mutant that draws replacements from p fails,
+    each over the default sample (sized for w <= 0.10), with its tokens per draft depth recorded."""
+    import sys
+    from pathlib import Path
+
+    from specrl.run.certificate import sample_size
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from certificate_mutants import run
+
+    rows = {r["mutant"]: r for r in run(["unmutated", "residual-from-p"])}
+    samples, tokens = sample_size(2)
+    assert not rows["unmutated"]["caught"] and rows["residual-from-p"]["caught"]
+    for r in rows.values():
+        assert r["num_tokens"] == samples * tokens and r["detectable_w"] <= 0.10
+        assert len(r["accepted_per_position"]) == 2 and r["bonus_tokens"] == r["accepted_per_position"][1] > 0
+    with pytest.raises(SystemExit, match="no mutant"):
+        run(["no-such-mutant"])
