@@ -89,14 +89,6 @@ def _where() -> str:
     return f"{pick.filename}:{pick.lineno}" if pick else "?"
 
 
-def _called_from_torch() -> bool:
-    """Whether the tensor attribute being read was read by torch's own code (which compares real devices)."""
-    f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename == __file__:
-        f = f.f_back
-    return f is not None and "/torch/" in f.f_code.co_filename
-
-
 def _torch_internal() -> bool:
     """Whether the op being handled was called by torch.distributed (the first frame outside torch's core and this
     file is in it): on a gloo mesh it names cpu for its device and moves its own buffers there, which on this CPU is
@@ -197,7 +189,7 @@ class HostAllocationGuard(TorchFunctionMode):
             return func(*args, **kwargs)
         if getattr(func, "__self__", None) is DEVICE_GETTER:
             dev = func(*args, **kwargs)
-            if self.real or dev.type != "cpu" or _called_from_torch():
+            if self.real or dev.type != "cpu":
                 return dev
             return HOST if self.is_host(args[0]) else self.device
         if func in FACTORIES or (kwargs.get("device") is not None and func not in MOVES):
