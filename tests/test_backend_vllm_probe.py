@@ -152,3 +152,30 @@ def test_vllm_keys_outside_their_section_name_the_section(key):
     with pytest.raises(SpecRLError, match=rf"rollout\.{key}: unknown key; did you mean 'rollout\.vllm\.{key}'\? "
                                           r"\(rollout\.vllm holds those settings\)"):
         load_config(None, [f"rollout.{key}=1"])
+
+
+def test_the_sample_is_sized_from_the_target_bias_and_each_position_states_its_power(target):
+    """tokens_needed inverts detectable_w (1 / w^2); the probe reports accepted drafts per depth and bonus tokens
+    from the backend's metrics, and a depth with too few tokens for the target bias is not tested."""
+    from specrl.backends.probe import position_power, tokens_needed
+
+    n = tokens_needed(0.10, 9, 1e-3, 0.99)
+    assert detectable_w(n, 9, 1e-3, 0.99) <= 0.10 < detectable_w(n - 1, 9, 1e-3, 0.99)
+    assert tokens_needed(0.05, 9, 1e-3, 0.99) == pytest.approx(4 * n, rel=1e-3)
+    with pytest.raises(SpecRLError, match=r"Cohen's w in \(0, 1\], got 0"):
+        tokens_needed(0, 9, 1e-3, 0.99)
+    rows = position_power(10_000, [8_000, 100], 50, 9, 1e-3, 0.99, 0.10)
+    assert [(r["position"], r["tokens"], r["tested"]) for r in rows] == [
+        ("draft 1", 8_000, True), ("draft 2", 100, False), ("bonus", 50, False)]
+    assert rows[1]["detectable_w"] == pytest.approx(detectable_w(10_000, 9, 1e-3, 0.99) * 100)
+    assert position_power(10_000, [], None, 9, 1e-3, 0.99, 0.10) == []
+
+    engine = RolloutEngine(target, max_batch_size=512, max_seq_len=64, drafter=NGramDrafter(), num_draft_tokens=3,
+                           k_max=3)
+    r = probe_backend(engine, target, PROMPTS, SamplingParams(temperature=1.0, seed=1), num_samples=150,
+                      num_tokens=6, target_w=0.3)
+    assert r.passed and len(r.accepted_per_position) == 3 and r.bonus_tokens is not None
+    assert sum(r.accepted_per_position) + r.bonus_tokens <= r.num_tokens
+    assert [p["position"] for p in r.positions] == ["draft 1", "draft 2", "draft 3", "bonus"]
+    assert all(p["tested"] == (p["detectable_w"] <= 0.3) for p in r.positions)
+    assert r.as_dict()["positions"] == r.positions

@@ -19,10 +19,13 @@ from tests.conftest import TEST_DEVICE
 from tests.device_guard import HostAllocationError, HostAllocationGuard
 from tests.test_learner_group import SECONDS, dp_cfg
 
+# the policy's device as the guard sees it: its cpu:0 marker on this CPU, the real device under `make gpu-check`
+GUARD_DEVICE = None if TEST_DEVICE.type == "cpu" else TEST_DEVICE
+
 
 def test_the_guard_refuses_the_bug_class_and_allows_placed_code():
     x = torch.ones(4, device=TEST_DEVICE)  # a device tensor
-    with HostAllocationGuard():
+    with HostAllocationGuard(place=[x], device=GUARD_DEVICE):
         with pytest.raises(HostAllocationError, match="where"):
             torch.where(x > 0, torch.zeros(4), x)  # today's response_span
         with pytest.raises(HostAllocationError, match="mixes"):
@@ -62,8 +65,8 @@ def test_a_learner_step_allocates_nothing_on_the_host(tmp_path, over):
     tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
     policy = load_model(str(tiny), dtype=torch.float32)[0].to(TEST_DEVICE)
     drafter = EagleDrafter(policy).to(TEST_DEVICE) if over.get("drafter__online") else None
-    learner = Learner(dp_cfg(tiny, world_size=1, **over), policy, drafter)
-    with HostAllocationGuard():
+    with HostAllocationGuard(place=[policy, drafter], device=GUARD_DEVICE):  # the learner is built on the device
+        learner = Learner(dp_cfg(tiny, world_size=1, **over), policy, drafter)
         rec, _ = learner.learn(group_rollouts(), dict(SECONDS))
         learner.check_weights(1)
     assert rec.loss == rec.loss
@@ -74,7 +77,7 @@ def test_the_weight_probe_allocates_nothing_on_the_host(tmp_path):
     from tests.tiny import make_tiny_checkpoint
 
     policy = load_model(str(make_tiny_checkpoint(tmp_path / "ckpt", seed=0)), dtype=torch.float32)[0].to(TEST_DEVICE)
-    with HostAllocationGuard():
+    with HostAllocationGuard(place=[policy], device=GUARD_DEVICE):
         check_weights({"policy": policy.state_dict()}, policy, 1)
 
 
@@ -96,7 +99,6 @@ def test_the_sharded_learners_step_and_probe_allocate_nothing_on_the_host(tmp_pa
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
         policy, _ = load_model(str(tiny), dtype=torch.float32)
-        learner = ShardedLearner(dp_cfg(tiny, world_size=1), policy)
         calls = []
         real = dist.all_reduce
 
@@ -104,7 +106,8 @@ def test_the_sharded_learners_step_and_probe_allocate_nothing_on_the_host(tmp_pa
             calls.append(guard.is_host(t))
             return real(t, *a, **k)
 
-        with HostAllocationGuard() as guard:
+        with HostAllocationGuard(place=[policy], device=GUARD_DEVICE) as guard:
+            learner = ShardedLearner(dp_cfg(tiny, world_size=1), policy)  # built on the device
             dist.all_reduce = all_reduce
             try:
                 learner.learn(group_rollouts(), dict(SECONDS))
@@ -114,3 +117,73 @@ def test_the_sharded_learners_step_and_probe_allocate_nothing_on_the_host(tmp_pa
         assert calls and not any(calls), calls
     finally:
         dist.destroy_process_group()
+
+
+def test_the_losslessness_probe_allocates_nothing_on_the_host():
+    """The probe's sampling tensors (temperature / top-p / top-k) and its PIT uniforms live on the reference's
+    device; the uniforms come from a CPU generator, drawn on the CPU and moved (the same draws as before)."""
+    from specrl.backends.probe import pit_values
+    from specrl.model.transformer import tiny_model
+    from specrl.rollout.sampling import SamplingParams
+
+    reference = tiny_model("llama", vocab_size=64, seed=3).to(TEST_DEVICE)
+    prompts, samples = [[1, 2, 3], [4, 5]], [[7, 8, 9], [10, 11, 12], [13, 14, 15]]
+    params = SamplingParams(temperature=0.8)  # top-p / top-k tensors are built whatever their values
+    with HostAllocationGuard(place=[reference], device=GUARD_DEVICE):
+        u, lp, exp = pit_values(reference, prompts, samples, [0, 1, 0], params, 3, torch.Generator().manual_seed(0))
+    assert u.shape == (9,) and u.device == next(reference.parameters()).device
+    assert bool(((u >= 0) & (u < 1)).all()) and bool((lp <= 0).all()) and bool((exp <= 0).all())
+
+
+def test_the_guard_sees_the_host_named_explicitly_numpy_and_earlier_tensors():
+    """The guard's gaps, closed: `device="cpu"` / `torch.device("cpu")` / `.cpu()` / a CPU generator inside device
+    code, `torch.from_numpy`, tensors made before the guard, and writes into host buffers; placed code passes."""
+    import numpy as np
+
+    if GUARD_DEVICE is not None:
+        pytest.skip("the cpu:0 marker is the CPU's stand-in for a device; on CUDA the device is real")
+    x = torch.ones(4)
+    buffer = torch.zeros(4)  # a host buffer made before the guard (say, at start-up)
+    real_from_numpy = torch.from_numpy
+    with HostAllocationGuard(place=[x]) as guard:
+        assert x.device == guard.device and torch.zeros(1).device == torch.device("cpu")
+        for make in (lambda: torch.zeros(4, device="cpu"), lambda: torch.zeros(4, device=torch.device("cpu")),
+                     lambda: torch.from_numpy(np.ones(4, dtype=np.float32)), lambda: (x * 2).cpu(),
+                     lambda: (x * 2).to("cpu"), lambda: torch.zeros(4, device=torch.Generator().device),
+                     lambda: torch.zeros_like(x, device="cpu"), lambda: buffer):
+            with pytest.raises(HostAllocationError, match="mixes host-born"):
+                make() + x
+        with pytest.raises(HostAllocationError, match="writes device values"):
+            buffer.copy_(x)
+        with pytest.raises(HostAllocationError, match="writes device values"):
+            buffer[torch.arange(2)] = x[:2]
+        with pytest.raises(HostAllocationError, match="device indices"):
+            buffer[torch.arange(2, device=x.device)] = 1.0
+        with pytest.raises(HostAllocationError, match="mixes host-born"):
+            torch.add(x, x, out=buffer)
+        with pytest.raises(HostAllocationError, match="mixes host-born"):
+            buffer.add_(x)
+        with pytest.raises(HostAllocationError, match="mixes host-born"):
+            torch.nn.Linear(4, 4)(x)  # a module made in device code without device=: its weights are on the host
+        with pytest.raises(HostAllocationError, match="CPU generator"):
+            torch.rand(4, generator=torch.Generator(), device=x.device)
+        # placed code passes: the policy's device named, moved there, followed from a placed tensor
+        g = torch.Generator()
+        ok = (torch.zeros(4, device=x.device) + torch.full((4,), 2.0, device=guard.device)
+              + torch.from_numpy(np.ones(4, dtype=np.float32)).to(x.device) + buffer.to(x.device)
+              + torch.rand(4, generator=g, device=g.device).to(x.device) + torch.zeros_like(x) + x.new_zeros(4))
+        ok = ok + torch.nn.Linear(4, 4, device=x.device)(x) + torch.nn.Linear(4, 4).to(x.device)(x)
+        buffer[:] = 0.0  # host values into a host buffer
+        buffer.copy_(torch.ones(4))
+        assert ok.shape == (4,) and not guard.is_host(ok)
+    assert torch.from_numpy is real_from_numpy  # restored on exit
+
+
+def test_the_guard_records_every_site_when_asked():
+    """record=True lets each op run and lists every violation and its first specrl (or test) frame."""
+    x = torch.ones(3)
+    with HostAllocationGuard(place=[x], device=GUARD_DEVICE, record=True) as guard:
+        y = torch.arange(3) + x
+        z = torch.zeros(3) * x
+    assert len(guard.violations) == 2 and len(guard.sites) == 2
+    assert all("test_device_placement.py:" in s for s in guard.sites) and y.shape == z.shape == (3,)

@@ -30,3 +30,22 @@ def test_dry_run_runs_every_section(tmp_path):
     assert [r["B"] for r in rec["sections"]["decode"]["result"]] == [1, 2]
     assert rec["sections"]["learner"]["result"]["weights_moved"] > 0
     assert "| B | engine tok/s |" in (tmp_path / "gpu_check.md").read_text()
+    rows = rec["sections"]["commands"]["result"]
+    assert [(r["command"], r["status"], r["violations"]) for r in rows] == [
+        ("specrl generate", "ok", 0), ("FSDP2 learner step, one rank", "ok", 0)]
+    assert all(r["processes"] >= 1 for r in rows)
+
+
+def test_the_cuda_commands_cover_every_command_on_the_device(tmp_path):
+    """What the check runs on a GPU: every whole command, each config naming run.device: cuda."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from gpu_commands import commands
+
+    cmds = dict(commands(tmp_path, "cuda"))
+    assert {"specrl run", "specrl train (sync)", "specrl generate", "specrl check-backend",
+            "FSDP2 learner step, one rank", "specrl draft build", "specrl draft eval"} <= set(cmds)
+    configs = [a[a.index("--config") + 1] for a in cmds.values() if "--config" in a]
+    assert configs and all(yaml.safe_load(Path(c).read_text())["run"]["device"] == "cuda" for c in configs)
+    assert cmds["specrl generate"][-2:] == ["--device", "cuda"] and cmds["FSDP2 learner step, one rank"][-1] == "cuda"

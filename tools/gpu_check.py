@@ -8,8 +8,11 @@ tokens/s of the native engine vs transformers `generate`, bf16, greedy, B = 1..2
 (one target forward of k + 1 tokens per row over a 512-token cache) and the draft-model cost c(B) (one draft forward
 of 1 token per row); (4) one speculative point (the n-gram drafter, k = 3) measured, next to the time per token
 those costs predict, (v(B, k) + k c) / AL, the simulator's speculation model; (5) one GRPO learner step on the
-device. Without a CUDA device it refuses ("no CUDA device: ...", exit 2); `--dry-run-cpu` runs every section on CPU
-at toy sizes (what CI checks).
+device; (6) the whole commands under the placement guard (`tools/gpu_commands.py`: `specrl run` with its
+certificate, `train` sync and async, `generate`, `check-backend`, `draft build` / `draft eval`, a one-rank NCCL
+FSDP2 learner step), each a row of the table printed at the end. Without a CUDA device it refuses ("no CUDA
+device: ...", exit 2); `--dry-run-cpu` runs every section on CPU at toy sizes (what CI checks; of the commands,
+`generate` and the FSDP2 step on gloo).
 
     python tools/gpu_check.py --out $OUT
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
                  tie_word_embeddings=True, rope_theta=1000000.0)
@@ -196,6 +200,14 @@ def section_learner(device, dry: bool) -> dict:
             "weights_moved": moved, "param_device": str(policy.embed_tokens.weight.device)}
 
 
+def section_commands(out: Path, device_type: str, dry: bool) -> list[dict]:
+    """The whole commands under the placement guard, one row each (on the dry run: generate and the FSDP2 step)."""
+    from gpu_commands import run_all
+
+    names = ("specrl generate", "FSDP2 learner step, one rank") if dry else None
+    return run_all(out / "commands", device_type, names)
+
+
 def markdown(rec: dict) -> str:
     lines = [f"# gpu check — {rec['device_name']} — {rec['date']}", "",
              f"torch {rec['torch']}, transformers {rec['transformers']}, model {rec['model_shape']}", ""]
@@ -216,10 +228,21 @@ def markdown(rec: dict) -> str:
     if spec:
         lines += [f"n-gram k={spec['k']} at B={spec['B']}: AL {spec['acceptance_length']:.2f}, predicted speedup "
                   f"{spec['predicted_speedup']:.2f}×, measured {spec['measured_speedup']:.2f}×", ""]
-    lines += ["| section | status | seconds |", "|---|---|---|"]
+    return "\n".join(lines + [table(rec)]) + "\n"
+
+
+def table(rec: dict) -> str:
+    """The check's one table: every section, and every whole command under the guard as its own row."""
+    lines = ["| section / command | status | seconds | guarded processes | violations | first site |",
+             "|---|---|---|---|---|---|"]
     for name, s in rec["sections"].items():
-        lines.append(f"| {name} | {s['status']} | {s['seconds']:.1f} |")
-    return "\n".join(lines) + "\n"
+        rows = s["result"] if name == "commands" and s["status"] == "ok" else None
+        if rows is None:
+            lines.append(f"| {name} | {s['status']} | {s['seconds']:.1f} | | | |")
+            continue
+        lines += [f"| {r['command']} | {r['status']} | {r['seconds']:.1f} | {r['processes']} | {r['violations']} | "
+                  f"{r['first_site']} |" for r in rows]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,10 +297,13 @@ def main(argv: list[str] | None = None) -> int:
                                                              costs["v_seconds"][f"{b},{k}"],
                                                              costs["v_seconds"][f"{b},0"]))
     section("learner", lambda: section_learner(device, dry))
+    section("commands", lambda: section_commands(out, device.type, dry))
     (out / "gpu_check.json").write_text(json.dumps(rec, indent=2, default=str) + "\n")
     (out / "gpu_check.md").write_text(markdown(rec))
+    print(table(rec), flush=True)
     print(f"[gpu-check] wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}", flush=True)
-    return 0 if all(s["status"] == "ok" for s in rec["sections"].values()) else 1
+    commands_ok = all(r["status"] == "ok" for r in rec["sections"].get("commands", {}).get("result") or [])
+    return 0 if all(s["status"] == "ok" for s in rec["sections"].values()) and commands_ok else 1
 
 
 if __name__ == "__main__":

@@ -57,6 +57,12 @@ class ProbeResult:
     mean_logp_expected: float  # its expectation under the reference (= minus the mean entropy)
     bin_counts: list[int] = field(default_factory=list)
     reason: str = ""
+    # what the tested tokens were, from the backend's metrics (empty where it reports none): per draft depth
+    # 1..k, the tokens emitted as accepted drafts; the bonus tokens (every draft accepted); each position's power
+    accepted_per_position: list[int] = field(default_factory=list)
+    bonus_tokens: int | None = None
+    target_w: float = 0.10
+    positions: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -65,11 +71,14 @@ class ProbeResult:
         verdict = "PASS" if self.passed else "FAIL"
         if self.num_tokens == 0:
             return f"{verdict} {self.setting}: {self.reason}"
+        untested = [p["position"] for p in self.positions if not p["tested"]]
+        per = (f"; draft tokens per depth {self.accepted_per_position}, bonus {self.bonus_tokens}; not tested at "
+               f"w <= {self.target_w:g}: {', '.join(untested) or 'none'}") if self.positions else ""
         return (f"{verdict} {self.setting}: chi2={self.statistic:.1f} (dof {self.dof}), p={self.p_value:.3g} vs "
                 f"alpha={self.alpha:g} over {self.num_tokens} tokens (detects w>={self.detectable_w:.3f} with power "
                 f"{self.power_target:g}); mean log p of sampled tokens {self.mean_logp_sampled:.3f} vs expected "
                 f"{self.mean_logp_expected:.3f}; out of support {self.out_of_support}"
-                + (f"; {self.reason}" if self.reason else ""))
+                + per + (f"; {self.reason}" if self.reason else ""))
 
 
 def detectable_w(num_tokens: int, dof: int, alpha: float, power: float) -> float:
@@ -80,6 +89,31 @@ def detectable_w(num_tokens: int, dof: int, alpha: float, power: float) -> float
     crit = chi2.isf(alpha, dof)
     lam = brentq(lambda x: ncx2.sf(crit, dof, x) - power, 1e-6, 1e5)
     return float((lam / num_tokens) ** 0.5)
+
+
+def tokens_needed(w: float, dof: int, alpha: float, power: float) -> int:
+    """Tokens a chi-square test with `dof` degrees of freedom needs to detect Cohen's w with the given power."""
+    import math
+
+    if not 0 < w <= 1:
+        raise SpecRLError(f"the certificate's target bias must be a Cohen's w in (0, 1], got {w!r}")
+    return math.ceil(detectable_w(1, dof, alpha, power) ** 2 / w ** 2)
+
+
+def position_power(num_tokens: int, accepted: Sequence[int], bonus: int | None, dof: int, alpha: float,
+                   power: float, target_w: float) -> list[dict]:
+    """Each draft depth's (and the bonus token's) share of the pooled test: a bias confined to n of its N tokens
+    moves the pooled statistic as a bias of w * n / N on all of them, so that position is detected (with the
+    stated power) from w >= detectable_w(N) * N / n; a position whose bound exceeds `target_w` is not tested."""
+    if not num_tokens or not accepted:
+        return []
+    base = detectable_w(num_tokens, dof, alpha, power)
+    rows = [(f"draft {i + 1}", n) for i, n in enumerate(accepted)] + ([("bonus", bonus)] if bonus is not None else [])
+    out = []
+    for name, n in rows:
+        w = base * num_tokens / n if n else float("inf")
+        out.append({"position": name, "tokens": int(n), "detectable_w": w, "tested": w <= target_w})
+    return out
 
 
 @torch.no_grad()
@@ -100,13 +134,15 @@ def pit_values(reference, prompts: Sequence[Sequence[int]], samples: Sequence[Se
             lg = logits[:, start:start + num_tokens].float()  # [b, m, V]: the distribution of each sampled token
             x = toks[:, start + 1:start + 1 + num_tokens]
             shape = lg.shape[:-1]
-            probs = probs_from_logits(lg, torch.full(shape, float(params.temperature)),
-                                      torch.full(shape, float(params.top_p)),
-                                      torch.full(shape, int(params.top_k), dtype=torch.long))
+            probs = probs_from_logits(lg, torch.full(shape, float(params.temperature), device=dev),
+                                      torch.full(shape, float(params.top_p), device=dev),
+                                      torch.full(shape, int(params.top_k), dtype=torch.long, device=dev))
             px = probs.gather(-1, x[..., None]).squeeze(-1)
             idx = torch.arange(probs.shape[-1], device=dev)
             before = (probs * ((probs > px[..., None]) | ((probs == px[..., None]) & (idx < x[..., None])))).sum(-1)
-            u = before + torch.rand(shape, generator=generator, dtype=torch.float64).float() * px
+            # drawn where the generator lives (a CPU generator cannot draw on CUDA), then moved: the same draws
+            u = before + torch.rand(shape, generator=generator, dtype=torch.float64,
+                                    device=generator.device).to(dev).float() * px
             u = torch.where(px > 0, u.clamp(0.0, 1.0 - 1e-7), torch.full_like(u, float("nan")))
             logp = torch.log(probs.clamp_min(1e-38))
             us.append(u.flatten())
@@ -118,7 +154,7 @@ def pit_values(reference, prompts: Sequence[Sequence[int]], samples: Sequence[Se
 def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: SamplingParams,
                   num_samples: int = 256, num_tokens: int = 8, bins: int = 10, alpha: float = 1e-3,
                   power_target: float = 0.99, max_out_of_support: float = 0.005, seed: int = 0,
-                  setting: str = "") -> ProbeResult:
+                  setting: str = "", target_w: float = 0.10) -> ProbeResult:
     """Sample through `backend.generate` and test the samples against `reference`'s exact distributions."""
     from scipy.stats import chi2
 
@@ -159,6 +195,12 @@ def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: 
         last = counts[-1].item() / expected
         reason = ("the backend samples unlikely tokens too often" if last > 1 else
                   "the backend samples likely tokens too often") + f" (last bin {last:.2f}x its expected count)"
+    m = getattr(result, "metrics", None) or {}
+    drafted = [int(d) for d in m.get("drafted_per_position", [])]
+    depth = max((i + 1 for i, d in enumerate(drafted) if d), default=0)  # the depths drafted at all
+    accepted = [int(a) for a in m.get("accepted_per_position", [])][:depth]
+    bonus = m.get("bonus_tokens") if accepted else None
     return ProbeResult(passed, desc, n, stat, dof, pval, alpha, detectable_w(n, dof, alpha, power_target),
                        power_target, n_out, float(lp[ok].mean()), float(exp.mean()),
-                       [int(c) for c in counts.tolist()], reason)
+                       [int(c) for c in counts.tolist()], reason, accepted, bonus, target_w,
+                       position_power(n, accepted, bonus, dof, alpha, power_target, target_w))

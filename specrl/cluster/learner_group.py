@@ -85,9 +85,7 @@ class LearnerRank:
                                 rank=self.rank, world_size=self.world_size,
                                 timeout=datetime.timedelta(seconds=cfg.learner.collective_timeout_s))
         seed_everything(cfg.run.seed)
-        policy, _ = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype))
-        if device == "cuda":
-            policy = policy.to("cuda")
+        policy, _ = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=device)  # its device
         drafter = resolve_drafter(cfg.speculative.drafter, policy) if cfg.drafter.online else None
         policy.train()
         self.learner = ShardedLearner(cfg, policy, drafter, max_policy_lag=max_policy_lag)

@@ -31,6 +31,7 @@ class SpecMetrics:
     verify_steps: int = 0  # sequences x speculative steps
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    bonus_tokens: int = 0  # verify steps that accepted every real draft and emitted the bonus token from p
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     ar_seconds: float = 0.0
@@ -80,6 +81,8 @@ class SpecMetrics:
         self.verify_steps += n
         self.draft_tokens += n * k if num_drafts is None else int(num_drafts.sum())
         self.accepted_tokens += int(num_accepted.sum())
+        real_k = torch.full_like(num_accepted, k) if num_drafts is None else num_drafts
+        self.bonus_tokens += int(((num_accepted >= real_k) & (real_k > 0)).sum())
         self.generated_tokens += int(emitted.sum())
         self.draft_seconds += draft_s
         self.verify_seconds += verify_s
@@ -100,6 +103,7 @@ class SpecMetrics:
             "verify_steps": self.verify_steps,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "bonus_tokens": self.bonus_tokens,
             "generated_tokens": self.generated_tokens,
             "prompt_tokens": self.prompt_tokens,
             "num_sequences": self.finished,
@@ -126,7 +130,7 @@ class SpecMetrics:
         drafted, accepted = list(d["drafted_per_position"]), list(d["accepted_per_position"])
         m = cls(len(drafted))
         for key in _SUMMED:
-            setattr(m, key, d.get(key, 0) if key in _HISTORY else d[key])
+            setattr(m, key, d.get(key, 0) if key in _OPTIONAL else d[key])
         for key in _HELD:
             setattr(m, key, d.get(key, 0))
         m.finished, m._seq_steps = d["num_sequences"], d["sequence_steps"]
@@ -150,9 +154,10 @@ def phase_rates(trace: list[list]) -> dict[int, tuple[int, float]]:
 
 _SUMMED = ("prompt_tokens", "generated_tokens", "ar_steps", "spec_steps", "verify_steps", "draft_tokens",
            "accepted_tokens", "draft_seconds", "verify_seconds", "ar_seconds", "prefill_seconds", "total_seconds",
-           "history_rows", "history_drafted", "history_accepted")
+           "history_rows", "history_drafted", "history_accepted", "bonus_tokens")
 _HELD = ("history_tokens", "history_entries")  # sizes at a call's end: merged calls report the largest
 _HISTORY = ("history_rows", "history_drafted", "history_accepted", *_HELD)
+_OPTIONAL = (*_HISTORY, "bonus_tokens")  # counters an older export may lack
 
 
 def merge_metrics(parts: list[dict], wall_seconds: float | None = None) -> dict:
