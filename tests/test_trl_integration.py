@@ -34,6 +34,7 @@ from specrl.integrations.trl.checks import check_prompts, check_trainer, check_t
     ({"drafter": 3}, "drafter spec"),
     ({"drafter": "medusa:x"}, "medusa"),
     ({"drafter": "ngram", "max_seq_len": 0}, "max_seq_len"),
+    ({"drafter": "ngram", "certificate_target_w": 0.0}, "certificate_target_w"),
 ])
 def test_bad_options_are_refused_by_name(kwargs, match):
     with pytest.raises(SpecRLError, match=match):
@@ -133,7 +134,7 @@ def tiny_dir(tmp_path):
 
 
 def test_two_grpo_steps_follow_the_trainers_weights(tiny_dir, tmp_path):
-    rf = rollout_func(drafter="ngram", num_draft_tokens=2, certificate_samples=16)
+    rf = rollout_func(drafter="ngram", num_draft_tokens=2, certificate_samples=16, certificate_target_w=0.5)
     trainer = _trainer(tiny_dir, tmp_path / "out", rf)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.train()
@@ -185,7 +186,7 @@ def test_embedded_model_logprobs_match_trls_recomputation(tmp_path):
     """fp32, temperature only: the behaviour log-probs are the trainer's (token_mult_prob_error <= 1.01)."""
     from specrl.model.presets import prepare
 
-    rf = rollout_func(drafter="eagle:think", num_draft_tokens=3, certificate_samples=16)
+    rf = rollout_func(drafter="eagle:think", num_draft_tokens=3, certificate_samples=16, certificate_target_w=0.5)
     trainer = _trainer(prepare("smollm2-135m"), tmp_path / "out", rf, steps=1, batch=4, group=4, length=24)
     trainer.model.eval()
     prompts = [[{"role": "user", "content": "What is 12 + 30?"}]] * 4

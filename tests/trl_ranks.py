@@ -24,7 +24,7 @@ def main(model_dir: str, out: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = [{"prompt": [{"role": "user", "content": f"{a} + {a + 1} = ?"}]} for a in range(16)]
-    rf = rollout_func(drafter="ngram", num_draft_tokens=2, certificate_samples=16)
+    rf = rollout_func(drafter="ngram", num_draft_tokens=2, certificate_samples=16, certificate_target_w=0.5)
     seen = []
     inner = rf.__call__
 

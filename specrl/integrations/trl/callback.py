@@ -21,7 +21,7 @@ MAX_PROMPTS = 4
 PROBE_BATCH = 64
 
 
-def certify(rollouts, trainer, num_samples: int) -> dict[str, Any] | None:
+def certify(rollouts, trainer, num_samples: int, target_w: float) -> dict[str, Any] | None:
     """The probe's result on the engine as the run ended, or None where no certificate applies."""
     import torch
 
@@ -29,6 +29,7 @@ def certify(rollouts, trainer, num_samples: int) -> dict[str, Any] | None:
     from specrl.integrations.trl.weights import engine_model
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
+    from specrl.run.certificate import POWER, sample_size
 
     if not rollouts.speculative or float(trainer.temperature) <= 0:
         return None
@@ -36,7 +37,9 @@ def certify(rollouts, trainer, num_samples: int) -> dict[str, Any] | None:
     engine = rollouts.engine
     k = rollouts.num_draft_tokens if isinstance(rollouts.num_draft_tokens, int) else engine.k_max
     prompts = rollouts.seen_prompts[:MAX_PROMPTS] or chat_prompts(rollouts.tokenizer)
-    tokens = max(8, k + 2)
+    samples, tokens = sample_size(k, target_w, num_samples=max(num_samples, len(prompts)))
+    print(f"[specrl] losslessness certificate: {samples} continuations x {tokens} tokens = {samples * tokens} tokens "
+          f"at k={k}, sized to detect a bias of Cohen's w >= {target_w:g} with power {POWER:g}", flush=True)
     reference = engine_model(rollouts.model, torch.float32, trainer.accelerator.device)
     if rollouts.backend_name == "native":
         backend = RolloutEngine(engine.model, max_batch_size=PROBE_BATCH,
@@ -50,7 +53,7 @@ def certify(rollouts, trainer, num_samples: int) -> dict[str, Any] | None:
     r = probe_backend(backend, reference, prompts,
                       SamplingParams(temperature=float(trainer.temperature), top_p=float(trainer.top_p or 1.0),
                                      top_k=int(trainer.top_k or 0), seed=rollouts.seed),
-                      num_samples=max(num_samples, len(prompts)), num_tokens=tokens, setting=setting)
+                      num_samples=samples, num_tokens=tokens, power_target=POWER, setting=setting, target_w=target_w)
     return {**r.as_dict(), "k": k, "policy_version": rollouts.version, "seconds": time.perf_counter() - t0,
             "summary": r.summary()}
 
@@ -65,7 +68,7 @@ class SpecRLCallback(TrainerCallback):
         r = self.rollouts
         if not r.certificate_enabled or r.trainer is None:
             return
-        cert = certify(r, r.trainer, r.certificate_samples)
+        cert = certify(r, r.trainer, r.certificate_samples, r.certificate_target_w)
         if cert is None:
             return
         r.certificate = cert
@@ -77,4 +80,9 @@ class SpecRLCallback(TrainerCallback):
                        "specrl/certificate_p_value": cert["p_value"],
                        "specrl/certificate_detectable_w": cert["detectable_w"],
                        "specrl/certificate_tokens": float(cert["num_tokens"]),
+                       "specrl/certificate_target_w": cert["target_w"],
+                       "specrl/certificate_positions_tested": float(sum(bool(p.get("tested"))
+                                                                        for p in cert["positions"])),
+                       "specrl/certificate_positions_not_tested": float(sum(not p.get("tested")
+                                                                            for p in cert["positions"])),
                        "specrl/certificate_seconds": cert["seconds"]})

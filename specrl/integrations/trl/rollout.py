@@ -38,6 +38,7 @@ class SpecRLRollouts:
     def __init__(self, drafter: str | None, num_draft_tokens: int | str = "auto", verify: str = "rejection",
                  backend: str = "native", rollout_dtype: str = "match", max_batch_size: int | None = None,
                  max_seq_len: int | None = None, certificate: bool = True, certificate_samples: int = 192,
+                 certificate_target_w: float = 0.10,
                  staleness_fraction: float = 0.85):
         self.trl_version = check_trl()
         if drafter is not None and not isinstance(drafter, str):
@@ -70,6 +71,10 @@ class SpecRLRollouts:
         self.max_seq_len = max_seq_len
         self.certificate_enabled = certificate
         self.certificate_samples = certificate_samples
+        if not 0 < certificate_target_w <= 1:
+            raise SpecRLError(f"rollout_func: certificate_target_w must be a Cohen's w in (0, 1], got "
+                              f"{certificate_target_w!r}")
+        self.certificate_target_w = certificate_target_w
         self.staleness_fraction = staleness_fraction
         self.engine = None
         self.trainer = None
@@ -243,5 +248,6 @@ def rollout_func(drafter: str | None, num_draft_tokens: int | str = "auto", **op
     engine). `num_draft_tokens`: k (1..7) or 'auto'. Options: `verify` ('rejection' | 'seed_exact'), `backend`
     ('native' | 'vllm'), `rollout_dtype` ('match' the trainer model's dtype, 'float32', 'bfloat16'),
     `max_batch_size`, `max_seq_len` (the engine's), `certificate` (run the losslessness certificate at the end of
-    training; default on), `certificate_samples`, `staleness_fraction` (the drafter staleness alarm)."""
+    training; default on), `certificate_samples` (the fewest continuations), `certificate_target_w` (the bias it is
+    sized to detect at power 0.99; default 0.10), `staleness_fraction` (the drafter staleness alarm)."""
     return SpecRLRollouts(drafter, num_draft_tokens, **options)
