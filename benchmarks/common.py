@@ -64,7 +64,7 @@ def config_dtypes(config: str | None, sets: list[str] | None = None) -> dict[str
     """The dtypes a `specrl train` run of this config (with these --set overrides) resolves to on this machine:
     model (policy weights), rollout (native engine), train (policy.precision) and, for the vLLM backend, vllm."""
     from specrl.config.hardware import resolve_hardware
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     cfg = resolve_hardware(load_config(config, sets))
     out = {"model": cfg.model.dtype, "rollout": cfg.model.rollout_dtype, "train": cfg.policy.precision}

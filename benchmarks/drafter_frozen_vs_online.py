@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> Path:
     a = ap.parse_args(argv)
     import torch
 
-    from specrl.config.schema import load_config, validate_config
     from specrl.errors import SpecRLError
     from specrl.observability.acceptance_compare import write_acceptance_compare
+    from specrl.trainer.config_check import load_config, validate_config
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -47,7 +47,7 @@ def run(config: str, sets: list[str], steps: int) -> list[dict]:
     policies are still bit-identical."""
     import torch
 
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
     from specrl.trainer.sync_trainer import GRPOTrainer, seed_everything
 
     def build(extra: list[str], label: str) -> GRPOTrainer:
@@ -74,7 +74,7 @@ def run(config: str, sets: list[str], steps: int) -> list[dict]:
         rec = online.step()
         r = online.last_rollouts
         producer = {k: rec.stage_seconds[k] for k in ("data", "prepare", "gen")}
-        frec, _ = frozen.learner.learn(r, producer)  # the same rollouts, the same (bit-identical) policy
+        frec = frozen.learner.learn(r, producer)  # the same rollouts, the same (bit-identical) policy
         same = all(torch.equal(v, frozen.policy.state_dict()[k]) for k, v in online.policy.state_dict().items())
         dgn = learner.drafter_trainer.grad_norms  # this step's drafter gradient norms, before its clip
         row = {"step": rec.step, "generated_tokens": rec.generated_tokens, "acceptance_length": rec.acceptance_length,

@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> dict:
     from specrl.algorithms.rollouts import Rollouts
     from specrl.cluster.learner_group import LearnerGroup
     from specrl.config.hardware import resolve_hardware
-    from specrl.config.schema import load_config
     from specrl.model.hf_checkpoint import parse_dtype
     from specrl.model.loader import load_model
+    from specrl.trainer.config_check import load_config
     from specrl.trainer.learner import Learner
 
     sets = ["speculative.drafter=none", "drafter.online=false", f"learner.world_size={a.world_size}",

@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.interval <= 0 or a.load < 0 or a.warmup < 0 or (a.timeout is not None and a.timeout <= 0):
         ap.error("--interval and --timeout must be > 0, --load and --warmup >= 0")
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     config = str(Path(a.config).resolve()) if Path(a.config).exists() else a.config
     cfg = load_config(config, a.sets)

@@ -58,11 +58,11 @@ def group_stats(correct: list[bool], rewards: list[float], group: int) -> dict[s
 def measure(config: str, sets: list[str], prompts: int, group: int, batch_size: int | None = None) -> dict[str, Any]:
     from specrl.backends.registry import build_backend
     from specrl.config.hardware import resolve_hardware
-    from specrl.config.schema import load_config
     from specrl.model.hf_checkpoint import parse_dtype
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
     from specrl.rollout.protocol import RolloutRequest
+    from specrl.trainer.config_check import load_config
     from specrl.trainer.producer import VAL_REQUEST_BASE, RolloutProducer
 
     cfg = load_config(config, [*sets, f"task.val_size={prompts}", "speculative.drafter=none",

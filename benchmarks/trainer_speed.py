@@ -57,8 +57,8 @@ def main() -> None:
     from specrl.algorithms.batch import micro
     from specrl.algorithms.grpo import clipped_surrogate_loss
     from specrl.algorithms.rollouts import Rollouts
-    from specrl.config.schema import validate_config
     from specrl.model.presets import prepare
+    from specrl.trainer.config_check import validate_config
     from specrl.trainer.learner import Learner
 
     n = a.prompts * a.group

@@ -103,9 +103,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from specrl.config.schema import load_config
     from specrl.integrations.trl.task import task_rows
     from specrl.model.presets import prepare
+    from specrl.trainer.config_check import load_config
 
     rec = run_header({"rollout": "float32", "train": "float32"}, a.threads)
     model_dir = prepare("smollm2-135m")

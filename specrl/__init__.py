@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "train": "specrl.api",
     "TrainConfig": "specrl.config.schema",
-    "load_config": "specrl.config.schema",
+    "load_config": "specrl.trainer.config_check",
     "load_model": "specrl.model.loader",
     "RolloutEngine": "specrl.rollout.engine",
     "RolloutOutput": "specrl.rollout.protocol",

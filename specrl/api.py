@@ -30,10 +30,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from specrl.config.schema import TrainConfig, load_config, validate_config
+from specrl.config.schema import TrainConfig
 from specrl.errors import SpecRLError
 from specrl.fileio import atomic_write
 from specrl.run.loop import RunLock, train_main
+from specrl.trainer.config_check import load_config, validate_config
 
 __all__ = ["train", "TrainConfig", "load_config", "reward_spec"]
 

@@ -587,7 +587,7 @@ def _probe_config(backend: str, model: str, drafter: str, k: int, dtype: str, sa
                   tokens: int, max_len: int):
     """The training config `check-backend` builds its backend from (the registry's one construction path): the
     backend's dtype, the probe's batch and context, the drafter and k; no start-up probe (this is the probe)."""
-    from specrl.config.schema import validate_config
+    from specrl.trainer.config_check import validate_config
 
     data = {"model": {"name": model, "max_seq_len": max_len},
             "generation": {"max_new_tokens": tokens, "max_batch_size": min(samples, 256)},

@@ -13,10 +13,10 @@ import ray
 import torch
 import yaml
 
-from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
 from specrl.observability.metrics import read_jsonl
 from specrl.run.loop import train_main
+from specrl.trainer.config_check import validate_config
 from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.faults import subprocess_code
 from tests.test_rl_trainer import cfg_dict
@@ -183,7 +183,7 @@ def test_is_ratio_against_the_generating_version(tiny):
     assert torch.allclose(batch.gen_logp[m], ref_a[m], atol=1e-4)  # behaviour log-probs are A's
     weights = torch.exp(batch.old_logp - batch.gen_logp)[m]
     assert not torch.allclose(weights, torch.ones_like(weights), atol=1e-3)  # A and B differ
-    rec, _ = learner.learn(r, {"data": 0.0, "prepare": 0.0, "gen": 0.0})
+    rec = learner.learn(r, {"data": 0.0, "prepare": 0.0, "gen": 0.0})
     capped = weights.clamp(max=cfg.grpo.importance_sampling_cap)
     assert rec["policy_lag"] == 1
     assert rec["is_ratio_mean"] == pytest.approx(float(capped.mean()), rel=1e-3)

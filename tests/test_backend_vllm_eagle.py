@@ -208,7 +208,7 @@ def test_online_drafter_training_reaches_vllm(ckpt, head, prompts, tmp_path):
     """GRPO on the vLLM backend with the specrl head trained online: every step the learner's drafter is pushed
     (under specrl's names, renamed by the backend), and afterwards vLLM drafts exactly what the learner's
     drafter drafts in specrl's engine on the learner's policy."""
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
     from specrl.trainer.sync_trainer import GRPOTrainer
 
     cfg = load_config("examples/short.yaml", [

@@ -120,7 +120,7 @@ def test_vllm_backend_without_vllm_says_how_to_install(monkeypatch, tmp_path):
 
 def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
     from specrl.backends import registry as backends
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     cfg = load_config(None, ["rollout.backend=vllm", "run.steps=1"])
     called = {}
@@ -147,7 +147,7 @@ def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
 @pytest.mark.parametrize("key", ["dtype", "max_model_len", "kv_cache_space_gib", "enforce_eager",
                                  "tensor_parallel_size", "sampling_fix", "probe", "probe_samples"])
 def test_vllm_keys_outside_their_section_name_the_section(key):
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     with pytest.raises(SpecRLError, match=rf"rollout\.{key}: unknown key; did you mean 'rollout\.vllm\.{key}'\? "
                                           r"\(rollout\.vllm holds those settings\)"):

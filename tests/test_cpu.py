@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from specrl import cpu as th
-from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
+from specrl.trainer.config_check import validate_config
 
 
 @pytest.fixture(autouse=True)

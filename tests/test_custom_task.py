@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specrl.config.schema import load_config, validate_config
 from specrl.data.datasets import make_dataset_task, read_rows
 from specrl.data.rewards import load_reward_fn, user_rewards
 from specrl.errors import SpecRLError
 from specrl.observability.metrics import read_jsonl
 from specrl.run.loop import train_main
+from specrl.trainer.config_check import load_config, validate_config
 from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.tiny import make_tiny_checkpoint
 

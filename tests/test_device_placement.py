@@ -67,7 +67,7 @@ def test_a_learner_step_allocates_nothing_on_the_host(tmp_path, over):
     drafter = EagleDrafter(policy).to(TEST_DEVICE) if over.get("drafter__online") else None
     with HostAllocationGuard(place=[policy, drafter], device=GUARD_DEVICE):  # the learner is built on the device
         learner = Learner(dp_cfg(tiny, world_size=1, **over), policy, drafter)
-        rec, _ = learner.learn(group_rollouts(), dict(SECONDS))
+        rec = learner.learn(group_rollouts(), dict(SECONDS))
         learner.check_weights(1)
     assert rec.loss == rec.loss
 

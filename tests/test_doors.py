@@ -177,7 +177,7 @@ def test_malformed_checkpoint_manifest_is_a_clear_error(tmp_path, label, mutate,
     ("model.name=", r"model\.name: String should have at least 1 character"),
 ])
 def test_config_values_that_used_to_fail_late_or_silently(override, match):
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     with pytest.raises(SpecRLError, match=match):
         load_config(None, [override])
@@ -185,8 +185,8 @@ def test_config_values_that_used_to_fail_late_or_silently(override, match):
 
 def test_files_with_a_byte_order_mark_are_read_as_utf8(tmp_path):
     from specrl.cli import _read_prompts
-    from specrl.config.schema import load_config
     from specrl.data.datasets import read_rows
+    from specrl.trainer.config_check import load_config
     from tests.tiny import char_tokenizer
 
     p = tmp_path / "p.jsonl"

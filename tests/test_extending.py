@@ -33,8 +33,8 @@ def extended(tmp_path_factory):
     """Run the documented snippets, then one GRPO step that selects all four; unregister them afterwards."""
     from specrl.algorithms.losses import LOSSES
     from specrl.backends.registry import unregister_backend
-    from specrl.config.schema import validate_config
     from specrl.rollout.drafter_spec import unregister_drafter_kind
+    from specrl.trainer.config_check import validate_config
     from specrl.trainer.sync_trainer import GRPOTrainer
 
     tmp = tmp_path_factory.mktemp("ext")
@@ -95,9 +95,9 @@ def test_reward_function(extended):
 
 def test_registry_errors():
     from specrl.backends.registry import register_backend, unregister_backend
-    from specrl.config.schema import load_config
     from specrl.drafters import register_drafter
     from specrl.rollout.drafter_spec import DrafterKind, register_drafter_kind, unregister_drafter_kind
+    from specrl.trainer.config_check import load_config
 
     with pytest.raises(SpecRLError, match="drafter kind 'eagle' is already registered"):
         register_drafter("eagle", lambda spec, target, dtype: None)

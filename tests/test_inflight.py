@@ -9,11 +9,11 @@ import torch
 
 from specrl.algorithms.grpo import token_logprobs
 from specrl.backends.registry import build_backend
-from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
+from specrl.trainer.config_check import validate_config
 from specrl.trainer.learner import Learner
 from specrl.trainer.producer import RolloutProducer
 from tests.test_async import async_cfg
@@ -157,7 +157,7 @@ def test_is_ratios_use_the_per_token_behaviour_logprobs(two_versions):
     assert torch.allclose(batch.gen_logp[m], behaviour[m], atol=1e-4)
     weights = torch.exp(batch.old_logp - behaviour)[m]
     capped = weights.clamp(max=cfg.grpo.importance_sampling_cap)
-    rec, _ = learner.learn(r, {"data": 0.0, "prepare": 0.0, "gen": 0.0})
+    rec = learner.learn(r, {"data": 0.0, "prepare": 0.0, "gen": 0.0})
     assert rec["policy_lag"] == 1 and rec["policy_version"] == 0
     assert rec["is_ratio_mean"] == pytest.approx(float(capped.mean()), rel=1e-3)
     assert rec["is_ratio_max"] == pytest.approx(float(capped.max()), rel=1e-3)

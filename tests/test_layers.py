@@ -31,7 +31,7 @@ LAYERS = {
     "specrl.algorithms": 4,
     "specrl.drafters": 5,
     "specrl.backends": 6,
-    "specrl.config": 7,
+    "specrl.config": 2,
     "specrl.trainer": 8,
     "specrl.parallel": 9,
     "specrl.sim": 9,

@@ -12,11 +12,11 @@ import torch
 import yaml
 
 from specrl.algorithms.rollouts import Rollouts
-from specrl.config.schema import load_config, validate_config
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.model.loader import load_model
 from specrl.parallel.data_parallel import merge_rank_records
+from specrl.trainer.config_check import load_config, validate_config
 from specrl.trainer.learner import Learner
 from specrl.trainer.sync_trainer import seed_everything
 from tests.test_rl_trainer import cfg_dict
@@ -108,14 +108,14 @@ def test_one_step_n1_equals_n2(tiny, local_ray):
     r = seeded_rollouts()
     one = single_learner(cfg)
     before = {k: v.clone() for k, v in hf_named_tensors(one.policy).items()}
-    rec1, _ = one.learn(r, dict(SECONDS))
+    rec1 = one.learn(r, dict(SECONDS))
     w1 = hf_named_tensors(one.policy)
     group = LearnerGroup(cfg)
     try:
         version, w2, drafter = group.named_weights()
         assert version == 0 and drafter is None
         assert all(torch.equal(w2[k], before[k]) for k in before)  # every rank starts from the same weights
-        rec2, _ = group.learn(r, dict(SECONDS))
+        rec2 = group.learn(r, dict(SECONDS))
         version, w2, _ = group.named_weights()
     finally:
         group.close()
@@ -209,13 +209,13 @@ def test_resume_across_world_sizes(tiny, tmp_path, local_ray):
         _, w, _ = group.named_weights()
         exported, _ = load_model(one / "final", dtype=torch.float32)
         assert all(torch.equal(v, w[k]) for k, v in hf_named_tensors(exported).items())
-        rec2, _ = group.learn(r, dict(SECONDS))
+        rec2 = group.learn(r, dict(SECONDS))
         _, w2, _ = group.named_weights()
     finally:
         group.close()
     single = GRPOTrainer.from_config(load_config(str(one / "config.yaml")))
     single.load_parts(load_latest(one / "checkpoints").parts)
-    rec1, _ = single.learner.learn(r, dict(SECONDS))
+    rec1 = single.learner.learn(r, dict(SECONDS))
     w1 = hf_named_tensors(single.policy)
     scale = max(float(v.abs().max()) for v in w1.values())
     assert rec2["step"] == rec1["step"] == 3 and rec2["lr"] == rec1["lr"]
@@ -333,12 +333,12 @@ def test_one_step_n1_equals_n2_beyond_the_plain_point(tiny, tmp_path, local_ray,
     else:
         one = single_learner(cfg)
     before = {k: v.clone() for k, v in hf_named_tensors(one.policy).items()}
-    rec1, _ = one.learn(r, dict(SECONDS))
+    rec1 = one.learn(r, dict(SECONDS))
     w1 = hf_named_tensors(one.policy)
     d1 = {k: v.detach().clone() for k, v in one.drafter.state_dict().items()} if one.drafter is not None else None
     group = LearnerGroup(cfg)
     try:
-        rec2, _ = group.learn(r, dict(SECONDS))
+        rec2 = group.learn(r, dict(SECONDS))
         _, w2, d2 = group.named_weights()
         if case == "online_drafter":  # the ranks' DCP checkpoint holds both optimizers: read it in one process
             from specrl.checkpoint.sharded_state import DCP_PART, load_dcp

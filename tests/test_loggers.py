@@ -2,8 +2,8 @@
 
 import json
 
-from specrl.config.schema import validate_config
 from specrl.observability.metrics import STEP_FIELDS, MetricsWriter
+from specrl.trainer.config_check import validate_config
 
 
 def record(step: int) -> dict:

@@ -172,8 +172,8 @@ def test_a_time_budget_ends_a_training_run_early(tiny, tmp_path):
 
 
 def test_a_time_budget_must_be_positive(tiny):
-    from specrl.config.schema import validate_config
     from specrl.errors import SpecRLError
+    from specrl.trainer.config_check import validate_config
 
     d = cfg_dict(tiny)
     d["run"]["time_budget_minutes"] = 0

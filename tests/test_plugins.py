@@ -106,7 +106,7 @@ def test_a_plugin_trains_on_two_learner_ranks(tmp_path, plugin, local_ray):
 
 
 def test_a_plugin_that_cannot_be_imported_is_named(tmp_path):
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     with pytest.raises(SpecRLError, match="cannot import module 'no_such_ext'"):
         load_config(None, ["plugins=[no_such_ext]"])

@@ -7,8 +7,8 @@ import torch
 
 from specrl import device as dv
 from specrl.config.hardware import hardware_fields, resolve_hardware
-from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
+from specrl.trainer.config_check import validate_config
 
 FLAGS = {
     "AVX2": "fpu sse2 avx avx2 fma",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specrl.config.schema import load_config
+from specrl.trainer.config_check import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -135,7 +135,7 @@ def test_a_backend_without_an_acknowledgement_or_with_missing_names_is_refused(s
 
 
 def test_sync_trainer_stops_in_the_step_whose_refit_fails(tmp_path, monkeypatch):
-    from specrl.config.schema import validate_config
+    from specrl.trainer.config_check import validate_config
     from specrl.trainer.sync_trainer import GRPOTrainer
     from tests.test_rl_trainer import cfg_dict
     from tests.tiny import make_tiny_checkpoint

@@ -8,8 +8,8 @@ import pytest
 import ray
 import torch
 
-from specrl.config.schema import validate_config
 from specrl.rollout.digest import RefitError
+from specrl.trainer.config_check import validate_config
 from tests.test_async import async_cfg
 from tests.tiny import make_tiny_checkpoint
 

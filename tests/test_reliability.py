@@ -22,11 +22,11 @@ from typer.testing import CliRunner
 
 from specrl.checkpoint import store as ckpt_mod
 from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
-from specrl.config.schema import load_config
 from specrl.drafters import default as default_drafter
 from specrl.errors import SpecRLError
 from specrl.observability.metrics import read_jsonl
 from specrl.run.loop import LOCK_FILE, RunInterrupted, RunLock, _StopSignals, release_run, setup_run, train_main
+from specrl.trainer.config_check import load_config
 from specrl.trainer.learner import Learner
 from tests.test_rl_trainer import cfg_dict as trainer_cfg
 from tests.test_rl_trainer import write_cfg

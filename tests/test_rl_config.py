@@ -5,14 +5,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specrl.config.schema import TrainConfig, apply_override, load_config, valid_keys, validate_config
+from specrl.config.schema import TrainConfig, apply_override, valid_keys
 from specrl.errors import SpecRLError
+from specrl.trainer.config_check import check_config, load_config, validate_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def test_defaults_and_roundtrip(tmp_path):
-    cfg = TrainConfig()
+    cfg = check_config(TrainConfig())  # the loss's clip defaults filled in, as every loaded config has them
     p = tmp_path / "c.yaml"
     p.write_text(cfg.to_yaml())
     assert load_config(p) == cfg

@@ -7,8 +7,8 @@ import torch
 
 from specrl.algorithms.grpo import clipped_surrogate_loss
 from specrl.algorithms.losses import LOSSES, get_loss, loss_normalizer, register_loss
-from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
+from specrl.trainer.config_check import validate_config
 
 # Two sequences. Sequence 0: two response tokens with ratios 1.1 and 1.2 (inside [0.8, 1.28]), advantage +1.
 # Sequence 1: one response token with ratio 0.5 (below 0.8: clipped), advantage -2, then padding.
@@ -145,11 +145,16 @@ def test_bad_config(over, msg):
 
 
 def test_std_scaling_follows_the_loss():
-    cfg = lambda **g: validate_config({"grpo": g}).grpo  # noqa: E731
-    assert cfg().scale_advantages_by_std and cfg(loss_type="gspo").scale_advantages_by_std
-    assert not cfg(loss_type="dr_grpo").scale_advantages_by_std
-    assert not cfg(loss_type="dapo", normalize_rewards=False).scale_advantages_by_std
-    assert cfg(loss_type="grpo", normalize_rewards=True).scale_advantages_by_std
+    from specrl.algorithms.losses import scales_by_std
+
+    def cfg(**g):
+        c = validate_config({"grpo": g}).grpo
+        return scales_by_std(c.loss_type, c.normalize_rewards)
+
+    assert cfg() and cfg(loss_type="gspo")
+    assert not cfg(loss_type="dr_grpo")
+    assert not cfg(loss_type="dapo", normalize_rewards=False)
+    assert cfg(loss_type="grpo", normalize_rewards=True)
 
 
 def test_on_stale_needs_refresh_updates():
@@ -165,7 +170,7 @@ def test_on_stale_needs_refresh_updates():
 
 
 def test_each_loss_has_its_own_default_clip_range_and_the_config_overrides_it():
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     got = {lt: (c.grpo.clip_low, c.grpo.clip_high) for lt in ("dapo", "grpo", "dr_grpo", "gspo")
            for c in [load_config(None, [f"grpo.loss_type={lt}"])]}

@@ -11,12 +11,12 @@ import torch
 import yaml
 
 from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
-from specrl.config.schema import validate_config
 from specrl.drafters import default as default_drafter
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
 from specrl.errors import SpecRLError
 from specrl.observability.metrics import STAGES, STEP_FIELDS, read_jsonl
 from specrl.run.loop import train_main
+from specrl.trainer.config_check import validate_config
 from specrl.trainer.learner import Learner, NonFiniteError
 from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.bench import load_benchmark

@@ -8,10 +8,10 @@ import torch
 
 from specrl.algorithms.batch import micro, response_logprobs, update_plan
 from specrl.algorithms.rollouts import Rollouts
-from specrl.config.schema import validate_config
 from specrl.drafters.training import trainer as drafter_trainer_mod
 from specrl.errors import SpecRLError
 from specrl.rollout.generation_metrics import SpecMetrics
+from specrl.trainer.config_check import validate_config
 from specrl.trainer.learner import Learner
 from specrl.trainer.producer import EXTRA_REQUEST_BASE, fill_groups
 from specrl.trainer.sync_trainer import GRPOTrainer
@@ -54,7 +54,7 @@ def test_one_update_folds_logprob_into_train(tiny, monkeypatch, over):
     b.learner.stage_train(b.learner.stage_logprob(r))  # the two-stage reference
     calls = []
     monkeypatch.setattr(Learner, "stage_logprob", lambda self, r: calls.append(r))
-    rec, batch = a.learner.learn(r, SECONDS)
+    rec, batch = a.learner.learn_batch(r, SECONDS)
     assert calls == [] and rec["logprob_skipped"] is True and rec["optimizer_steps"] == 1
     assert rec["stage_seconds"]["logprob"] < rec["stage_seconds"]["train"]  # collation only
     assert all(torch.equal(v, b.policy.state_dict()[k]) for k, v in a.policy.state_dict().items())
@@ -73,7 +73,7 @@ def test_one_update_with_online_drafter_matches_two_stages(tiny, monkeypatch):
     two = b.learner.stage_logprob(r, capture=True)
     b.learner.stage_train(two)
     assert b.learner.train_drafter(two, None)["draft_updates"] == 1
-    rec, batch = a.learner.learn(r, SECONDS)
+    rec, batch = a.learner.learn_batch(r, SECONDS)
     assert rec["logprob_skipped"] and rec["draft_updates"] == 1 and len(batch.captured) == 2
     assert all(torch.equal(v, b.drafter.state_dict()[k]) for k, v in a.drafter.state_dict().items())
     assert all(torch.equal(v, b.policy.state_dict()[k]) for k, v in a.policy.state_dict().items())
@@ -87,8 +87,8 @@ def test_clip_acts_on_the_second_iteration(tiny):
     a, b = trainer(tiny, **over), trainer(tiny, **over, grpo__clip_low=0.999, grpo__clip_high=1e6)
     r = rollouts(a, rewarded=True)
     assert r.prompts == rollouts(b).prompts
-    ra, _ = a.learner.learn(r, SECONDS)
-    rb, _ = b.learner.learn(r, SECONDS)
+    ra = a.learner.learn(r, SECONDS)
+    rb = b.learner.learn(r, SECONDS)
     assert ra["logprob_skipped"] is False and ra["optimizer_steps"] == 2
     assert ra["clip_fraction"] > 0.05 and rb["clip_fraction"] == 0.0
     assert ra["ratio_mean"] != 1.0
@@ -124,7 +124,7 @@ def test_lag_one_step_with_two_iterations(tiny):
     stale = rollouts(t, push=False, rewarded=True)  # the backend still holds version 0
     assert stale.policy_version == 0 and t.learner.version == 1
     start = copy.deepcopy(t.policy)
-    rec, batch = t.learner.learn(stale, SECONDS)
+    rec, batch = t.learner.learn_batch(stale, SECONDS)
     assert rec["policy_lag"] == 1 and rec["optimizer_steps"] == 2 and not rec["logprob_skipped"]
     with torch.no_grad():
         for i in range(len(stale.prompts)):
@@ -232,7 +232,7 @@ def test_the_trainer_scores_tokens_under_the_samplers_filtered_distribution(tiny
     """Rollout log-probs include top-p / top-k; the trainer's recomputation applies the same filter, so the
     importance ratio is 1 at lag 0 (fp32); temperature-only log-probs miss it by far (tools/logprob_match.py)."""
     t = trainer(tiny, **over)
-    rec, batch = t.learner.learn(rollouts(t), SECONDS)
+    rec, batch = t.learner.learn_batch(rollouts(t), SECONDS)
     assert 1.0 <= rec["token_mult_prob_error"] <= 1.001, rec["token_mult_prob_error"]
     assert abs(rec["ratio_mean"] - 1.0) < 1e-3
 

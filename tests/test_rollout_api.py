@@ -117,8 +117,8 @@ class ProtocolOnly:
 
 def test_trainer_runs_on_a_protocol_only_backend(tmp_path):
     from specrl.backends.registry import build_backend
-    from specrl.config.schema import validate_config
     from specrl.model.loader import load_model
+    from specrl.trainer.config_check import validate_config
     from specrl.trainer.sync_trainer import GRPOTrainer
     from tests.test_rl_trainer import cfg_dict
     from tests.tiny import make_tiny_checkpoint

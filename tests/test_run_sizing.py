@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from specrl.config.schema import validate_config
 from specrl.errors import SpecRLError
 from specrl.run import sizing
 from specrl.run.sizing import COSTS, LADDER, apply_sizing, predict_seconds, size_run
+from specrl.trainer.config_check import validate_config
 
 
 def test_each_measured_class_fits_six_steps_in_ten_minutes_and_the_slowest_is_cut_most():
@@ -82,14 +82,14 @@ def test_sizing_json_round_trip_and_report_line(tmp_path):
 
 
 def test_the_main_job_config_asks_for_sizing():
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     cfg = load_config("examples/default.yaml")
     assert cfg.run.min_steps >= 6 and cfg.run.time_budget_minutes is not None
 
 
 def test_the_overlay_config_is_the_main_job_for_sixty_resumable_steps():
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     main, ov = load_config("examples/default.yaml"), load_config("examples/overlay.yaml")
     assert ov.run.steps >= 60 and ov.run.time_budget_minutes is None and ov.run.min_steps is None

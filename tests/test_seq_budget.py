@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from specrl import RolloutEngine, SamplingParams
-from specrl.config.schema import validate_config
 from specrl.drafters import DraftModelDrafter, NGramDrafter
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
 from specrl.rollout.spec_decode.seq_budget import PROBE_EVERY, SequenceDraftBudget
+from specrl.trainer.config_check import validate_config
 from tests.stats import DIST_PROMPT, FAMILY_ALPHA, V, speculative_pvalue
 
 

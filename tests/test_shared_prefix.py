@@ -124,7 +124,7 @@ def _learner_step(tiny, roll, share: bool):
     hook = register_optimizer_step_pre_hook(
         lambda *_: grads.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}))
     try:
-        rec, _ = learner.learn(roll, dict(SECONDS))
+        rec = learner.learn(roll, dict(SECONDS))
     finally:
         hook.remove()
     assert rec.loss is not None and rec.loss == rec.loss

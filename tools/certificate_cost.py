@@ -19,9 +19,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from specrl.config.schema import load_config
     from specrl.device import processor_class
     from specrl.run.certificate import certify, line
+    from specrl.trainer.config_check import load_config
     from specrl.trainer.sync_trainer import GRPOTrainer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -47,7 +47,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    from specrl.config.schema import load_config
+    from specrl.trainer.config_check import load_config
 
     cfg = load_config(a.config, [*a.sets, f"run.steps={a.steps}"])
     with tempfile.TemporaryDirectory() as tmp:

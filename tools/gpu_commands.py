@@ -113,7 +113,7 @@ def fsdp_step(ckpt: str, device: str) -> None:
     try:
         policy, _ = load_model(ckpt, dtype=torch.float32, device=device)
         learner = ShardedLearner(dp_cfg(Path(ckpt), world_size=1, run__device=device), policy)
-        rec, _ = learner.learn(group_rollouts(), dict(SECONDS))
+        rec = learner.learn(group_rollouts(), dict(SECONDS))
         learner.check_weights(1)
         print(f"fsdp-step: loss {rec['loss'] if isinstance(rec, dict) else rec.loss}")
     finally:

@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from specrl.algorithms.batch import response_logprobs
     from specrl.algorithms.grpo import token_mult_prob_error
-    from specrl.config.schema import load_config
     from specrl.device import processor_class
+    from specrl.trainer.config_check import load_config
     from specrl.trainer.sync_trainer import GRPOTrainer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

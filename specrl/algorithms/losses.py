@@ -91,6 +91,28 @@ def get_loss(name: str) -> Loss:
     return LOSSES[name]
 
 
+def check_loss_name(name: str) -> Loss:
+    """The registered loss `name`, for the config check (`grpo.loss_type`); a SpecRLError listing the allowed names
+    otherwise."""
+    if name not in LOSSES:
+        raise SpecRLError(f"unknown loss {name!r}; allowed: {', '.join(sorted(LOSSES))} (more with "
+                          "specrl.algorithms.losses.register_loss)")
+    return LOSSES[name]
+
+
+def clip_range(loss_type: str, clip_low: float | None, clip_high: float | None) -> tuple[float, float]:
+    """The ratio clip range of a step: `grpo.clip_low` / `grpo.clip_high`, each the loss's default where unset."""
+    low, high = get_loss(loss_type).clip
+    return (low if clip_low is None else clip_low, high if clip_high is None else clip_high)
+
+
+def scales_by_std(loss_type: str, normalize_rewards: bool | None) -> bool:
+    """Whether advantages are divided by the group std: `grpo.normalize_rewards`, or the loss's own default."""
+    if normalize_rewards is not None:
+        return normalize_rewards
+    return get_loss(loss_type).scale_by_std
+
+
 def loss_normalizer(kind: str, mask: Tensor, max_new_tokens: int) -> float:
     """The normaliser of one optimizer step whose response mask is `mask` [N, T-1] (all its micro-batches).
 

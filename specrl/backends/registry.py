@@ -3,12 +3,13 @@
 `build_backend(cfg, policy)` is the one construction path (the trainer, the async rollout workers and
 `specrl check-backend` all call it): it looks `cfg.rollout.backend` up in `BACKENDS`, calls the factory and checks
 that the backend offers the configured verify mode, drafter and k (`BackendCapabilities.require`).
-`register_backend(name, factory)` adds a backend; the config accepts every registered name. The built-in
+`register_backend(name, factory)` adds a backend; `check_backend_name` is the config check of `rollout.backend`
+(`specrl.trainer.config_check`), so the config accepts every registered name. The built-in
 backends are `native` (specrl's engine on its own copy of the policy in `model.rollout_dtype`) and `vllm`
-(`specrl.backends.vllm`, configured by the `rollout.vllm` section, `specrl.backends.vllm_config.VLLMConfig`; with
+(`specrl.backends.vllm`, configured by the `rollout.vllm` section, `specrl.config.vllm.VLLMConfig`; with
 speculation on and
 `rollout.vllm.probe`, the losslessness probe runs first and a backend that fails it is refused).
-Heavy imports stay inside the factories, so the config module can import this one.
+Heavy imports stay inside the factories, so the config check can import this one cheaply.
 """
 
 from __future__ import annotations

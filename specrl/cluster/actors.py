@@ -26,7 +26,7 @@ import torch
 from specrl.algorithms.rollouts import Rollouts
 from specrl.backends.registry import build_backend
 from specrl.checkpoint.sharded_state import DcpPart
-from specrl.config.schema import TrainConfig, validate_config
+from specrl.config.schema import TrainConfig
 from specrl.cpu import keep_large_allocations
 from specrl.drafters.default import resolve_drafter
 from specrl.errors import SpecRLError
@@ -35,8 +35,10 @@ from specrl.model.loader import load_model
 from specrl.model.tokenizer import stop_token_ids
 from specrl.observability.step_record import StepRecord
 from specrl.rollout.digest import check_refit
+from specrl.trainer.config_check import validate_config
 from specrl.trainer.learner import Learner
 from specrl.trainer.producer import RolloutProducer
+from specrl.trainer.protocol import LearnerProtocol
 from specrl.trainer.sync_trainer import seed_everything
 from specrl.trainer.weight_sync import cast_in_place
 
@@ -217,6 +219,7 @@ class LearnerActor:
         self.cfg = cfg = _config(cfg_data)
         self.init_error: str | None = None
         self.lines: list[str] = []
+        self.learner: LearnerProtocol  # one process or N ranks: the actor calls the contract only
         try:
             seed_everything(cfg.run.seed)
             lag = cfg.pipeline.max_trajectory_age_steps
@@ -258,23 +261,20 @@ class LearnerActor:
 
     def resident_parameters(self) -> int:
         """Parameter elements this actor holds itself (0 when data-parallel ranks own the policy)."""
-        return sum(p.numel() for p in self.learner.policy.parameters()) if isinstance(self.learner, Learner) else 0
+        return self.learner.resident_parameters()
 
     def publish(self) -> tuple[int, float, dict]:
         """Publish the current weights with their version; (version, seconds, timeline event). Data-parallel ranks
         put the gathered, cast weights into the object store themselves: this actor passes the reference on."""
         t0 = time.time()
-        if isinstance(self.learner, Learner):
-            self.sync.push(*self.learner.named_weights())
-        else:
-            self.sync.push_ref(*self.learner.published_weights(self.sync.rollout_dtype))
+        self.learner.publish(self.sync)
         t1 = time.time()
         return self.learner.version, t1 - t0, {"lane": "learner", "kind": "publish", "start": t0, "end": t1,
                                                "step": self.learner.version}
 
     def learn(self, rollouts: Rollouts, seconds: dict) -> tuple[StepRecord, list[dict], list[str]]:
         t0 = time.time()
-        rec, _ = self.learner.learn(rollouts, seconds)
+        rec = self.learner.learn(rollouts, seconds)
         t1 = time.time()
         lp = rec.stage_seconds["logprob"]
         events = [{"lane": "learner", "kind": "logprob", "start": t0, "end": t0 + lp, "step": rec.step},
@@ -320,15 +320,9 @@ class LearnerActor:
         self.data.load_state_dict(data_state)
 
     def save_final(self, directory: str) -> None:
-        from specrl.model.hf_checkpoint import save_hf_checkpoint
-
-        if hasattr(self.learner, "export"):  # a data-parallel learner: its rank 0 writes the checkpoint
-            self.learner.export(directory)
-        else:
-            save_hf_checkpoint(self.learner.policy, directory)
+        self.learner.export(directory)  # a data-parallel group's rank 0 writes it
         self.tokenizer.save_pretrained(directory)
 
     def close(self) -> None:
         """Stop the data-parallel ranks, if any (before the driver kills this actor)."""
-        if hasattr(self.learner, "close"):
-            self.learner.close()
+        self.learner.close()

@@ -311,7 +311,7 @@ class AsyncGRPOTrainer:
         self.cursor_before.clear()
         self._published = self._publish()
 
-    def save_final(self, directory, save_model=None) -> None:
+    def save_final(self, directory) -> None:
         ray.get(self.learner.save_final.remote(str(directory)))
 
     def close(self) -> None:

@@ -1,10 +1,10 @@
-"""N data-parallel learner ranks on Ray, behind the `Learner` interface the sync trainer and async driver use.
+"""N data-parallel learner ranks on Ray, behind the learner contract (`specrl.trainer.protocol.LearnerProtocol`).
 
 `LearnerGroup(cfg)` places `learner.world_size` `LearnerRank` actors in one placement group (a bundle of
 `learner.threads` CPUs each, packed on one node), has rank 0 pick a free port on its node's address, and every
 rank joins one `torch.distributed` process group there (`gloo` on CPU, `nccl` on CUDA) with
 `learner.collective_timeout_s` as the collective timeout, then builds the same `ShardedLearner`
-(`specrl.parallel.data_parallel`) from the config. The group offers what the pipelines call on a `Learner`: `learn`
+(`specrl.parallel.data_parallel`) from the config. The group offers what the pipelines call on any learner: `learn`
 (every rank receives the step's rollouts once through the object store and trains its share; the records are
 merged), `named_weights` (rank 0's gathered tensors: one full copy), `version` / `step_count`, `check_weights`,
 `state_parts` (bookkeeping plus a directory part that the ranks write with DCP inside the checkpoint's temporary
@@ -32,10 +32,13 @@ from specrl.algorithms.rollouts import Rollouts
 from specrl.checkpoint.sharded_state import DCP_PART, dcp_dir
 from specrl.cluster.local_ray import start_local_ray
 from specrl.cluster.plugin_env import actor_options
-from specrl.config.schema import TrainConfig, validate_config
+from specrl.config.schema import TrainConfig
 from specrl.cpu import allowed_cores
 from specrl.errors import SpecRLError
+from specrl.observability.step_record import StepRecord
 from specrl.parallel.data_parallel import LearnerRankError, merge_rank_records
+from specrl.trainer.config_check import validate_config
+from specrl.trainer.protocol import LearnerProtocol
 
 GRACE_SECONDS = 30.0  # beyond the collective timeout: how long a call may take before the group gives up
 PLACEMENT_TIMEOUT_SECONDS = 60.0
@@ -91,8 +94,8 @@ class LearnerRank:
         self.learner = ShardedLearner(cfg, policy, drafter, max_policy_lag=max_policy_lag)
         self.learner.log = self.lines.append
 
-    def learn(self, r: Rollouts, seconds: dict) -> tuple[dict, list[str]]:
-        rec, _ = self.learner.learn(r, seconds)
+    def learn(self, r: Rollouts, seconds: dict) -> tuple[StepRecord, list[str]]:
+        rec = self.learner.learn(r, seconds)
         lines, self.lines[:] = list(self.lines), []
         return rec, lines
 
@@ -184,8 +187,8 @@ def _wait_all(ranks: list, refs: list, timeout: float, what: str) -> list:
                            f"{GRACE_SECONDS:g} s ({timeout + GRACE_SECONDS:g} s)")
 
 
-class LearnerGroup:
-    """`learner.world_size` ranks presenting the `Learner` interface (see the module docstring)."""
+class LearnerGroup(LearnerProtocol):
+    """`learner.world_size` ranks behind the learner contract (`LearnerProtocol`; see the module docstring)."""
 
     def __init__(self, cfg: TrainConfig, max_policy_lag: int = 0):
         lc = cfg.learner
@@ -236,18 +239,14 @@ class LearnerGroup:
         refs = [getattr(r, method).remote(*args) for r in self.ranks]
         return _wait_all(self.ranks, refs, self.timeout, what or f"{method} (step {self.step_count + 1})")
 
-    # ------------------------------------------------------------------ the Learner interface
-    @property
-    def version(self) -> int:
-        return self.step_count
-
-    def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[dict[str, Any], None]:
+    # ------------------------------------------------------------------ the learner contract
+    def learn(self, r: Rollouts, seconds: dict[str, float]) -> StepRecord:
         out = self._call("learn", ray.put(r), seconds, what=f"training step {self.step_count + 1}")
         rec = merge_rank_records([rec for rec, _ in out])
         for line in out[0][1]:
             self.log(line)
         self.step_count = rec.step
-        return rec, None
+        return rec
 
     def named_weights(self):
         return self._call("named_weights", what=f"gathering the weights of version {self.version}")[0]
@@ -256,6 +255,13 @@ class LearnerGroup:
         """(version, [ref]): rank 0 gathers the policy, casts it as it goes and puts it in the object store; the
         caller receives only the reference (one copy of the policy in flight)."""
         return self._call("published_weights", dtype, what=f"publishing the weights of version {self.version}")[0]
+
+    def publish(self, sync: Any) -> None:
+        """To the async pipeline's Ray weight sync: rank 0's reference, cast to the sync's rollout dtype."""
+        sync.push_ref(*self.published_weights(sync.rollout_dtype))
+
+    def resident_parameters(self) -> int:
+        return 0  # the ranks own the policy
 
     def check_weights(self, step: int) -> None:
         self._call("check_weights", step, what=f"checking the weights of step {step}")

@@ -6,7 +6,8 @@ This module owns the vocabulary of `specrl train` (NeMo-RL / TRL names such as `
 its validation. Every model forbids unknown keys; `load_config` turns pydantic's errors into one
 `SpecRLError` that names each bad key by its full dotted path, lists the allowed values, and for misspelled
 keys suggests the closest valid one. Cross-field checks (groups of at least two, micro-batches that divide
-the batch, prompt + response fitting the context) live on `TrainConfig`.
+the batch, prompt + response fitting the context) live on `TrainConfig`. Names owned by registries (loss, backend,
+drafter spec) are checked by `specrl.trainer.config_check`, which every entry point calls right after loading.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from specrl.backends.vllm_config import SECTION_KEYS
 from specrl.config.sections import (  # noqa: F401  (the sections are part of this module's API)
     DrafterConfig,
     GenerationConfig,
@@ -34,8 +34,8 @@ from specrl.config.sections import (  # noqa: F401  (the sections are part of th
     TaskConfig,
     _Section,
 )
+from specrl.config.vllm import SECTION_KEYS
 from specrl.errors import SpecRLError
-from specrl.rollout.drafter_spec import parse_drafter_spec
 
 # Names other libraries (TRL, NeMo-RL, vLLM) use for our keys, so a habit gets pointed at the right key.
 SYNONYMS = {
@@ -108,12 +108,6 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"generation.max_new_tokens ({self.generation.max_new_tokens}) leaves no room for the prompt "
                 f"in model.max_seq_len ({self.model.max_seq_len}); lower it or raise model.max_seq_len"
-            )
-        if self.drafter.online and not parse_drafter_spec(self.speculative.drafter).info.trainable:
-            raise ValueError(
-                f"drafter.online trains a learned drafter, but speculative.drafter is "
-                f"{self.speculative.drafter!r}; use eagle:PATH / eagle:default / mtp:PATH "
-                "or drafter.online=false"
             )
         d = self.drafter
         if d.online and d.online_mode == "on_stale" and d.refresh_steps < 1:  # (without online it is moot)
@@ -330,13 +324,11 @@ def load_yaml(p: Path, what: str = "config file") -> Any:
 def load_config(path: str | Path | None, sets: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (or start from defaults when path is None), apply --set overrides, validate."""
     data: dict[str, Any] = {}
-    source = "config"
     if path is not None:
         p = Path(path)
         if not p.exists():
             raise SpecRLError(f"config file {str(p)!r} does not exist; pass an existing YAML, e.g. "
                               "examples/default.yaml")
-        source = str(p)
         loaded = load_yaml(p)
         if loaded is None:
             raise SpecRLError(f"{p} is empty (or only comments); an empty config would start a run with every "
@@ -347,9 +339,13 @@ def load_config(path: str | Path | None, sets: list[str] | None = None) -> Train
         data = loaded
     for s in sets or []:
         apply_override(data, s)
-    if sets:
-        source += " with --set " + " ".join(sets)
-    return validate_config(data, source)
+    return validate_config(data, describe_source(path, sets))
+
+
+def describe_source(path: str | Path | None, sets: list[str] | None = None) -> str:
+    """How the errors of `load_config(path, sets)` name the config: the file (or `config`) and its --set overrides."""
+    source = "config" if path is None else str(Path(path))
+    return source + (" with --set " + " ".join(sets) if sets else "")
 
 
 def valid_keys() -> list[str]:

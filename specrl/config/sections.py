@@ -1,6 +1,8 @@
 """The sections of the training config: one pydantic model per YAML section (model, task, reward, grpo, policy,
 generation, speculative, drafter, rollout, run, pipeline, learner), each with its keys, defaults, docstrings and
-per-key checks. Every model forbids unknown keys and non-finite numbers. `specrl.config.schema` composes them into
+per-key checks. Every model forbids unknown keys and non-finite numbers. Names that registries own (a loss, a rollout
+backend, a drafter spec) are plain strings here: the registries check them where they are looked up
+(`specrl.trainer.config_check`, run right after loading). `specrl.config.schema` composes the sections into
 `TrainConfig` (with the cross-field checks) and owns loading, `--set` overrides and the friendly errors.
 """
 
@@ -9,12 +11,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specrl.algorithms.losses import LOSSES
-from specrl.backends.registry import check_backend_name
-from specrl.backends.vllm_config import VLLMConfig
-from specrl.rollout.drafter_spec import drafts, parse_drafter_spec
+from specrl.config.vllm import VLLMConfig
+
+NO_DRAFTER = "none"  # the `speculative.drafter` value for plain decoding (the kinds table's one non-drafting row)
 
 
 class _Section(BaseModel):
@@ -28,8 +29,8 @@ class ModelConfig(_Section):
     """Trainer (policy) weights and optimizer dtype."""
     rollout_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Dtype of the rollout engine's copy of the policy. auto: bfloat16 where the device has bf16 matrix units
-    (AVX512-BF16 / AMX CPUs, CUDA), float32 elsewhere (AVX2-only CPUs emulate bf16 ~6.6x slower); resolved once at
-    start (specrl.device) and recorded as the resolved value in the run's config.yaml."""
+    (AVX512-BF16 / AMX CPUs, CUDA), float32 elsewhere (AVX2-only CPUs emulate bf16, slowly: docs/benchmarks.md);
+    resolved once at start (specrl.device) and recorded as the resolved value in the run's config.yaml."""
     max_seq_len: int = Field(1024, ge=16)
     """Context budget of one sequence (prompt + response) in the rollout engine and trainer."""
 
@@ -96,7 +97,7 @@ class GRPOConfig(_Section):
     on the groups it has (groups_trained < num_prompts_per_step in metrics.jsonl)."""
     clip_low: float | None = Field(None, ge=0.0, lt=1.0)
     """Lower clip of the importance ratio (1 - clip_low). Unset: the loss_type's default (dapo 0.2, grpo and
-    dr_grpo 0.2, gspo 3e-4: its sequence-level ratio moves ~1000x less than a token's; specrl.algorithms.losses)."""
+    dr_grpo 0.2, gspo 3e-4: its sequence-level ratio moves far less than a token's; specrl.algorithms.losses)."""
     clip_high: float | None = Field(None, ge=0.0)
     """Upper clip (1 + clip_high). Unset: the loss_type's default (dapo 0.28: DAPO's clip-higher; grpo and
     dr_grpo 0.2; gspo 4e-4)."""
@@ -124,38 +125,6 @@ class GRPOConfig(_Section):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"must be an integer >= 1 ({what[info.field_name]}; 1 = one), got {v!r}")
         return v
-
-    @field_validator("loss_type")
-    @classmethod
-    def _loss(cls, v: str) -> str:
-        if v not in LOSSES:
-            raise ValueError(f"unknown loss {v!r}; allowed: {', '.join(sorted(LOSSES))} (more with "
-                             "specrl.algorithms.losses.register_loss)")
-        return v
-
-    @model_validator(mode="after")
-    def _clip(self) -> GRPOConfig:
-        low, high = LOSSES[self.loss_type].clip
-        if self.clip_low is None:
-            object.__setattr__(self, "clip_low", low)  # the loss's default; validate_assignment would recurse
-        if self.clip_high is None:
-            object.__setattr__(self, "clip_high", high)
-        return self
-
-    @model_validator(mode="after")
-    def _std(self) -> GRPOConfig:
-        if self.normalize_rewards and not LOSSES[self.loss_type].scale_by_std:
-            raise ValueError(f"loss_type={self.loss_type} does not divide advantages by the group std, but "
-                             "normalize_rewards=true asks for it; leave normalize_rewards unset (or false), or "
-                             "choose a loss_type that scales by the std (dapo, grpo, gspo)")
-        return self
-
-    @property
-    def scale_advantages_by_std(self) -> bool:
-        """Whether advantages are divided by the group std: normalize_rewards, or the loss's own default."""
-        if self.normalize_rewards is not None:
-            return self.normalize_rewards
-        return LOSSES[self.loss_type].scale_by_std
 
     @property
     def optimizer_steps(self) -> int:
@@ -212,12 +181,6 @@ class SpeculativeConfig(_Section):
             raise ValueError(f"must be true or false (per-sequence draft budgets on or off), got {v!r}")
         return v
 
-    @field_validator("drafter")
-    @classmethod
-    def _drafter(cls, v: str) -> str:
-        parse_drafter_spec(v)  # the one parser of drafter specs (specrl.rollout.drafter_spec)
-        return v
-
     @field_validator("num_draft_tokens", mode="before")
     @classmethod
     def _k(cls, v: Any) -> int | str:
@@ -229,7 +192,9 @@ class SpeculativeConfig(_Section):
 
     @property
     def enabled(self) -> bool:
-        return drafts(self.drafter) and self.num_draft_tokens != 0
+        """Whether the run speculates: a drafter and k != 0. `NO_DRAFTER` is the one kind that means plain decoding
+        (the kinds table's row for it is named by it and refuses another: `register_drafter_kind`)."""
+        return self.drafter != NO_DRAFTER and self.num_draft_tokens != 0
 
 
 class DrafterConfig(_Section):
@@ -304,11 +269,6 @@ class RolloutConfig(_Section):
     vllm, vLLM's engine (`make venv-vllm`, run with .venv-vllm/bin/specrl), refit in-process every step."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     """The vllm backend's settings."""
-
-    @field_validator("backend")
-    @classmethod
-    def _backend(cls, v: str) -> str:
-        return check_backend_name(v)
 
 
 class RunConfig(_Section):

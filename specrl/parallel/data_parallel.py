@@ -18,8 +18,8 @@ full copy of those, refreshed after the policy's optimizer steps, before the dra
 process in fp32 to rounding (tested N=1 vs 2: one step, 2 mini-batches x 2 iterations, the online drafter over 2
 mini-batches, 3 groups on 2 ranks). Under bf16-mixed they do not match bit for bit: `MixedPrecisionPolicy` casts every
 parameter (RMSNorm weights included) and the residual stream to bf16 where the one-process autocast keeps them in fp32;
-measured on the tiny model, the update lies 0.234 (N=2) vs 0.223 (N=1) of its L2 norm from the fp32 update, i.e. within
-bf16's own rounding. `merge_rank_records` turns the ranks' step records into the single-process record. Model and
+the N-rank update stays within bf16's own rounding of the fp32 update (docs/benchmarks.md has the figures).
+`merge_rank_records` turns the ranks' step records into the single-process record. Model and
 optimizer checkpoints (the policy's optimizer and the drafter's) are DCP directories
 (`specrl.checkpoint.sharded_state`); `named_weights` gathers one parameter at a time and only rank 0 keeps the full
 tensors.
@@ -166,8 +166,8 @@ class ShardedLearner(Learner):
         self._refresh_mirror()
         return super().train_drafter(batch, al)
 
-    def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
-        rec, batch = super().learn(r, seconds)
+    def learn_batch(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
+        rec, batch = super().learn_batch(r, seconds)
         rec.rank_tokens = float(batch.mask.sum())
         return rec, batch
 

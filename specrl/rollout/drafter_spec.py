@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specrl.config.sections import NO_DRAFTER
 from specrl.errors import SpecRLError
 
 EMBEDDED = ("default", "think")  # names of the embedded model's built-on-first-use drafters (eagle / mtp)
@@ -37,7 +38,7 @@ class DrafterKind:
     learned: bool = False  # has weights (a hybrid drafter wraps one of these)
     trainable: bool = False  # the learner can train it online (drafter.online)
     vllm: str | None = None  # vLLM's speculative method for it; None: the vLLM backend does not offer it
-    sim: str | None = None  # the simulator drafter that prices it (specrl.sim.speculation.DRAFTERS)
+    sim: str | None = None  # the simulator drafter that prices it (specrl.sim.costs.speculation.DRAFTERS)
     embedded: bool = False  # `KIND:default` / `KIND:think` name drafters of the embedded model
     min_format_version: int | None = None  # oldest specrl drafter-directory format it reads; None: not saved as one
     build: Callable[..., Any] | None = None  # build(spec, target, dtype) -> Drafter (a `wraps` kind: also inner=)
@@ -73,7 +74,7 @@ class DrafterSpec:
 
 
 DRAFTER_KINDS: dict[str, DrafterKind] = {k.name: k for k in (
-    DrafterKind("none", drafts=False, vllm="none", sim="none"),
+    DrafterKind(NO_DRAFTER, drafts=False, vllm="none", sim="none"),  # the config's value for plain decoding
     DrafterKind("ngram", vllm="ngram", sim="ngram"),
     DrafterKind("suffix", vllm="suffix", sim="ngram"),
     DrafterKind("draft-model", arg="PATH", learned=True, vllm="draft_model", sim="draft-model"),
@@ -94,6 +95,8 @@ def register_drafter_kind(kind: DrafterKind) -> DrafterKind:
         raise SpecRLError(f"register_drafter_kind expects a DrafterKind, got {type(kind).__name__}")
     if not kind.name or ":" in kind.name or kind.name != kind.name.strip():
         raise SpecRLError(f"drafter kind name {kind.name!r} must be non-empty, without ':' or surrounding spaces")
+    if not kind.drafts and kind.name not in BUILTIN_KINDS:  # the config reads `none` as the one non-drafting kind
+        raise SpecRLError(f"drafter kind {kind.name!r}: only the built-in 'none' means plain decoding (drafts=False)")
     have = DRAFTER_KINDS.get(kind.name)
     if have is not None and (have.build is not None or replace(kind, build=None, drafter_class=None) != have):
         raise SpecRLError(f"drafter kind {kind.name!r} is already registered; choose another name")

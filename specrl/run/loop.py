@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from specrl.checkpoint.store import CheckpointError, load_latest, save_checkpoint, step_dirname
-from specrl.config.schema import TrainConfig, validate_config
+from specrl.config.schema import TrainConfig
 from specrl.cpu import ThreadGovernor
 from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir
@@ -44,6 +44,7 @@ from specrl.run import certificate
 from specrl.run.compare_report import identity_checks, write_compare_report
 from specrl.run.run_dir import LOCK_FILE, RunLock, release_run, setup_run, warn
 from specrl.run.sizing import read_sizing
+from specrl.trainer.config_check import validate_config
 from specrl.trainer.sync_trainer import GRPOTrainer, seed_everything
 from specrl.trainer.weight_check import NonFiniteError, check_weights
 
@@ -252,13 +253,11 @@ class _Run:
 
     def finish(self) -> Path:
         self.writer.close()
-        from specrl.model.hf_checkpoint import save_hf_checkpoint as save_model
-
         final = self.run_dir / "final"
         tmp = self.run_dir / ".final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            self.trainer.save_final(tmp, save_model)
+            self.trainer.save_final(tmp)
         except (OSError, RuntimeError) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise SpecRLError(f"cannot write the final policy to {final}: {getattr(e, 'strerror', None) or e}; "

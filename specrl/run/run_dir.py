@@ -19,10 +19,11 @@ import psutil
 from filelock import FileLock, Timeout
 
 from specrl.config.hardware import hardware_fields, resolve_hardware
-from specrl.config.schema import TrainConfig, apply_override, load_config, validate_config
+from specrl.config.schema import TrainConfig, apply_override
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 from specrl.run.sizing import apply_sizing, write_sizing
+from specrl.trainer.config_check import load_config, validate_config
 
 LOCK_FILE = ".specrl.lock"
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import random
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from torch import Tensor
 
 from specrl.algorithms.batch import Batch, collate, micro, response_logprobs, update_plan
 from specrl.algorithms.grpo import group_signal, token_mult_prob_error
-from specrl.algorithms.losses import get_loss, loss_normalizer
+from specrl.algorithms.losses import clip_range, get_loss, loss_normalizer, scales_by_std
 from specrl.algorithms.rollouts import Rollouts
 from specrl.checkpoint.sharded_state import DCP_PART, DcpPart, dcp_dir, load_dcp
 from specrl.config.hardware import hardware_fields, resolve_hardware
@@ -51,28 +50,18 @@ from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.observability.metrics import STAGES
 from specrl.observability.step_record import StepRecord
+from specrl.trainer.optim import apply_config_hyperparams, build_optimizer, build_scheduler, lr_schedule
+from specrl.trainer.protocol import LearnerProtocol
 from specrl.trainer.weight_check import DrafterNonFiniteError, NonFiniteError, check_weights
 
-__all__ = ["Batch", "DrafterNonFiniteError", "Learner", "NonFiniteError", "check_weights", "lr_factor",
+__all__ = ["Batch", "DrafterNonFiniteError", "Learner", "NonFiniteError", "check_weights",
            "response_logprobs"]
 
 MIN_DRAFTS_FOR_HEALTH = 32  # drafted tokens a step needs before its acceptance length counts for staleness/collapse
 _SUMS = ("tokens", "clipped", "kl", "ratio", "loss", "is_sum", "is_clipped", "grad_norm")
 
 
-def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the base learning rate for RL step `step` (0-based)."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant" or total <= warmup:
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - (1.0 - min_ratio) * progress
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-class Learner:
+class Learner(LearnerProtocol):
     """Policy, its optimizer and the logprob/train stages of a GRPO step; calls the drafter trainer."""
 
     share_prefixes = True  # a group's samples run their common prompt once in every scoring forward
@@ -86,22 +75,12 @@ class Learner:
         self.policy = policy
         self.loss = get_loss(cfg.grpo.loss_type)
         self.ref = self._make_ref(policy) if cfg.grpo.kl_coef > 0 else None
-        pc = cfg.policy
-        # the policy's parameters only: the drafter trainer has an optimizer of its own
-        # fused: one kernel over all parameters (measured 0.53 -> 0.06 s per step for 135M on one thread,
-        # benchmarks/trainer_speed.py); the same AdamW up to float rounding
-        self.optimizer = torch.optim.AdamW([{"params": [p for p in policy.parameters() if p.requires_grad],
-                                             "lr": pc.learning_rate}],
-                                           betas=pc.adam_betas, weight_decay=pc.weight_decay, fused=True)
-        total = cfg.run.steps
-
-        def factor(s: int) -> float:
-            return lr_factor(s, pc.warmup_steps, total, pc.lr_schedule, pc.min_lr_ratio)
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        schedule = lr_schedule(cfg)  # the policy's optimizer only: the drafter trainer has its own, same schedule
+        self.optimizer = build_optimizer(cfg, policy)
+        self.scheduler = build_scheduler(self.optimizer, schedule)
         self.step_count = 0  # RL steps (batches) trained = the version of the weights `named_weights` returns
         # the online drafter (None without drafter.online: then it runs the drafter health checks only)
-        self.drafter_trainer = DrafterTrainer.from_config(cfg, drafter, factor)
+        self.drafter_trainer = DrafterTrainer.from_config(cfg, drafter, schedule)
         # where the learner's event lines go; the run loop points it at its progress display
         self.log = lambda msg: print(msg, flush=True)
 
@@ -124,10 +103,6 @@ class Learner:
     def log(self, fn: Callable[[str], None]) -> None:
         self._log = fn
         self.drafter_trainer.log = fn
-
-    @property
-    def version(self) -> int:
-        return self.step_count
 
     def _make_ref(self, policy: torch.nn.Module) -> torch.nn.Module:
         """The frozen reference model (kl_coef > 0): a copy of the initial policy."""
@@ -164,7 +139,7 @@ class Learner:
     # ------------------------------------------------------------------ stages
     def collate(self, r: Rollouts) -> Batch:
         g = self.cfg.grpo
-        batch = collate(r, g.num_generations, g.scale_advantages_by_std).to(self.device)
+        batch = collate(r, g.num_generations, scales_by_std(g.loss_type, g.normalize_rewards)).to(self.device)
         batch.plan = update_plan(len(r.prompts), g.mini_batches, self.cfg.policy.train_micro_batch_size)
         return batch
 
@@ -268,6 +243,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         mask = batch.mask if len(batch.plan) == 1 else batch.mask[[i for idx in mini for i in idx]]
         norm = self._global_normalizer(loss_normalizer(self.loss.normalizer, mask, self.cfg.generation.max_new_tokens))
+        clip_low, clip_high = clip_range(g.loss_type, g.clip_low, g.clip_high)
         for idx in mini:
             toks, m = micro(batch, idx)
             w = m.shape[1]
@@ -277,8 +253,8 @@ class Learner:
             if fused:
                 self._proximal(batch, idx, toks, m, logp, captured, "train forward", keep)
             out = self.loss(
-                logp, batch.old_logp[idx, :w], batch.advantages[idx], m, normalizer=norm, clip_low=g.clip_low,
-                clip_high=g.clip_high, ref_logp=None if batch.ref_logp is None else batch.ref_logp[idx, :w],
+                logp, batch.old_logp[idx, :w], batch.advantages[idx], m, normalizer=norm, clip_low=clip_low,
+                clip_high=clip_high, ref_logp=None if batch.ref_logp is None else batch.ref_logp[idx, :w],
                 kl_coef=g.kl_coef, behavior_logp=batch.gen_logp[idx, :w] if g.importance_sampling_correction
                 else None, is_cap=g.importance_sampling_cap)
             if not torch.isfinite(out.loss):
@@ -311,7 +287,11 @@ class Learner:
         return out
 
     # ------------------------------------------------------------------ one step
-    def learn(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
+    def learn(self, r: Rollouts, seconds: dict[str, float]) -> StepRecord:
+        """One step's record (`learn_batch` without the batch): the learner contract's `learn`."""
+        return self.learn_batch(r, seconds)[0]
+
+    def learn_batch(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
         """(logprob +) train, then the drafter trainer's part, on one step's rollouts; `seconds` holds the
         producer-side stage times (data, prepare, gen) and gains logprob and train (the drafter's updates count in
         train). Returns the step's record and its batch."""
@@ -385,28 +365,6 @@ class Learner:
         )
         return rec, batch
 
-    def _apply_config_hyperparams(self) -> None:
-        """After loading optimizer and scheduler state: use this config's learning rate, betas and weight decay.
-
-        The loaded state carries the values of the run that wrote it, so `--resume RUN --set
-        policy.learning_rate=X` would otherwise keep the old rate while config.yaml says X. The schedule's
-        position (steps taken) is kept; an unchanged config gives bit-identical rates. (The drafter trainer
-        applies its own: `DrafterTrainer.apply_hyperparams`.)
-        """
-        pc = self.cfg.policy
-        group, base = self.optimizer.param_groups[0], pc.learning_rate
-        old = self.scheduler.base_lrs[0]
-        if old != base:
-            self.log(f"[specrl] resume: policy.learning_rate {old:g} -> {base:g} (the optimizer uses the new value "
-                     f"from step {self.step_count + 1})")
-        self.scheduler.base_lrs[0] = base
-        group["initial_lr"] = base
-        group["lr"] = base * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
-        if tuple(group["betas"]) != tuple(pc.adam_betas) or group["weight_decay"] != pc.weight_decay:
-            self.log(f"[specrl] resume: policy.adam_betas / weight_decay now {tuple(pc.adam_betas)} / "
-                     f"{pc.weight_decay:g}")
-            group["betas"], group["weight_decay"] = tuple(pc.adam_betas), pc.weight_decay
-
     # ------------------------------------------------------------------ checkpoint state
     def bookkeeping(self) -> dict[str, Any]:
         """The checkpoint's learner part: step, scheduler, the drafter trainer's health and the RNG states."""
@@ -433,7 +391,7 @@ class Learner:
         """Restore step, scheduler, this config's hyperparameters, drafter health and RNG states."""
         self.step_count = int(st["step"])
         self.scheduler.load_state_dict(st["scheduler"])
-        self._apply_config_hyperparams()
+        apply_config_hyperparams(self.optimizer, self.scheduler, self.cfg, self.step_count, self.log)
         self.drafter_trainer.health.load_state_dict(st.get("drafter_health") or {})
         torch.set_rng_state(st["rng"]["torch"])
         np.random.set_state(st["rng"]["numpy"])

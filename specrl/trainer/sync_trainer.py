@@ -127,7 +127,7 @@ class GRPOTrainer:
         t2 = time.perf_counter()
         r = self.stage_gen(prompt_idx)
         t3 = time.perf_counter()
-        rec, _ = self.learner.learn(r, {"data": t1 - t0, "prepare": t2 - t1, "gen": t3 - t2})
+        rec = self.learner.learn(r, {"data": t1 - t0, "prepare": t2 - t1, "gen": t3 - t2})
         self.last_rollouts = r
         return rec
 
@@ -136,18 +136,14 @@ class GRPOTrainer:
         self.stage_prepare()
         return self.producer.validate()
 
-    def save_final(self, directory, save_model) -> None:
-        """Write the final policy (an HF checkpoint via `save_model`) and the tokenizer into `directory`."""
-        if hasattr(self.learner, "export"):  # a data-parallel learner: its rank 0 writes the checkpoint
-            self.learner.export(directory)
-        else:
-            save_model(self.policy, directory)
+    def save_final(self, directory) -> None:
+        """Write the final policy (the learner's `export`: an HF checkpoint) and the tokenizer into `directory`."""
+        self.learner.export(directory)
         self.tokenizer.save_pretrained(str(directory))
 
     def close(self) -> None:
         """Release the learner's processes, if it has any (the async trainer stops its Ray actors here)."""
-        if hasattr(self.learner, "close"):
-            self.learner.close()
+        self.learner.close()
 
     # ------------------------------------------------------------------ checkpoint state
     def check_weights(self, step: int) -> None:

@@ -1,5 +1,6 @@
-"""The vLLM backend's settings: the `rollout.vllm` config section (`VLLMConfig`), kept beside the backend and light
-enough (pydantic only, no vLLM import) for the config to validate it on machines without vLLM.
+"""The vLLM backend's settings: the `rollout.vllm` config section (`VLLMConfig`), a pure pydantic section (no vLLM
+import) so the config validates it on machines without vLLM, and `SECTION_KEYS`, where a misplaced vLLM key belongs
+(the config's unknown-key error names it). `specrl.backends.vllm` reads the section; the native engine ignores it.
 """
 
 from __future__ import annotations
