@@ -74,7 +74,7 @@ def config_dtypes(config: str | None, sets: list[str] | None = None) -> dict[str
 
 
 def prompt_ids(tok, batch_size: int) -> list[list[int]]:
-    from specrl.cli import DEMO_PROMPTS  # one prompt set for the demo and benchmarks
+    from specrl.cli.training import DEMO_PROMPTS  # one prompt set for the demo and benchmarks
     from specrl.model.tokenizer import encode_chat
 
     base = [encode_chat(tok, p) for p in DEMO_PROMPTS]

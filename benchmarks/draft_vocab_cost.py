@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     import torch
 
-    from specrl.cli import _recipe_prompts
+    from specrl.cli.drafts import _recipe_prompts
     from specrl.drafters.build.heldout import evaluate_drafter
     from specrl.drafters.build.stages import _load_target
     from specrl.drafters.default import resolve_drafter

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from specrl.sim.accelerators import profile_cpu, save_profile
+from specrl.sim.costs.accelerators import profile_cpu, save_profile
+from specrl.sim.costs.roofline import Efficiency
 from specrl.sim.pipeline import SimConfig, prepare, run_generation
-from specrl.sim.roofline import Efficiency
 from specrl.sim.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -20,10 +20,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from specrl.sim.accelerators import get_hardware, with_threads
+from specrl.sim.costs.accelerators import get_hardware, with_threads
+from specrl.sim.costs.models import eagle3_head, get_model
+from specrl.sim.costs.roofline import ForwardCost
 from specrl.sim.fromrun import cpu_efficiency
-from specrl.sim.models import eagle3_head, get_model
-from specrl.sim.roofline import ForwardCost
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import run_header  # noqa: E402

@@ -19,9 +19,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from specrl.sim.costs.speculation import Acceptance
 from specrl.sim.pipeline import cudagraph_max_tokens, prepare, run_generation
 from specrl.sim.scenarios import get_preset
-from specrl.sim.speculation import Acceptance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import run_header  # noqa: E402

@@ -184,7 +184,7 @@ def test_config_values_that_used_to_fail_late_or_silently(override, match):
 
 
 def test_files_with_a_byte_order_mark_are_read_as_utf8(tmp_path):
-    from specrl.cli import _read_prompts
+    from specrl.cli.generation import _read_prompts
     from specrl.data.datasets import read_rows
     from specrl.trainer.config_check import load_config
     from tests.tiny import char_tokenizer

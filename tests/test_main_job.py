@@ -122,7 +122,7 @@ def test_run_with_a_missing_config_names_it(tmp_path, monkeypatch):
 
 def test_run_demo_and_the_fallback_outside_a_checkout(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(cli, "_demo", lambda: calls.append("demo"))
+    monkeypatch.setattr(cli.training, "_demo", lambda: calls.append("demo"))
     monkeypatch.chdir(tmp_path)  # no examples/default.yaml here: the installed package's `specrl run`
     r = runner.invoke(app, ["run"])
     assert r.exit_code == 0 and calls == ["demo"]
@@ -182,11 +182,11 @@ def test_a_time_budget_must_be_positive(tiny):
 
 
 def test_a_compare_runs_without_a_thread_governor(tiny, tmp_path, monkeypatch):
-    """On CUDA there is no CPU thread governor (`_governor` returns None): the compare loop must not need one."""
-    from specrl.run import loop
+    """On CUDA there is no CPU thread governor (`governor_for` returns None): the compare loop must not need one."""
+    from specrl.run import compare
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(loop, "_governor", lambda cfg: None)
+    monkeypatch.setattr(compare, "governor_for", lambda cfg: None)
     d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
     d["run"].update(steps=2, checkpoint_every=0, time_budget_minutes=1e-6)
     r = runner.invoke(app, ["run", "--config", str(write_cfg(tmp_path / "g.yaml", d))])

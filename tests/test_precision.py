@@ -100,7 +100,7 @@ def test_load_model_defaults_to_the_processors_dtype(cpu_as):
 
 
 def test_the_cli_dtype_option(cpu_as):
-    from specrl.cli import _dtype
+    from specrl.cli.common import dtype_option as _dtype
 
     cpu_as("AVX2")
     assert _dtype("auto") == torch.float32

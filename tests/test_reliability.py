@@ -249,7 +249,7 @@ def test_broken_eagle_head_is_refused(eagle_dir, damage, match):
     ([True, 2], r"p.jsonl:2: prompt_token_ids: token id #0 is True"),
 ])
 def test_prompt_token_ids_of_the_wrong_type_name_the_line(tmp_path, ids, match):
-    from specrl.cli import _read_prompts
+    from specrl.cli.generation import _read_prompts
 
     p = tmp_path / "p.jsonl"
     p.write_text(json.dumps({"prompt_token_ids": [1, 2]}) + "\n" + json.dumps({"prompt_token_ids": ids}) + "\n")
@@ -339,7 +339,7 @@ def test_simulate_from_run_accepts_the_run_directory_and_refuses_non_utf8(tmp_pa
 
 
 def test_non_utf8_prompts_file(tmp_path):
-    from specrl.cli import _read_prompts
+    from specrl.cli.generation import _read_prompts
 
     p = tmp_path / "p.jsonl"
     p.write_bytes(b'{"prompt": "caf\xe9"}\n')

@@ -13,7 +13,8 @@ vocabulary-wide work only where it is needed (argmax alone for greedy batches, l
 With `per_sequence_k`, each row keeps only its own budget k_i <= k of the step's drafts
 (`specrl.rollout.spec_decode.seq_budget`, from that sequence's past acceptance), and the drafter is asked for max_i k_i.
 An optional `between_steps` callable runs between engine steps and may load newer weights (in-flight updates);
-every emitted token records the policy version that produced it.
+every emitted token records the policy version that produced it. The books of each request (its `Sequence`: what
+it emitted, with which log-probs and versions, why it finished) are `specrl.rollout.sequences`'.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -37,10 +37,8 @@ from specrl.rollout.generation_metrics import SpecMetrics
 from specrl.rollout.protocol import (
     BackendCapabilities,
     GenerationResult,
-    RolloutOutput,
     RolloutRequest,
     check_weight_kind,
-    normalize_requests,
 )
 from specrl.rollout.sampling import (
     STREAM_ACCEPT,
@@ -53,37 +51,10 @@ from specrl.rollout.sampling import (
     scaled_logits,
     uniform,
 )
+from specrl.rollout.sequences import Sequence, context_length, make_sequences, outputs, param_tensors, trim
 from specrl.rollout.spec_decode.adaptive import DraftLengthController
 from specrl.rollout.spec_decode.seq_budget import SequenceDraftBudget
 from specrl.rollout.spec_decode.verify import VERIFY_MODES, VerifyResult, check_draft_ids, verify
-
-
-@dataclass
-class _Seq:
-    index: int
-    prompt: list[int]
-    params: SamplingParams
-    request_id: int
-    group_id: int
-    out: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # per emitted token: the policy version that produced it
-    finish_reason: str | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.out
-
-    def emit(self, tok: int, lp: float, version: int) -> bool:
-        """Append one token (produced by policy `version`); return True if the sequence is now finished."""
-        self.out.append(tok)
-        self.logprobs.append(lp)
-        self.versions.append(version)
-        if tok in self.params.stop_token_ids:
-            self.finish_reason = "stop"
-        elif len(self.out) >= self.params.max_new_tokens:
-            self.finish_reason = "length"
-        return self.finish_reason is not None
 
 
 class RolloutEngine:
@@ -164,7 +135,7 @@ class RolloutEngine:
                  params: SamplingParams | list[SamplingParams], progress=None) -> GenerationResult:
         """Generate a continuation per request (`RolloutRequest`s, or plain token id lists whose request id is
         their index). Returns the outputs in request order and the call's metrics (`SpecMetrics.as_dict`)."""
-        seqs = self._validate(requests, params)
+        seqs = make_sequences(requests, params, self.model.args.vocab_size, self.max_seq_len)
         with self._on_device():
             return self._generate(seqs, progress)
 
@@ -174,11 +145,11 @@ class RolloutEngine:
         a dispatch per op)."""
         return torch.device(self.device) if self.device.type != "cpu" else contextlib.nullcontext()
 
-    def _generate(self, seqs: list[_Seq], progress) -> GenerationResult:
+    def _generate(self, seqs: list[Sequence], progress) -> GenerationResult:
         metrics = SpecMetrics(self.k_max)
         t0 = time.perf_counter()
         waiting = list(seqs)
-        active: list[_Seq] = []
+        active: list[Sequence] = []
         first = True
         while waiting or active:
             tick()  # a long generation follows the machine's load when a thread governor is active
@@ -193,7 +164,7 @@ class RolloutEngine:
                 active = self._retire(active, metrics, progress)
                 if not active:
                     continue
-            k = self.controller.choose(len(active), self._ctx_len(active)) if self.controller else 0
+            k = self.controller.choose(len(active), context_length(active)) if self.controller else 0
             budgets = self.budget.budgets(len(active), k) if self.budget is not None and k > 0 else None
             if k > 0 and budgets is None:
                 self._spec_step(active, k, metrics)
@@ -210,10 +181,7 @@ class RolloutEngine:
         if memory is not None:  # what a history-keeping drafter holds after this call (its bounded window)
             mem = memory()
             metrics.history_tokens, metrics.history_entries = mem.get("tokens", 0), mem.get("index_entries", 0)
-        v = self.policy_version
-        outs = [RolloutOutput(s.out, s.logprobs, s.finish_reason or "length", s.index, min(s.versions, default=v),
-                              s.versions) for s in seqs]
-        return GenerationResult(outs, metrics.as_dict())
+        return GenerationResult(outputs(seqs, self.policy_version), metrics.as_dict())
 
     def load_weights(self, which: str, named_tensors: dict[str, Tensor], version: int) -> dict[str, str]:
         """Weight sync: copy HF-named policy tensors (or the drafter's own checkpoint names) in place; returns the
@@ -245,32 +213,10 @@ class RolloutEngine:
             return {}
         return weights_digest(self.drafter.state_dict())
 
-    # ------------------------------------------------------------------ validation
-    def _validate(self, requests, params) -> list[_Seq]:
-        reqs, plist = normalize_requests(requests, params, self.model.args.vocab_size, self.max_seq_len,
-                                         "max_seq_len", "raise max_seq_len")
-        # default group: the prompt itself (samples of one prompt are siblings, across calls too)
-        return [_Seq(i, r.prompt_token_ids, sp, int(r.request_id),
-                     int(hash(tuple(r.prompt_token_ids)) if r.group_id is None else r.group_id))
-                for i, (r, sp) in enumerate(zip(reqs, plist, strict=True))]
-
-    # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def _ctx_len(active: list[_Seq]) -> int:
-        return max(len(s.prompt) + len(s.out) for s in active)
-
-    @staticmethod
-    def _param_tensors(seqs: list[_Seq]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        seeds = torch.tensor([s.params.seed for s in seqs], dtype=torch.long)
-        rids = torch.tensor([s.request_id for s in seqs], dtype=torch.long)
-        temp = torch.tensor([float(s.params.temperature) for s in seqs])
-        top_p = torch.tensor([float(s.params.top_p) for s in seqs])
-        top_k = torch.tensor([s.params.top_k for s in seqs], dtype=torch.long)
-        return seeds, rids, temp, top_p, top_k
-
-    def _sample_rows(self, logits: Tensor, seqs: list[_Seq], positions: Tensor) -> tuple[Tensor, Tensor]:
+    # ------------------------------------------------------------------ sampling
+    def _sample_rows(self, logits: Tensor, seqs: list[Sequence], positions: Tensor) -> tuple[Tensor, Tensor]:
         """Sample one token per row [n, V] at the given positions (the AR rule); return tokens, logprobs."""
-        seeds, rids, temp, top_p, top_k = self._param_tensors(seqs)
+        seeds, rids, temp, top_p, top_k = param_tensors(seqs)
         if bool((temp <= 0).all()):  # greedy fast path: what inverse CDF on the one-hot picks, and the raw log-prob
             tok = logits.argmax(-1)
             return tok, behaviour_logprobs(logits, logits, tok, temp)
@@ -279,7 +225,7 @@ class RolloutEngine:
                                                                                    STREAM_SAMPLE))
         return tok, behaviour_logprobs(logits, scaled, tok, temp)
 
-    def _retire(self, active: list[_Seq], metrics: SpecMetrics, progress) -> list[_Seq]:
+    def _retire(self, active: list[Sequence], metrics: SpecMetrics, progress) -> list[Sequence]:
         """Drop finished sequences; survivors move (in order) to slots 0..m-1 with one gather per layer."""
         if all(s.finish_reason is None for s in active):
             return active
@@ -293,7 +239,7 @@ class RolloutEngine:
                 progress.update(1)
         survivors = [active[i] for i in order]
         if survivors and order != list(range(len(order))):
-            self.cache.compact(order, self._ctx_len(survivors))
+            self.cache.compact(order, context_length(survivors))
             if self.drafter is not None:
                 self.drafter.compact(order)
             if self.budget is not None:
@@ -301,7 +247,7 @@ class RolloutEngine:
         return survivors
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, active: list[_Seq], new: list[_Seq], metrics: SpecMetrics) -> None:
+    def _prefill(self, active: list[Sequence], new: list[Sequence], metrics: SpecMetrics) -> None:
         """Batched prefill of new sequences into slots len(active).. and sample their first token."""
         t0 = time.perf_counter()
         start = len(active)
@@ -319,7 +265,7 @@ class RolloutEngine:
             self.budget.enter(start, start + len(new))
         metrics.prefill_seconds += time.perf_counter() - t0
 
-    def _prefill_chunk(self, slot0: int, seqs: list[_Seq], metrics: SpecMetrics) -> None:
+    def _prefill_chunk(self, slot0: int, seqs: list[Sequence], metrics: SpecMetrics) -> None:
         m = len(seqs)
         lens = torch.tensor([len(s.prompt) for s in seqs])
         longest = int(lens.max())
@@ -342,7 +288,7 @@ class RolloutEngine:
             self.drafter.on_prefill(slot0, [s.tokens for s in seqs], captured)
 
     # ------------------------------------------------------------------ decode steps
-    def _ar_step(self, active: list[_Seq], metrics: SpecMetrics) -> None:
+    def _ar_step(self, active: list[Sequence], metrics: SpecMetrics) -> None:
         t0 = time.perf_counter()
         n = len(active)
         tokens = torch.tensor([[s.out[-1]] for s in active], dtype=torch.long)
@@ -350,7 +296,7 @@ class RolloutEngine:
         layers = self.drafter.target_layers if self.drafter is not None else ()
         batch = self._draft_batch(active) if self.drafter is not None else None
         hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n), capture=layers,
-                                                     kv_len=self._ctx_len(active))
+                                                     kv_len=context_length(active))
         logits = self.model.logits(hidden[:, -1])
         tok, lp = self._sample_rows(logits, active, pos[:, 0] + 1)
         for b, s in enumerate(active):
@@ -361,16 +307,16 @@ class RolloutEngine:
         dt = time.perf_counter() - t0
         metrics.record_ar(n, dt)
         if self.controller is not None:
-            self.controller.observe_target(n, 1, self._ctx_len(active), dt)
+            self.controller.observe_target(n, 1, context_length(active), dt)
 
-    def _draft_batch(self, active: list[_Seq]) -> DraftBatch:
-        seeds, rids, temp, top_p, top_k = self._param_tensors(active)
+    def _draft_batch(self, active: list[Sequence]) -> DraftBatch:
+        seeds, rids, temp, top_p, top_k = param_tensors(active)
         positions = torch.tensor([len(s.prompt) + len(s.out) for s in active], dtype=torch.long)
         return DraftBatch(tokens=[s.tokens for s in active], positions=positions, seeds=seeds, request_ids=rids,
                           group_ids=[s.group_id for s in active], temperature=temp, top_p=top_p, top_k=top_k,
                           verify_mode=self.verify_mode)
 
-    def _spec_step(self, active: list[_Seq], k: int, metrics: SpecMetrics, budgets: Tensor | None = None) -> None:
+    def _spec_step(self, active: list[Sequence], k: int, metrics: SpecMetrics, budgets: Tensor | None = None) -> None:
         """One speculative step with the step's k; `budgets` [n] (per-sequence k_i <= k, from past outcomes only:
         `specrl.rollout.spec_decode.seq_budget`): the drafter is asked for max_i k_i drafts and row i's drafts past
         k_i are
@@ -383,7 +329,7 @@ class RolloutEngine:
         if budgets is not None:  # row i's drafts past k_i are padding from here on
             cap = budgets.clamp_max(ids.shape[1])
             nd = cap if nd is None else torch.minimum(nd, cap)
-        proposal = _trim(proposal if ids is proposal.tokens and nd is proposal.num_drafts
+        proposal = trim(proposal if ids is proposal.tokens and nd is proposal.num_drafts
                          else Proposal(ids, proposal.probs, nd, proposal.from_history))
         kv = proposal.tokens.shape[1]  # verified columns: k, or the longest real draft of a ragged proposal
         t1 = time.perf_counter()
@@ -393,7 +339,7 @@ class RolloutEngine:
         pos = (pos0 - 1)[:, None] + torch.arange(kv + 1)[None, :]
         hidden, captured = self.model.forward_hidden(tokens, pos, self.cache.slots(0, n),
                                                      capture=self.drafter.target_layers,
-                                                     kv_len=self._ctx_len(active) + kv)
+                                                     kv_len=context_length(active) + kv)
         logits = self.model.logits(hidden)  # [n, kv+1, V]
         res, lps = self._verify_logits(logits, batch, proposal)
         emitted = torch.zeros(n, dtype=torch.long)
@@ -413,7 +359,7 @@ class RolloutEngine:
                             num_drafts=proposal.num_drafts, from_history=proposal.from_history)
         self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2) - self.drafter.catch_up_seconds)
         # the controller learns what choosing k cost and yielded (a ragged proposal's trimming included)
-        self.controller.observe_target(n, k + 1, self._ctx_len(active), t2 - t1, emitted=int(emitted.sum()))
+        self.controller.observe_target(n, k + 1, context_length(active), t2 - t1, emitted=int(emitted.sum()))
         self.controller.observe_acceptance(res.num_accepted, k)
         if self.budget is not None:
             drafted = torch.full((n,), kv, dtype=torch.long) if proposal.num_drafts is None else proposal.num_drafts
@@ -439,12 +385,3 @@ class RolloutEngine:
         sel = torch.arange(k1)[None, :] < res.num_emitted[:, None]
         return res, behaviour_logprobs(logits[sel], scaled[sel], res.tokens[sel], temp[sel])
 
-
-def _trim(proposal: Proposal) -> Proposal:
-    """A ragged proposal cut to its longest real draft (None num_drafts where every row is full)."""
-    nd = proposal.num_drafts
-    if nd is None:
-        return proposal
-    kv = int(nd.max()) if nd.numel() else 0
-    probs = proposal.probs[:, :kv] if proposal.probs is not None else None
-    return Proposal(proposal.tokens[:, :kv], probs, None if bool((nd == kv).all()) else nd, proposal.from_history)

@@ -7,6 +7,7 @@ Achieved FLOP/s in decode is held at a prior (0.6) because these tables cannot i
 parameters are fitted by least squares on log(predicted/measured) with weak log-priors (so degenerate
 directions, e.g. bandwidth vs per-step overhead, stay near typical values); the other stages are closed form.
 `holdout` leaves named measurements out of the fit so they become predictions (`RL-Zero:spec:gen`).
+`fit_cpu_efficiency` fits the CPU factors to specrl's own sync runs (`specrl simulate fit --from-run`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,26 @@ from __future__ import annotations
 import json
 import math
 import pprint
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from specrl.errors import SpecRLError
-from specrl.sim.pipeline import SimConfig, other_stages, prepare, run_generation
-from specrl.sim.roofline import Efficiency
+from specrl.sim.costs.models import get_model
+from specrl.sim.costs.roofline import Efficiency
+from specrl.sim.fromrun import (
+    config_for_run,
+    cpu_efficiency,
+    metrics_file,
+    pipeline_layout,
+    predict_run,
+    read_run_config,
+    run_records,
+    step_configs,
+)
+from specrl.sim.pipeline import STAGES, SimConfig, other_stages, prepare, run_generation, simulate
 
 STAGE_MAP = {"data": "data", "prepare": "prepare", "generation": "gen", "logprob": "logprob", "training": "train"}
 ARM_MAP = {"autoregressive": "ar", "speculative_k3": "spec"}
@@ -184,3 +197,131 @@ def write_calibration(result: FitResult | None = None, path: str | Path | None =
     path.write_text('"""Calibrated efficiency factors (written by `specrl simulate fit --write`; do not '
                     'hand-edit)."""\n\nCALIBRATION = ' + body + "\n")
     return path
+
+
+def _fit_inputs(path: str | Path, cpu_profile: str | None, unit: Efficiency, prompt_tokens: int):
+    """(path, configs, measured medians, arm, steps): one config per step when the run recorded every step's
+    lengths (the fit then matches the median of per-step predictions to the median of measured steps: linear in
+    each factor while the steps keep their order, which the in-sample rows check), else one pooled config."""
+    metrics_path = metrics_file(path)
+    records = run_records(metrics_path)
+    run_cfg = read_run_config(metrics_path.parent)
+    if pipeline_layout(run_cfg)[0] != "sync":
+        raise SpecRLError(f"{metrics_path}: `fit --from-run` needs a sync run (pipeline.mode: sync), whose stage "
+                          "times are the stages themselves; an async run records the learner's wait as its gen "
+                          "time. Fit on the sync arm and predict the async one with --from-run")
+    cfg = config_for_run(run_cfg, records, cpu_profile, unit, prompt_tokens=prompt_tokens)
+    steady = records[1:] or records
+    per_step = step_configs(cfg, steady)
+    meas = {s: statistics.median(float(r.stage_seconds.get(s, 0.0)) for r in steady) for s in STAGES}
+    return metrics_path, per_step or [cfg], meas, "spec" if cfg.drafter != "none" else "ar", len(steady)
+
+
+def fit_cpu_efficiency(metrics_path: str | Path | list, cpu_profile: str | None = None, prompt_tokens: int = 120,
+                       long_prompt_tokens: int | None = None) -> dict:
+    """Fit the CPU efficiency factors to sync runs' median stage times (closed form, 2x2 linear, or bisection).
+
+    One run: data and prepare fixed costs are its measured medians (minus the weight-copy bytes term),
+    logprob/train MFU are predicted-at-MFU-1 / measured, and the per-forward overhead solves the generation
+    time, which is linear in it; the matmul efficiency `flops_eff` and the per-sequence host costs are kept
+    from the calibration. A second run with longer sequences (`[short, long]`) also pins what one run cannot
+    separate: the per-forward overhead against a per-sequence host cost of every decode step (two generation
+    times in two batch/length regimes; GEMMs at the profile's rate) and the trainer's attention rate
+    `mfu_attention` against the GEMM MFU (two train times; attention grows as L²).
+    Returns {"efficiency": Efficiency, "rows": predicted vs measured after the fit (per run with two)}.
+    """
+    paths = list(metrics_path) if isinstance(metrics_path, list | tuple) else [metrics_path]
+    if not 1 <= len(paths) <= 2:
+        raise SpecRLError(f"fit --from-run takes one sync run, or two (a short- and a long-sequence one); got "
+                          f"{len(paths)}")
+    # keep the decode factors the engine-fidelity benchmark fitted (matmul efficiency, per-sequence host cost)
+    prior = cpu_efficiency()
+    unit = Efficiency(bw_eff=1.0, flops_eff=prior.flops_eff, step_overhead_s=0.0, draft_overhead_s=0.0,
+                      ngram_overhead_s=0.0, spec_seq_overhead_s=prior.spec_seq_overhead_s,
+                      decode_seq_overhead_s=prior.decode_seq_overhead_s, mfu_logprob=1.0, mfu_train=1.0,
+                      mfu_attention=1.0 if len(paths) == 2 else 0.0,
+                      prepare_fixed_s=0.0, data_s=0.0)
+    prompts = [prompt_tokens, long_prompt_tokens or prompt_tokens]
+    runs = [_fit_inputs(p, cpu_profile, unit, pt) for p, pt in zip(paths, prompts, strict=False)]
+    path_a, cfg_a, meas, arm, steps = runs[0]
+
+    def stages(cfgs: list[SimConfig], eff: Efficiency, a: str) -> dict:
+        per = [simulate(replace(c, efficiency=eff))[a]["stages"] for c in cfgs]
+        return {s: statistics.median(p[s] for p in per) for s in per[0]}
+
+    # Eager PyTorch on a CPU pays its host cost (Python, op dispatch) per layer, so a drafter forward costs the
+    # target's per-forward overhead times its share of decoder layers (an EAGLE head: 1 of the target's L). The
+    # engine's measured c ~ 0.06-0.1 on SmolLM2 (docs/speculative_benchmarks.md) is this; the same overhead for
+    # both (c ~ 0.7) is not. (On a GPU under CUDA graphs the 8B fit finds a per-forward cost instead.)
+    layer_share = 1.0 / get_model(cfg_a[0].model).layers
+
+    def solve_overhead(e: Efficiency) -> Efficiency:
+        r0 = stages(cfg_a, e, arm)
+        r1 = stages(cfg_a, replace(e, step_overhead_s=1e-3, draft_overhead_s=1e-3 * layer_share), arm)
+        slope = (r1["gen"] - r0["gen"]) / 1e-3
+        o = max(0.0, (meas["gen"] - r0["gen"]) / slope) if slope > 0 else 0.0
+        return replace(e, step_overhead_s=o, draft_overhead_s=o * layer_share)
+
+    eff = solve_overhead(unit)
+    mfu_att = 0.0
+    if len(runs) == 2:
+        _, cfg_b, meas_b, arm_b, _ = runs[1]
+        # Two generation regimes (A: 32-wide batches of short answers, B: narrow batches, long answers) pin the
+        # per-forward overhead o and a per-sequence host cost s of every decode step, both linear: gen = g0 + n·o
+        # + m·s. The GEMMs run at the profile's large-GEMM rate (flops_eff 1): the engine's k-grid shows extra
+        # *verify* rows of a forward cost far less than extra *sequences* (docs/speculative_benchmarks.md: v = 1.84
+        # at B=16, k=7), so the per-row cost of decode is host work per sequence, not slow skinny GEMMs.
+        base = replace(unit, flops_eff=1.0, step_overhead_s=0.0, draft_overhead_s=0.0, decode_seq_overhead_s=0.0)
+        rows_ = []
+        for cfg, a, m in ((cfg_a, arm, meas), (cfg_b, arm_b, meas_b)):
+            g0 = stages(cfg, base, a)["gen"]
+            n = (stages(cfg, replace(base, step_overhead_s=1e-3, draft_overhead_s=1e-3 * layer_share), a)["gen"]
+                 - g0) / 1e-3
+            k_ = (stages(cfg, replace(base, decode_seq_overhead_s=1e-3), a)["gen"] - g0) / 1e-3
+            rows_.append((n, k_, m["gen"] - g0))
+        (na, ma_, ra), (nb, mb_, rb) = rows_
+        det = na * mb_ - ma_ * nb
+        o = (ra * mb_ - ma_ * rb) / det if det else -1.0
+        s_ = (na * rb - ra * nb) / det if det else -1.0
+        if not (o >= 0 and s_ >= 0):
+            raise SpecRLError(f"the two runs' generation times do not separate a per-forward from a per-sequence "
+                              f"cost (o={o:.4g} s, s={s_:.4g} s); pass runs with different batch sizes and lengths "
+                              f"({paths})")
+        eff = replace(base, step_overhead_s=o, draft_overhead_s=o * layer_share, decode_seq_overhead_s=s_)
+        # train = gemm/mfu + attention/mfu_attention on both runs: split each unit-efficiency prediction
+        half = replace(eff, mfu_attention=0.5)
+        parts = []
+        for cfg, a in ((cfg_a, arm), (cfg_b, arm_b)):
+            t1, t2 = stages(cfg, eff, a)["train"], stages(cfg, half, a)["train"]
+            parts.append((2 * t1 - t2, t2 - t1))  # (gemm seconds, attention seconds) at efficiency 1
+        (ga, aa), (gb, ab) = parts
+        det = ga * ab - aa * gb
+        x = (meas["train"] * ab - aa * meas_b["train"]) / det if det else 0.0
+        y = (ga * meas_b["train"] - meas["train"] * gb) / det if det else 0.0
+        if not (det and x > 0 and y > 0):
+            raise SpecRLError(f"the two runs do not separate GEMM and attention cost (their sequence lengths are too "
+                              f"alike, or the longer one trains faster per token); pass a short run first and a "
+                              f"run with much longer responses second ({paths})")
+        mfu_att = min(1.0, 1.0 / y)
+        eff = replace(eff, mfu_train=min(1.0, 1.0 / x), mfu_attention=mfu_att)
+    r0 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_train=1.0, prepare_fixed_s=0.0, data_s=0.0), arm)
+    if r0["logprob"] == 0:  # run A had no logprob forward (logprob_skipped): price one at the train MFU
+        if len(runs) == 1:
+            eff = replace(eff, mfu_train=min(1.0, r0["train"] / meas["train"]) if meas["train"] > 0 else 1.0)
+        mfu_lp = eff.mfu_train
+    elif len(runs) == 2:  # logprob: its GEMM MFU from run A, at the attention rate the train fit found
+        l1 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_attention=1.0), arm)["logprob"]
+        l2 = stages(cfg_a, replace(eff, mfu_logprob=1.0, mfu_attention=0.5), arm)["logprob"]
+        g, a = 2 * l1 - l2, l2 - l1
+        rest = meas["logprob"] - a / mfu_att
+        mfu_lp = min(1.0, g / rest) if rest > 0 else 1.0
+    else:
+        mfu_lp = min(1.0, r0["logprob"] / meas["logprob"]) if meas["logprob"] > 0 else 1.0
+        eff = replace(eff, mfu_train=min(1.0, r0["train"] / meas["train"]) if meas["train"] > 0 else 1.0)
+    eff = replace(eff, data_s=meas["data"], prepare_fixed_s=max(0.0, meas["prepare"] - r0["prepare"]),
+                  mfu_logprob=mfu_lp, mfu_attention=mfu_att)
+    rows = predict_run(path_a, cpu_profile, eff, prompts[0])["rows"]
+    out = {"efficiency": eff, "steps_used": steps, "rows": rows}
+    if len(runs) == 2:
+        out["rows_long"] = predict_run(runs[1][0], cpu_profile, eff, prompts[1])["rows"]
+    return out

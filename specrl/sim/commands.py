@@ -119,7 +119,7 @@ def build_config(preset=None, model=None, hardware=None, gpus=None, drafter=None
     if "k" in kv and acceptance_length is None and rates is None and cfg.acceptance_rates is None \
             and cfg.acceptance_length is not None and isinstance(cfg.k, int):
         # the preset's acceptance length was measured at its own k: keep its per-position rate
-        from specrl.sim.speculation import Acceptance
+        from specrl.sim.costs.speculation import Acceptance
 
         acc = Acceptance.from_length(cfg.acceptance_length, cfg.k)
         if kv["k"] == "auto":
@@ -247,7 +247,7 @@ def profile_hardware(
     quick: Annotated[bool, typer.Option("--quick", help="small sizes (seconds, noisier)")] = False,
 ) -> None:
     """Measure this machine's matmul FLOP/s and memory bandwidth into the `cpu` hardware profile."""
-    from specrl.sim.accelerators import default_cpu_profile_path, profile_cpu, save_profile
+    from specrl.sim.costs.accelerators import default_cpu_profile_path, profile_cpu, save_profile
 
     prof = profile_cpu(matmul_size=256, bandwidth_mb=16, repeats=2) if quick else profile_cpu()
     path = save_profile(prof, out or default_cpu_profile_path())
@@ -281,7 +281,7 @@ def fit(
     from specrl.sim.calibrate import fit as run_fit
 
     if from_run:
-        from specrl.sim.fromrun import fit_cpu_efficiency
+        from specrl.sim.calibrate import fit_cpu_efficiency
 
         try:
             out = fit_cpu_efficiency(list(from_run), cpu_profile=cpu_profile, prompt_tokens=prompt_tokens,

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specrl.errors import SpecRLError
-from specrl.sim.roofline import ForwardCost
-from specrl.sim.speculation import StepModel
+from specrl.sim.costs.roofline import ForwardCost
+from specrl.sim.costs.speculation import StepModel
 
 
 @dataclass

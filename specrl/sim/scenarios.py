@@ -16,8 +16,8 @@ from dataclasses import replace
 
 from specrl.errors import SpecRLError
 from specrl.sim.calibrated import CALIBRATION
+from specrl.sim.costs.roofline import Efficiency
 from specrl.sim.pipeline import SimConfig
-from specrl.sim.roofline import Efficiency
 from specrl.sim.workload import Workload
 
 PAPER_WORKLOAD = Workload(prompts_per_step=512, generations_per_prompt=16, max_response_tokens=20480,

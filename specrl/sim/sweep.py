@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from specrl.errors import SpecRLError
+from specrl.sim.costs.speculation import Acceptance
 from specrl.sim.pipeline import SimConfig, simulate
-from specrl.sim.speculation import Acceptance
 
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 DEFAULT_ALS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 9.0)

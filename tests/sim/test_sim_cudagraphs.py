@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specrl.errors import SpecRLError
-from specrl.sim.accelerators import get_hardware, save_profile
 from specrl.sim.commands import app
-from specrl.sim.models import get_model
+from specrl.sim.costs.accelerators import get_hardware, save_profile
+from specrl.sim.costs.models import get_model
+from specrl.sim.costs.roofline import KERNELS_PER_LAYER, Efficiency, ForwardCost, eager_launch_seconds
 from specrl.sim.pipeline import SimConfig, cudagraph_max_tokens, simulate
-from specrl.sim.roofline import KERNELS_PER_LAYER, Efficiency, ForwardCost, eager_launch_seconds
 from specrl.sim.scenarios import get_preset
 from specrl.sim.workload import Workload
 

@@ -96,8 +96,8 @@ def test_bad_mode_and_fraction():
 def test_config_errors_name_the_field_and_the_valid_range():
     from dataclasses import replace
 
+    from specrl.sim.costs.roofline import Efficiency
     from specrl.sim.pipeline import SimConfig, simulate
-    from specrl.sim.roofline import Efficiency
     from specrl.sim.workload import Workload
 
     base = SimConfig(model="qwen3-8b", hardware="h100", gpus=8, workload=Workload(prompts_per_step=2))

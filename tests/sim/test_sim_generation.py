@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from specrl.sim.accelerators import get_hardware
+from specrl.sim.costs.accelerators import get_hardware
+from specrl.sim.costs.models import get_model
+from specrl.sim.costs.roofline import Efficiency, ForwardCost
+from specrl.sim.costs.speculation import Acceptance, StepModel
 from specrl.sim.generation import simulate_engine, simulate_generation
-from specrl.sim.models import get_model
-from specrl.sim.roofline import Efficiency, ForwardCost
-from specrl.sim.speculation import Acceptance, StepModel
 from specrl.sim.workload import Workload, read_histogram
 
 
@@ -101,10 +101,10 @@ def test_host_overhead_per_sequence_scales_with_batch(drafter):
 def test_per_sequence_decode_cost_is_paid_once_per_step_not_per_verified_token():
     """A decode step's host work per sequence (sampling, bookkeeping) is paid by AR and verify steps alike, so it
     makes extra sequences dearer than extra verified rows (the engine's k-grid: v = 1.84 at B=16, k=7)."""
-    from specrl.sim.accelerators import get_hardware
-    from specrl.sim.models import eagle3_head, get_model
-    from specrl.sim.roofline import Efficiency, ForwardCost
-    from specrl.sim.speculation import Acceptance, StepModel
+    from specrl.sim.costs.accelerators import get_hardware
+    from specrl.sim.costs.models import eagle3_head, get_model
+    from specrl.sim.costs.roofline import Efficiency, ForwardCost
+    from specrl.sim.costs.speculation import Acceptance, StepModel
 
     m, hw = get_model("qwen3-8b"), get_hardware("h100")
     eff = Efficiency(step_overhead_s=0.0, draft_overhead_s=0.0)

@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from specrl.sim.accelerators import get_hardware
-from specrl.sim.models import ModelSpec, get_model
+from specrl.sim.costs.accelerators import get_hardware
+from specrl.sim.costs.models import ModelSpec, get_model
+from specrl.sim.costs.roofline import Efficiency, ForwardCost
 from specrl.sim.pipeline import SimConfig, simulate
-from specrl.sim.roofline import Efficiency, ForwardCost
 from specrl.sim.scenarios import get_preset
 from specrl.sim.workload import Workload
 

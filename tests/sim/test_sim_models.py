@@ -5,8 +5,8 @@ import json
 import pytest
 
 from specrl.errors import SpecRLError
-from specrl.sim.accelerators import CATALOG, get_hardware, load_profile, save_profile
-from specrl.sim.models import eagle3_head, from_hf_config, get_model, load_config, model_names, mtp_head
+from specrl.sim.costs.accelerators import CATALOG, get_hardware, load_profile, save_profile
+from specrl.sim.costs.models import eagle3_head, from_hf_config, get_model, load_config, model_names, mtp_head
 
 
 @pytest.mark.parametrize("name,total,active", [
@@ -87,7 +87,7 @@ def test_cpu_profile_roundtrip(tmp_path):
 
 
 def test_moe_forward_pays_dispatch_and_combine_collectives_per_layer():
-    from specrl.sim.roofline import Efficiency, ForwardCost
+    from specrl.sim.costs.roofline import Efficiency, ForwardCost
 
     hw, eff = get_hardware("gb200"), Efficiency()
     moe, dense = get_model("qwen3-235b-a22b"), get_model("qwen3-32b")
@@ -113,7 +113,7 @@ def test_the_cpu_profile_times_the_engines_decode_gemv(monkeypatch):
     import torch
 
     from specrl.model import packed
-    from specrl.sim.accelerators import profile_cpu
+    from specrl.sim.costs.accelerators import profile_cpu
 
     calls = []
     real = packed.fused_linear

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specrl.errors import SpecRLError
-from specrl.sim.roofline import ForwardCost
+from specrl.sim.costs.roofline import ForwardCost
 
 DRAFTERS = ("none", "eagle3", "mtp", "draft-model", "ngram")
 AUTO_K_MAX = 8

@@ -23,8 +23,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from specrl.errors import SpecRLError
-from specrl.sim.accelerators import Hardware
-from specrl.sim.models import DTYPE_BYTES, ModelSpec
+from specrl.sim.costs.accelerators import Hardware
+from specrl.sim.costs.models import DTYPE_BYTES, ModelSpec
 
 
 @dataclass(frozen=True)
