@@ -3,8 +3,8 @@ allocator kept from returning every large temporary to the kernel. Both engage o
 CPU (on CUDA the trainer starts no governor and the rollout workers leave glibc alone).
 
 torch's OpenMP threads wait on each other at every parallel region, so one thread on a core that another job
-holds stalls them all (measured on a 2-core machine: 70x slower with 2 threads and one competing job, instead of
-the 2x its share of the CPU would explain). `ThreadGovernor` picks the thread count from a setting: an integer
+holds stalls them all: far slower than its share of the CPU would explain (docs/benchmarks.md has the figures).
+`ThreadGovernor` picks the thread count from a setting: an integer
 (used as given, at most the cores this process may run on) or "auto", the cores the rest of the machine leaves
 free, read from /proc/stat (and at most OMP_NUM_THREADS when that is set). `update()` between training steps
 re-reads what other processes used since the last reading (all busy CPU time minus this process's own) and
@@ -15,10 +15,9 @@ re-reads at most every `REREAD_SECONDS`: one noisy reading at start no longer fi
 
 `keep_large_allocations()`, for generation-only processes (async rollout workers, benchmarks): glibc serves
 allocations above its mmap threshold with fresh pages from the kernel and unmaps them on free, so every decode
-step's full-vocabulary temporaries ([B, V] float64 CDFs: 12 MB at B=32) page-fault again on first touch
-(benchmarks/allocator.py: B=32 T=1 1.22x). A fixed 32 MiB threshold keeps them in the heap for reuse. In a process
-that also trains it slowed the learner's stages by ~10 % (sync pipeline, `make run`'s config: logprob 1.09 ->
-1.23 s, train 4.50 -> 4.76 s per step) for a 3 % faster generation, so the sync trainer leaves glibc as it is.
+step's full-vocabulary temporaries ([B, V] float64 CDFs) page-fault again on first touch (benchmarks/allocator.py
+measures it). A fixed 32 MiB threshold keeps them in the heap for reuse. In a process that also trains it slowed the
+learner's stages by more than it sped generation up (docs/benchmarks.md), so the sync trainer leaves glibc as it is.
 """
 
 from __future__ import annotations

@@ -24,17 +24,17 @@ LAYERS = [
          ("specrl.observability", "step record · metrics writers · run report"),
          ("specrl.checkpoint", "step directories · DCP state")]),
     (2, [("specrl.model", "transformer · HF checkpoints · loader · presets · packed"),
-         ("specrl.data", "tasks · datasets · rewards")]),
-    (3, [("specrl.rollout", "protocol · drafter protocol · sampling · engine\nspec_decode/: verify · adaptive · "
-                            "seq_budget")]),
+         ("specrl.data", "tasks · datasets · rewards"),
+         ("specrl.config", "sections · vllm section · schema (TrainConfig) · hardware")]),
+    (3, [("specrl.rollout", "protocol · drafter protocol · sampling · engine · sequences\n"
+                            "spec_decode/: verify · adaptive · seq_budget")]),
     (4, [("specrl.algorithms", "grpo · losses · logprobs · rollouts · batch")]),
     (5, [("specrl.drafters", "ngram · suffix · draft_model · eagle · mtp · hybrid · io · shipped · default\n"
                              "build/ (draft init, draft build stages) · training/ (offline, online, DrafterTrainer)")]),
-    (6, [("specrl.backends", "registry · vLLM (+ its config, worker) · losslessness probe")]),
-    (7, [("specrl.config", "sections · schema (TrainConfig) · hardware")]),
-    (8, [("specrl.trainer", "producer · learner · sync_trainer · weight_sync · weight_check")]),
-    (9, [("specrl.parallel", "FSDP2 learner rank"), ("specrl.sim", "performance simulator")]),
-    (10, [("specrl.run", "loop · compare · run directory · certificate")]),
+    (6, [("specrl.backends", "registry · vLLM (+ its options, worker) · losslessness probe")]),
+    (8, [("specrl.trainer", "config_check · protocol · optim · producer · learner · sync_trainer · weight_sync")]),
+    (9, [("specrl.parallel", "FSDP2 learner rank"), ("specrl.sim", "performance simulator · costs/")]),
+    (10, [("specrl.run", "loop · session · compare · run directory · certificate")]),
     (11, [("specrl.cluster", "Ray: actors · async driver · learner ranks")]),
     (12, [("specrl.cli · api", "the `specrl` command · train() from Python")]),
 ]

@@ -1,5 +1,6 @@
-"""specrl.cluster: the pipelines on Ray: the async GRPO driver, its actors (rollout workers, learner, weight store),
-the N-rank learner group, the local Ray, and the users' plugins carried to every actor (`plugin_env.py`).
+"""specrl.cluster: the pipelines on Ray: the async GRPO driver (`async_trainer.py`), its actors (`actors.py`:
+rollout workers, learner, weight store), the N data-parallel learner ranks (`learner_group.py`), the local Ray
+(`local_ray.py`), and the users' plugins carried to every actor (`plugin_env.py`).
 
 The actors run the same producer and learner code as the sync trainer (`specrl.trainer`); this folder only places
 them in processes, moves weights through Ray's object store with versions, and schedules generation ahead of
