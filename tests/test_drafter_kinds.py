@@ -20,7 +20,7 @@ from specrl.rollout.drafter_spec import BUILTIN_KINDS, DRAFTER_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 # the modules that hold the table: the rows (and the spec parser) and the builders that complete them
-REGISTRY = {"specrl/rollout/drafter_spec.py", "specrl/drafters/__init__.py"}
+REGISTRY = {"specrl/rollout/drafter_spec.py", "specrl/drafters/__init__.py", "specrl/drafters/kinds.py"}
 # the simulator's drafters have their own names (specrl.sim.costs.speculation.DRAFTERS: none, eagle3, mtp, draft-model,
 # ngram), some spelled like kinds; a kind's row names the simulator drafter that prices it (`DrafterKind.sim`)
 OWN_NAMES = ("specrl/sim/",)

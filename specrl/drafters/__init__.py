@@ -11,21 +11,21 @@ draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH | hybrid:LEARNED | a user's k
 EMBEDDED_NAMES: a cached in-domain drafter of the embedded model (SmolLM2-135M): `default` on chain_sum's short
 answers, `think` on the long step-by-step replies of examples/think.yaml. The RL layer builds them from its task
 prompts (`specrl.drafters.default`, `specrl prepare --drafter eagle[:think]`). Specs are parsed by
-`specrl.rollout.drafter_spec`, whose table of kinds holds every kind: this package registers each built-in kind's
-builder and class into its row (`register_drafter_kind`, what `register_drafter` calls for a user's kind), and
+`specrl.rollout.drafter_spec`, whose table of kinds holds every kind: `kinds.py` is the explicit registry of the
+built-in kinds' builders and classes (`register_builtin_kinds`, called once here; `register_drafter` registers a
+user's kind through the same `register_drafter_kind`), and
 `make_drafter` builds every kind through its row. It imports model, rollout and errors only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from specrl.drafters.base import DraftBatch, Drafter, Proposal
 from specrl.drafters.draft_model import DraftModelDrafter
 from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.hybrid import HybridDrafter
+from specrl.drafters.kinds import read_draft_vocab, register_builtin_kinds
 from specrl.drafters.mtp import MTPDrafter
 from specrl.drafters.ngram import NGramDrafter
 from specrl.drafters.suffix import SuffixDrafter
@@ -46,7 +46,10 @@ EMBEDDED_NAMES = EMBEDDED  # the embedded model's built-on-first-use drafters (s
 DEFAULT_DRAFTER_MODEL = "smollm2-135m"  # the embedded model the `default` drafters belong to
 
 __all__ = ["DraftBatch", "Drafter", "Proposal", "DraftModelDrafter", "NGramDrafter", "SuffixDrafter",
-           "EagleDrafter", "MTPDrafter", "make_drafter", "register_drafter", "DrafterSpec", "DRAFTER_KINDS"]
+           "EagleDrafter", "MTPDrafter", "make_drafter", "register_drafter", "DrafterSpec", "DRAFTER_KINDS",
+           "read_draft_vocab"]
+
+register_builtin_kinds()  # the built-in rows of the kinds table get their builders and classes (drafters.kinds)
 
 
 def default_drafter_dir(kind: str, name: str = "default") -> Path:
@@ -64,25 +67,6 @@ EMBEDDED_SHAPE = {"hidden_size": 576, "num_layers": 30, "vocab_size": 49152}  # 
 def _is_embedded(target) -> bool:
     args = getattr(target, "args", None)
     return args is not None and all(getattr(args, k, None) == v for k, v in EMBEDDED_SHAPE.items())
-
-
-def read_draft_vocab(ckpt_dir: Path, vocab_size: int):
-    """The draft vocabulary stored next to a draft-model checkpoint (`draft_vocab.json`), or None."""
-    import json
-
-    from specrl.drafters.base import check_draft_vocab
-    from specrl.drafters.draft_model import DRAFT_VOCAB_FILE
-
-    f = ckpt_dir / DRAFT_VOCAB_FILE
-    if not ckpt_dir.is_dir() or not f.exists():
-        return None
-    try:
-        ids = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise SpecRLError(f"{f}: not valid JSON ({e}); expected a list of target token ids") from None
-    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-        raise SpecRLError(f"{f}: expected a JSON list of integer token ids")
-    return check_draft_vocab(ids, vocab_size, where=str(f))
 
 
 def register_drafter(name: str, build: Callable[..., Drafter], *, arg: str | None = None, learned: bool = False,
@@ -130,52 +114,6 @@ def _build(parsed: DrafterSpec, target, dtype, build_default: Callable[[str, str
             return load_shipped(kind, arg, target)
         parsed = DrafterSpec(kind, str(_default_dir(kind, arg, target, build_default)))
     return info.build(parsed, target, dtype)
-
-
-# ---------------------------------------------------------------- the built-in kinds' builders
-def _build_none(spec: DrafterSpec, target, dtype) -> None:
-    return None
-
-
-def _build_ngram(spec: DrafterSpec, target, dtype) -> NGramDrafter:
-    return NGramDrafter()
-
-
-def _build_suffix(spec: DrafterSpec, target, dtype) -> SuffixDrafter:
-    return SuffixDrafter()
-
-
-def _build_draft_model(spec: DrafterSpec, target, dtype) -> DraftModelDrafter:
-    from specrl.model.loader import load_model, same_tokenizer
-
-    arg = spec.arg
-    if not Path(arg).exists() and "/" in arg:
-        raise SpecRLError(f"draft model path {arg} does not exist")
-    model, _ = load_model(arg, dtype=dtype or target.dtype,
-                          device="cpu" if target is None else target.embed_tokens.weight.device)
-    same_tokenizer(getattr(target, "checkpoint_dir", None), model.checkpoint_dir, "draft model")
-    return DraftModelDrafter(model, draft_vocab=read_draft_vocab(Path(arg), model.args.vocab_size))
-
-
-def _build_from_directory(spec: DrafterSpec, target, dtype) -> Drafter:
-    """A drafter directory written by `save_drafter` / `specrl draft init` (`specrl.drafters.io`)."""
-    from specrl.drafters.io import load_drafter
-
-    return load_drafter(spec.arg, target, expected_kind=spec.kind)
-
-
-def _build_hybrid(spec: DrafterSpec, target, dtype, inner: Drafter) -> HybridDrafter:
-    return HybridDrafter(inner)
-
-
-for _name, _build_fn, _cls in (("none", _build_none, None), ("ngram", _build_ngram, NGramDrafter),
-                               ("suffix", _build_suffix, SuffixDrafter),
-                               ("draft-model", _build_draft_model, DraftModelDrafter),
-                               ("eagle", _build_from_directory, EagleDrafter),
-                               ("mtp", _build_from_directory, MTPDrafter),
-                               ("hybrid", _build_hybrid, HybridDrafter)):
-    register_drafter_kind(replace(DRAFTER_KINDS[_name], build=_build_fn, drafter_class=_cls))
-del _name, _build_fn, _cls
 
 
 def _other_model(kind: str, name: str) -> str:
