@@ -23,20 +23,22 @@ LAYERS = [
     (1, [("cpu · device · plugins", "threads · device · extensions"),
          ("specrl.observability", "step record · metrics writers · run report"),
          ("specrl.checkpoint", "step directories · DCP state")]),
-    (2, [("specrl.model", "transformer · HF checkpoints · loader · presets · packed"),
+    (2, [("specrl.model", "transformer · HF checkpoints · loader\npresets · packed"),
          ("specrl.data", "tasks · datasets · rewards"),
-         ("specrl.config", "sections · vllm section · schema (TrainConfig) · hardware")]),
+         ("specrl.config", "the leaf: sections · vllm section\nschema (TrainConfig) · hardware")]),
     (3, [("specrl.rollout", "protocol · drafter protocol · sampling · engine · sequences\n"
                             "spec_decode/: verify · adaptive · seq_budget")]),
     (4, [("specrl.algorithms", "grpo · losses · logprobs · rollouts · batch")]),
-    (5, [("specrl.drafters", "ngram · suffix · draft_model · eagle · mtp · hybrid · io · shipped · default\n"
+    (5, [("specrl.drafters", "kinds (the registry) · ngram · suffix · draft_model · eagle · mtp · hybrid · io "
+                             "· shipped · default\n"
                              "build/ (draft init, draft build stages) · training/ (offline, online, DrafterTrainer)")]),
     (6, [("specrl.backends", "registry · vLLM (+ its options, worker) · losslessness probe")]),
     (8, [("specrl.trainer", "config_check · protocol · optim · producer · learner · sync_trainer · weight_sync")]),
     (9, [("specrl.parallel", "FSDP2 learner rank"), ("specrl.sim", "performance simulator · costs/")]),
     (10, [("specrl.run", "loop · session · compare · run directory · certificate")]),
     (11, [("specrl.cluster", "Ray: actors · async driver · learner ranks")]),
-    (12, [("specrl.cli · api", "the `specrl` command · train() from Python")]),
+    (12, [("specrl.cli · api", "the `specrl` command · train() from Python"),
+          ("specrl.integrations", "TRL's GRPOTrainer: rollout_func")]),
 ]
 PALETTE = ["#e8e8e8", "#d6e6f5", "#d4edda", "#e6dcf0", "#fbe5c8", "#fde2e1", "#fff3bf", "#dfe7ea"]
 COLORS = {rank: PALETTE[rank % len(PALETTE)] for rank, _ in LAYERS}
