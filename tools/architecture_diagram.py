@@ -37,8 +37,8 @@ LAYERS = [
     (9, [("specrl.parallel", "FSDP2 learner rank"), ("specrl.sim", "performance simulator · costs/")]),
     (10, [("specrl.run", "loop · session · compare · run directory · certificate")]),
     (11, [("specrl.cluster", "Ray: actors · async driver · learner ranks")]),
-    (12, [("specrl.cli · api", "the `specrl` command · train() from Python"),
-          ("specrl.integrations", "TRL's GRPOTrainer: rollout_func")]),
+    (12, [("specrl.cli · api", "the `specrl` command · train() from Python")]),
+    (13, [("specrl.integrations", "TRL's GRPOTrainer: rollout_func")]),
 ]
 PALETTE = ["#e8e8e8", "#d6e6f5", "#d4edda", "#e6dcf0", "#fbe5c8", "#fde2e1", "#fff3bf", "#dfe7ea"]
 COLORS = {rank: PALETTE[rank % len(PALETTE)] for rank, _ in LAYERS}
