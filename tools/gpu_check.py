@@ -176,7 +176,7 @@ def section_learner(device, dry: bool) -> dict:
 
     import torch
 
-    from specrl.config.schema import validate_config
+    from specrl.trainer.config_check import validate_config
     from specrl.model.loader import load_model
     from specrl.trainer.learner import Learner
     from tests.test_learner_group import seeded_rollouts
@@ -192,7 +192,7 @@ def section_learner(device, dry: bool) -> dict:
         learner = Learner(cfg, policy)
         before = policy.embed_tokens.weight.detach().clone()
         t = time.perf_counter()
-        rec, _ = learner.learn(seeded_rollouts(), {"data": 0.0, "prepare": 0.0, "gen": 0.0})
+        rec = learner.learn(seeded_rollouts(), {"data": 0.0, "prepare": 0.0, "gen": 0.0})
         learner.check_weights(1)
         _sync(device)
         moved = float((policy.embed_tokens.weight - before).abs().max())
