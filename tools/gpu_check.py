@@ -176,8 +176,8 @@ def section_learner(device, dry: bool) -> dict:
 
     import torch
 
-    from specrl.trainer.config_check import validate_config
     from specrl.model.loader import load_model
+    from specrl.trainer.config_check import validate_config
     from specrl.trainer.learner import Learner
     from tests.test_learner_group import seeded_rollouts
     from tests.tiny import make_tiny_checkpoint
