@@ -164,11 +164,10 @@ def main() -> None:
               f"token (steps 2..{a.steps})")
     for arm, e in errors.items():
         print(f"[trl_rollouts] {arm}: token_mult_prob_error {e:.5f} (fp32, T={a.temperature}, top_p=1, top_k=0)")
-    text = json.dumps(out, indent=1)
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
-            f.write(text + "\n")
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
