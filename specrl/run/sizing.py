@@ -38,12 +38,12 @@ class ClassCost:
 
 
 REFERENCE = {"max_new_tokens": 512, "val_size": 16}
-# AVX2: issue 50's `make run` (one step: the slowest pair 108 s, 121 s kept for the final validation, R 0.69).
+# AVX2: a fresh-clone `make run` (one step: the slowest pair 108 s, 121 s kept for the final validation, R 0.69).
 # AVX512-BF16 and AMX: docs/results.md's `make run` rows (slowest pair 77 s; mean pair 35.31 + 27.15 s, R 0.69);
 # their validations were not timed apart, so they take AVX2's ratio of validation to pair time (121 / 108).
 _VAL_RATIO = 121.0 / 108.0
 COSTS: dict[str, ClassCost] = {
-    "AVX2": ClassCost(108.0, 0.69, 121.0, "make run on a 2-core AVX2-only AMD EPYC, fp32 (issue 50)"),
+    "AVX2": ClassCost(108.0, 0.69, 121.0, "make run on a 2-core AVX2-only AMD EPYC, fp32"),
     "AVX512-BF16": ClassCost(77.0, 0.57, 77.0 * _VAL_RATIO,
                              "make run on a 2-core AMD EPYC with AVX512-BF16, bf16 (docs/results.md, e754791)"),
     "AMX": ClassCost(62.46, 0.69, 62.46 * _VAL_RATIO,
