@@ -176,6 +176,34 @@ def test_the_sample_is_sized_from_the_target_bias_and_each_position_states_its_p
                       num_tokens=6, target_w=0.3)
     assert r.passed and len(r.accepted_per_position) == 3 and r.bonus_tokens is not None
     assert sum(r.accepted_per_position) + r.bonus_tokens <= r.num_tokens
-    assert [p["position"] for p in r.positions] == ["draft 1", "draft 2", "draft 3", "bonus"]
-    assert all(p["tested"] == (p["detectable_w"] <= 0.3) for p in r.positions)
+    # the engine's drafter was watched: every tested token has its role, each role its own test
+    assert [p["position"] for p in r.positions] == ["plain", "draft 1", "draft 2", "draft 3", "bonus", "no draft"]
+    assert sum(p["tokens"] for p in r.positions) == r.num_tokens and r.pooled_alpha == r.alpha / 2
+    by = {p["position"]: p for p in r.positions}
+    assert by["draft 1"]["tokens"] >= min(r.accepted_per_position[0], 1) and by["plain"]["tokens"] >= 150
+    assert all(p["tested"] == (p["detectable_w"] <= 0.3) and not p["rejected"] for p in r.positions)
+    assert all(p["p_value"] is None for p in r.positions if p["tokens"] < 50)
+    assert set(r.draft_lengths) <= {0, 1, 2, 3} and sum(r.k_histogram.values()) > 0
     assert r.as_dict()["positions"] == r.positions
+
+
+def test_holm_and_a_bias_confined_to_one_position():
+    """Holm's step-down decisions; a bias on 300 of 10,300 tokens (one position) that the pooled test misses is
+    caught by that position's own test, and no other position is rejected."""
+    from scipy.stats import chi2
+
+    from specrl.backends.probe_positions import holm, position_tests
+
+    assert holm([0.001, 0.02, 0.04], 0.05) == [True, True, True]
+    assert holm([0.001, 0.03, 0.04], 0.05) == [True, False, False]  # 0.03 > 0.05 / 2 stops the procedure
+    assert holm([0.5, 0.2], 0.05) == [False, False]
+    g = torch.Generator().manual_seed(0)
+    u = torch.cat([torch.rand(10_000, generator=g), 0.7 + 0.3 * torch.rand(300, generator=g)])
+    codes = torch.cat([torch.zeros(10_000, dtype=torch.long), torch.full((300,), 3)])  # k_max = 2: 3 is the bonus
+    counts = torch.histc(u, bins=10, min=0.0, max=1.0)
+    pooled = chi2.sf(float(((counts - 1030) ** 2 / 1030).sum()), 9)
+    rows = {r["position"]: r for r in position_tests(u, codes, 2, 10, 5e-4, 0.99, 0.10)}
+    assert rows["bonus"]["rejected"] and not rows["plain"]["rejected"] and rows["bonus"]["p_value"] < 1e-20
+    assert rows["draft 1"]["tokens"] == 0 and rows["draft 1"]["p_value"] is None and not rows["draft 1"]["tested"]
+    assert rows["plain"]["tested"] and not rows["bonus"]["tested"]  # 300 tokens cannot detect w = 0.10
+    assert pooled > 5e-4  # the pooled test alone would pass it

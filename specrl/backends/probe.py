@@ -17,7 +17,10 @@ greedy piles them into the first. Tokens outside the reference support (p = 0, p
 top-p boundaries moved by rounding) are counted and fail the probe above `max_out_of_support`.
 
 Power is stated as the smallest Cohen's w (= sqrt(sum (obs - exp)^2 / exp) / N per bin, the effect size of a
-chi-square test) that the test detects with probability `power_target` at the given alpha and token count.
+chi-square test) that the test detects with probability `power_target` at the given alpha and token count. On a
+backend whose drafter the probe can watch (specrl's engine), every token also gets its draft position and each
+position its own test (`specrl.backends.probe_positions`); the pooled test then takes half of alpha and the
+position tests, as one Holm family, the other half.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from specrl.backends.probe_positions import RoleRecorder, position_tests, token_roles
 from specrl.errors import SpecRLError
 from specrl.rollout.protocol import RolloutRequest
 from specrl.rollout.sampling import SamplingParams, probs_from_logits
@@ -63,6 +67,11 @@ class ProbeResult:
     bonus_tokens: int | None = None
     target_w: float = 0.10
     positions: list[dict] = field(default_factory=list)
+    # with the draft positions recorded: the pooled test's alpha (half of `alpha`), the engine steps per k and the
+    # verify-step rows per real draft length d (what the backend's own k policy ran)
+    pooled_alpha: float | None = None
+    k_histogram: dict = field(default_factory=dict)
+    draft_lengths: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -169,17 +178,25 @@ def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: 
     prompt_of = [i % len(prompts) for i in range(num_samples)]
     requests = [RolloutRequest(list(prompts[p]), 10_000_000 + i, p) for i, p in enumerate(prompt_of)]
     desc = setting or f"T={params.temperature}, top_p={params.top_p}, top_k={params.top_k}"
+    drafter = getattr(backend, "drafter", None)
+    recorder = RoleRecorder(drafter) if hasattr(drafter, "on_verified") and hasattr(backend, "k_max") else None
     try:
+        if recorder is not None:
+            backend.drafter = recorder  # the engine's own drafter, watched for this call only
         result = backend.generate(requests, sp)
     except SpecRLError as e:
         return ProbeResult(False, desc, 0, float("nan"), bins - 1, 0.0, alpha, float("nan"), power_target, 0,
                            float("nan"), float("nan"), [], f"generate failed: {e}")
+    finally:
+        if recorder is not None:
+            backend.drafter = drafter
     samples = [o.token_ids for o in result]
     short = [i for i, s in enumerate(samples) if len(s) < num_tokens]
     if short:
         raise SpecRLError(f"probe: {len(short)} samples stopped before {num_tokens} tokens (no stop ids were given)")
     gen = torch.Generator().manual_seed(seed)
     u, lp, exp = pit_values(reference, prompts, samples, prompt_of, sp, num_tokens, gen)
+    pooled_alpha = alpha / 2 if recorder is not None else alpha
     ok = ~torch.isnan(u)
     n_out = int((~ok).sum())
     n = int(ok.sum())
@@ -188,19 +205,33 @@ def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: 
     stat = float(((counts - expected) ** 2 / expected).sum())
     dof = bins - 1
     pval = float(chi2.sf(stat, dof))
-    passed, reason = pval >= alpha, ""
+    passed, reason = pval >= pooled_alpha, ""
+    m = getattr(result, "metrics", None) or {}
+    rows, lengths = [], {}
+    if recorder is not None:
+        order = [i for pi in range(len(prompts)) for i, p in enumerate(prompt_of) if p == pi]  # pit_values' order
+        codes, lengths = token_roles(recorder.rows, {r.request_id: len(r.prompt_token_ids) for r in requests},
+                                     {r.request_id: i for i, r in enumerate(requests)}, num_samples, num_tokens,
+                                     backend.k_max)
+        rows = position_tests(u, codes[order].flatten(), backend.k_max, bins, alpha / 2, power_target, target_w)
+        bad = [r["position"] for r in rows if r["rejected"]]
+        if bad and passed:
+            passed = False
+            reason = f"the tokens at {', '.join(bad)} are not drawn from the policy's distribution (Holm, " \
+                     f"alpha {alpha / 2:g})"
     if n_out > max_out_of_support * u.numel():
         passed, reason = False, f"{n_out} sampled tokens have probability 0 under the reference"
-    elif not passed:
+    elif not passed and not reason:
         last = counts[-1].item() / expected
         reason = ("the backend samples unlikely tokens too often" if last > 1 else
                   "the backend samples likely tokens too often") + f" (last bin {last:.2f}x its expected count)"
-    m = getattr(result, "metrics", None) or {}
     drafted = [int(d) for d in m.get("drafted_per_position", [])]
     depth = max((i + 1 for i, d in enumerate(drafted) if d), default=0)  # the depths drafted at all
     accepted = [int(a) for a in m.get("accepted_per_position", [])][:depth]
     bonus = m.get("bonus_tokens") if accepted else None
-    return ProbeResult(passed, desc, n, stat, dof, pval, alpha, detectable_w(n, dof, alpha, power_target),
+    return ProbeResult(passed, desc, n, stat, dof, pval, alpha, detectable_w(n, dof, pooled_alpha, power_target),
                        power_target, n_out, float(lp[ok].mean()), float(exp.mean()),
                        [int(c) for c in counts.tolist()], reason, accepted, bonus, target_w,
-                       position_power(n, accepted, bonus, dof, alpha, power_target, target_w))
+                       rows or position_power(n, accepted, bonus, dof, alpha, power_target, target_w),
+                       pooled_alpha if recorder is not None else None,
+                       {int(k): v for k, v in m.get("k_histogram", {}).items()}, lengths)
