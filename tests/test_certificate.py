@@ -14,12 +14,12 @@ from tests.test_rl_trainer import cfg_dict
 from tests.tiny import make_tiny_checkpoint
 
 
-def _config(tmp_path, name):
+def _config(tmp_path, name, **over):
     tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
     draft = make_tiny_checkpoint(tmp_path / "draft", seed=1)  # another model: its drafts are often rejected
     d = cfg_dict(tiny, speculative__drafter=f"draft-model:{draft}", speculative__num_draft_tokens=2,
                  speculative__verify="rejection", grpo__val_every=0, run__steps=1, run__checkpoint_every=0,
-                 run__name=name)
+                 run__name=name, run__certificate={"budget_seconds": None}, **over)  # sized by target_w alone
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(d))
     return path
@@ -30,18 +30,26 @@ def test_a_speculative_run_writes_a_passing_certificate(tmp_path, capsys):
 
     run = train_main(str(_config(tmp_path, "ok")), [], None, str(tmp_path / "ok"), compare=True)
     cert = json.loads((run / "speculative" / "certificate.json").read_text())
-    assert cert["passed"] and cert["k"] == 2 and cert["p_value"] >= cert["alpha"]
-    # sized from the target bias: w <= 0.10 at power 0.99, pooled over every tested token
+    assert cert["passed"] and cert["k"] == 2 and cert["k_max"] == 7 and cert["p_value"] >= cert["pooled_alpha"]
+    # the plan, stated before sampling: sized from the target bias (w <= 0.10 at power 0.99), no budget
+    p = cert["plan"]
+    assert p["limited_by"] == "target_w" and p["reaches_target"] and p["budget_seconds"] is None
+    assert p["tokens"] == cert["num_tokens"] == p["continuations"] * p["tokens_each"] and p["tokens_each"] == 8
+    assert p["tokens"] >= tokens_needed(0.10, 9, cert["alpha"] / 2, 0.99) and p["tokens_per_second"] > 0
     assert cert["target_w"] == 0.10 and cert["power_target"] == 0.99 and 0 < cert["detectable_w"] <= 0.10
-    assert cert["num_tokens"] >= tokens_needed(0.10, 9, cert["alpha"], 0.99)
-    # what was tested: accepted drafts at depths 1 and 2 and the bonus tokens, each with its own power
-    assert len(cert["accepted_per_position"]) == 2 and cert["bonus_tokens"] == cert["accepted_per_position"][1]
-    assert [p["position"] for p in cert["positions"]] == ["draft 1", "draft 2", "bonus"]
-    for p in cert["positions"]:
-        assert p["tested"] == (p["detectable_w"] <= 0.10) and p["tokens"] >= 0
-    out = capsys.readouterr().out  # the cost is said before the test runs, the verdict after
-    assert -1 < out.find("tokens at k=2, sized to detect a bias of Cohen's w >= 0.1") < out.find(
-        "losslessness certificate: PASS")
+    # the run's own k policy (fixed k = 2 on an engine with k_max = 7): every verify step drafted 2
+    assert set(cert["draft_lengths"]) == {"2"} and set(cert["k_histogram"]) <= {"0", "2"}
+    status = {q["position"]: q["status"] for q in cert["positions"]}
+    assert [status[f"draft {j}"] for j in range(3, 8)] == ["not used by the run"] * 5
+    assert status["no draft"] == "not used by the run"
+    tokens = {q["position"]: q["tokens"] for q in cert["positions"]}
+    assert tokens["plain"] == p["continuations"]  # fixed k: no plain steps, only each prefill's first token
+    assert sum(q["tokens"] for q in cert["positions"]) == cert["num_tokens"] and cert["run_depths"] == [1, 2]
+    for q in cert["positions"]:
+        assert q["tested"] == (q["detectable_w"] <= 0.10) and not q["rejected"]
+        assert q["status"] != "tested" or q["tokens"] >= 50
+    out = capsys.readouterr().out  # the plan is printed before the test runs, the verdict after
+    assert -1 < out.find("[specrl] losslessness certificate: ") < out.find("losslessness certificate: PASS")
     summary = json.loads((run / "compare.json").read_text())
     assert summary["certificate"]["passed"]
     assert "losslessness certificate: PASS" in (run / "report.md").read_text()
@@ -87,3 +95,66 @@ def test_the_certificate_at_its_default_size_catches_a_planted_verifier_bug():
         assert len(r["accepted_per_position"]) == 2 and r["bonus_tokens"] == r["accepted_per_position"][1] > 0
     with pytest.raises(SystemExit, match="no mutant"):
         run(["no-such-mutant"])
+
+
+def test_the_plan_grows_as_one_over_w_squared_and_a_budget_caps_it():
+    """`plan`: tokens ~ 1 / w^2 with no budget; a budget too small for the target is spent, and the bias the
+    certificate then detects (> the target) is what it states; the estimate is tokens / the run's tokens/s."""
+    from specrl.backends.probe import detectable_w
+    from specrl.run.certificate import plan
+
+    a, b = plan(7, 4, 0.10), plan(7, 4, 0.05)
+    assert a["tokens_each"] == 16 and a["tokens"] % 16 == 0 and a["limited_by"] == "target_w"
+    assert b["tokens"] / a["tokens"] == pytest.approx(4, rel=0.01) and b["reaches_target"]
+    assert a["estimated_seconds"] is None and a["budget_seconds"] is None
+    cheap = plan(7, 4, 0.10, budget_seconds=10, tokens_per_second=100)  # 1,000 tokens: short of the 5,084 needed
+    assert cheap["limited_by"] == "budget" and not cheap["reaches_target"] and cheap["tokens"] == 1008
+    assert cheap["detectable_w"] == pytest.approx(detectable_w(1008, 9, 5e-4, 0.99)) and cheap["detectable_w"] > 0.2
+    assert cheap["estimated_seconds"] == pytest.approx(10.08)
+    rich = plan(7, 4, 0.10, budget_seconds=100, tokens_per_second=100)
+    assert rich["limited_by"] == "target_w" and rich["tokens"] == a["tokens"] and rich["reaches_target"]
+    assert plan(2, 4, 0.10, budget_seconds=0.01, tokens_per_second=100)["tokens"] >= 200  # the smallest size
+    assert plan(2, 500, 0.5)["continuations"] == 500  # one continuation per prompt at least
+    with pytest.raises(SpecRLError, match=r"budget must be > 0 seconds"):
+        plan(7, 4, 0.10, budget_seconds=0, tokens_per_second=100)
+    with pytest.raises(SpecRLError, match=r"tokens/s > 0, got 0"):
+        plan(7, 4, 0.10, budget_seconds=10, tokens_per_second=0)
+    with pytest.raises(SpecRLError, match=r"Cohen's w in \(0, 1\], got 0"):
+        plan(7, 4, 0.0)
+
+
+def test_the_budget_comes_from_the_run_and_each_position_says_what_it_tested():
+    """run_usage reads the run's step seconds, generation tokens/s and the depths its steps drafted at; auto budget
+    = twice the step seconds; a depth with no tokens is "not used by the run" unless the run's steps used it."""
+    from specrl.observability.step_record import StepRecord
+    from specrl.run.certificate import budget_for, mark_usage, run_usage
+
+    recs = [StepRecord(step=1, step_seconds=4.0, stage_seconds={"gen": 2.0}, generated_tokens=300,
+                       acceptance_rate_per_position=[0.6, None, None]),
+            StepRecord(step=2, step_seconds=5.0, stage_seconds={"gen": 1.0}, generated_tokens=300,
+                       acceptance_rate_per_position=[0.5, 0.4, None])]
+    u = run_usage(recs)
+    assert u == {"step_seconds": 9.0, "tokens_per_second": 200.0, "depths": [1, 2]}
+    assert budget_for("auto", u) == 18.0 and budget_for(30.0, u) == 30.0 and budget_for(None, u) is None
+    assert budget_for("auto", run_usage([])) is None and run_usage([])["tokens_per_second"] is None
+    rows = [{"position": "plain", "tokens": 900, "tested": True}, {"position": "draft 1", "tokens": 80,
+                                                                  "tested": False},
+            {"position": "draft 2", "tokens": 0, "tested": False}, {"position": "draft 3", "tokens": 0,
+                                                                   "tested": False},
+            {"position": "bonus", "tokens": 0, "tested": False}, {"position": "no draft", "tokens": 0,
+                                                                 "tested": False}]
+    status = [r["status"] for r in mark_usage(rows, u["depths"])]
+    assert status == ["tested", "not tested", "not tested", "not used by the run", "not tested",
+                      "not used by the run"]
+
+
+def test_the_certificate_budget_is_a_config_setting():
+    from specrl.trainer.config_check import load_config
+
+    assert load_config(None, []).run.certificate.budget_seconds == "auto"
+    c = load_config(None, ["run.certificate.budget_seconds=45", "run.certificate.target_w=0.2"]).run.certificate
+    assert (c.budget_seconds, c.target_w) == (45.0, 0.2)
+    with pytest.raises(SpecRLError, match=r"run\.certificate\.budget_seconds: must be a number of seconds > 0"):
+        load_config(None, ["run.certificate.budget_seconds=-1"])
+    with pytest.raises(SpecRLError, match=r"run\.certificate\.target_w"):
+        load_config(None, ["run.certificate.target_w=1.5"])

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from specrl.config.certificate import CertificateConfig
 from specrl.config.vllm import VLLMConfig
 
 NO_DRAFTER = "none"  # the `speculative.drafter` value for plain decoding (the kinds table's one non-drafting row)
@@ -289,8 +290,11 @@ class RunConfig(_Section):
     processor class measured at start so this many steps per arm fit the budget (specrl.run.sizing; what was sized
     and why goes to sizing.json and the report). None: the work as configured."""
     certify: bool = True
-    """At the end of a speculative sync run, test the run's final policy and drafter with the losslessness probe at
-    the run's sampling settings and k (`specrl.run.certificate`: certificate.json; a compare fails if it does)."""
+    """At the end of a speculative sync run, test the run's final policy and drafter with the losslessness probe on
+    the run's own k policy, verify mode and sampling settings (`specrl.run.certificate`: certificate.json; a compare
+    fails if it does)."""
+    certificate: CertificateConfig = Field(default_factory=CertificateConfig)
+    """The certificate's size: its target bias and time budget (`specrl.config.certificate`)."""
     out_dir: str = "runs"
     overwrite: bool = False
     """Start over in an existing run directory that holds a finished run (deletes its checkpoints/metrics); else

@@ -1,75 +1,171 @@
-"""A run's own losslessness certificate: the verifier's distribution test on the run's final policy and drafter.
+"""A run's own losslessness certificate: the verifier's distribution test on the run's own decoding path.
 
-At the end of a speculative run, `certify` samples continuations of the task's validation prompts through the
-rollout engine the run ended with (its final policy weights, its drafter as synced, the run's temperature /
-top-p / top-k, verify mode and k: the configured k, or k_max where the run chose k itself, so every draft depth
-is verified) and tests them against that policy's exact distribution with the losslessness probe
-(`specrl.backends.probe`: a chi-square test of the randomised probability integral transform of every sampled
-token), sized from a target bias (`TARGET_W`, Cohen's w, at power `POWER`: the tokens needed grow as 1 / w^2)
-and announced before it samples. It returns the probe's result (p-value, the smallest effect it detects, tokens
-tested, the accepted drafts per depth and the bonus tokens, and each position's power: a depth with too few tokens
-for the target is "not tested"), which the run prints beside its speed-up and writes to `certificate.json`; a
-compare fails when it does not pass. Greedy runs (T = 0) are checked token for token elsewhere and get no
-certificate; an async run's engines live in Ray workers and are not probed here (the start-up probe covers vLLM).
+At the end of a speculative sync run, `certify` samples continuations of the task's validation prompts through
+the rollout engine the run's rollouts used — the same object, so its own k policy (auto k with the choices it
+learned per batch size, per-row draft lengths where the run has them), verify mode, batch size and drafter as
+synced, on the final policy weights, at the run's temperature / top-p / top-k — and tests them against that
+policy's exact distribution with the losslessness probe (`specrl.backends.probe`: a chi-square test of the
+randomised probability integral transform of every sampled token, pooled, and one per draft position under Holm's
+procedure). Before it samples it states its plan (`plan`: tokens, continuations, the bias it detects at power
+`POWER`, seconds estimated from the run's own generation tokens/s), sized from a target bias (`run.certificate.
+target_w`, Cohen's w: the tokens needed grow as 1 / w^2) and capped by a time budget (`run.certificate.
+budget_seconds`; auto = twice the run's step seconds): where the budget cannot reach the target, the plan and the
+result state the bias it can detect instead. The result (p-value, tokens, the k values and draft lengths the run's
+policy exercised, and per position its tokens, test and power: "not tested" where too few tokens for the target,
+"not used by the run" where neither the certificate nor the run's steps drafted that deep) is printed beside the
+speed-up and written to `certificate.json`; a compare fails when it does not pass. Greedy runs (T = 0) are
+checked token for token elsewhere and get no certificate; an async run's engines live in Ray workers and are not
+probed here (the start-up probe covers vLLM).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specrl.errors import SpecRLError
 
-TARGET_W = 0.10  # the bias (Cohen's w) the pooled test detects with power POWER: it sizes the sample
+TARGET_W = 0.10  # the default bias (Cohen's w) the pooled test is sized to detect with power POWER
 POWER = 0.99
-NUM_SAMPLES = 192  # the fewest continuations of max(8, k + 2) tokens each (its cost: docs/losslessness.md)
+ALPHA = 1e-3  # the certificate's false-alarm rate: half for the pooled test, half for the position tests (Holm)
+BINS = 10
+MIN_TOKENS = 200  # the smallest certificate a budget may leave (every tested position needs >= 50)
 MAX_PROMPTS = 4
-PROBE_BATCH = 64  # sequences verified at once (the batch does not change the distribution, only the time)
+NUM_SAMPLES = 192  # the fewest continuations `sample_size` returns (the TRL callback's default)
 
 
-def sample_size(k: int, target_w: float = TARGET_W, alpha: float = 1e-3, bins: int = 10,
+def tokens_each(k_max: int) -> int:
+    """Tokens per continuation: room for two verify steps at the deepest k, at least 8."""
+    return max(8, 2 * (k_max + 1))
+
+
+def plan(k_max: int, num_prompts: int, target_w: float = TARGET_W, budget_seconds: float | None = None,
+         tokens_per_second: float | None = None, alpha: float = ALPHA) -> dict[str, Any]:
+    """The certificate's size before it samples: the tokens that detect `target_w` at power POWER (pooled test at
+    alpha / 2), capped by what `budget_seconds` buys at `tokens_per_second` (when both are known), and the bias
+    Cohen's w that size detects. `limited_by` is "target_w" or "budget"; `reaches_target` says whether the
+    stated bias is the target."""
+    from specrl.backends.probe import detectable_w, tokens_needed
+
+    if budget_seconds is not None and not budget_seconds > 0:
+        raise SpecRLError(f"the certificate's budget must be > 0 seconds (or None: no budget), got {budget_seconds!r}")
+    if tokens_per_second is not None and not tokens_per_second > 0:
+        raise SpecRLError(f"the certificate's estimate needs the run's generation tokens/s > 0, got "
+                          f"{tokens_per_second!r}")
+    each = tokens_each(k_max)
+    need = tokens_needed(target_w, BINS - 1, alpha / 2, POWER)
+    limited = "target_w"
+    if budget_seconds is not None and tokens_per_second is not None and budget_seconds * tokens_per_second < need:
+        need, limited = max(MIN_TOKENS, int(budget_seconds * tokens_per_second)), "budget"
+    continuations = max(num_prompts, -(-need // each))
+    tokens = continuations * each
+    w = detectable_w(tokens, BINS - 1, alpha / 2, POWER)
+    return {"tokens": tokens, "continuations": continuations, "tokens_each": each, "target_w": target_w,
+            "detectable_w": w, "reaches_target": w <= target_w, "power": POWER, "alpha": alpha,
+            "limited_by": limited, "budget_seconds": budget_seconds, "tokens_per_second": tokens_per_second,
+            "estimated_seconds": tokens / tokens_per_second if tokens_per_second else None}
+
+
+def sample_size(k: int, target_w: float = TARGET_W, alpha: float = ALPHA, bins: int = BINS,
                 num_samples: int = NUM_SAMPLES) -> tuple[int, int]:
-    """(continuations, tokens each) that detect `target_w` at power POWER: the tokens needed grow as 1 / w^2."""
-    from specrl.backends.probe import tokens_needed
+    """(continuations, tokens each) that detect `target_w` at power POWER with no budget (at least `num_samples`
+    continuations): the tokens needed grow as 1 / w^2."""
+    if bins != BINS:
+        raise SpecRLError(f"the certificate's test uses {BINS} bins, got bins={bins}")
+    p = plan(k, 1, target_w, alpha=alpha)
+    return max(num_samples, p["continuations"]), p["tokens_each"]
 
-    tokens = max(8, k + 2)  # every draft depth reached by each sequence's first verify step
-    need = tokens_needed(target_w, bins - 1, alpha, POWER)
-    return max(num_samples, -(-need // tokens)), tokens
+
+def announce(p: dict[str, Any], where: str) -> str:
+    """The line printed before the certificate samples (its fields are `plan`'s)."""
+    est = f", about {p['estimated_seconds']:.0f} s at the run's {p['tokens_per_second']:.0f} generated tokens/s" \
+        if p["estimated_seconds"] is not None else ""
+    if p["reaches_target"]:
+        what = f"sized to detect a bias of Cohen's w >= {p['detectable_w']:.3f} (target {p['target_w']:g})"
+    else:
+        what = (f"capped by its {p['budget_seconds']:.0f} s budget: detects w >= {p['detectable_w']:.3f}, not the "
+                f"target {p['target_w']:g}")
+    return (f"[specrl] losslessness certificate: {p['continuations']} continuations x {p['tokens_each']} tokens = "
+            f"{p['tokens']} tokens on {where}{est}; {what} with power {p['power']:g}")
 
 
-def certify(trainer: Any, num_samples: int = NUM_SAMPLES, alpha: float = 1e-3,
-            target_w: float = TARGET_W) -> dict[str, Any] | None:
-    """The certificate of a sync trainer's final state, or None (with no test run) where none applies."""
+def run_usage(records: Sequence[Any]) -> dict[str, Any]:
+    """What the run's steps measured: step seconds, generation tokens/s and the draft depths they drafted at."""
+    steps = sum(float(r.step_seconds or 0.0) for r in records)
+    gen_s = sum(float((r.stage_seconds or {}).get("gen", 0.0)) for r in records)
+    gen_tok = sum(int(r.generated_tokens or 0) for r in records)
+    depths = {i + 1 for r in records for i, a in enumerate(r.acceptance_rate_per_position or []) if a is not None}
+    return {"step_seconds": steps, "tokens_per_second": gen_tok / gen_s if gen_s > 0 and gen_tok else None,
+            "depths": sorted(depths)}
+
+
+def budget_for(setting: float | str | None, usage: dict[str, Any]) -> float | None:
+    """run.certificate.budget_seconds resolved: auto = AUTO_MULTIPLE x the run's step seconds (None without)."""
+    from specrl.config.certificate import AUTO_MULTIPLE
+
+    if setting == "auto":
+        return AUTO_MULTIPLE * usage["step_seconds"] if usage["step_seconds"] > 0 else None
+    return setting
+
+
+def mark_usage(positions: list[dict], run_depths: Sequence[int]) -> list[dict]:
+    """Each position's status: "tested", "not tested" (too few tokens for the target bias, or none although the
+    run's steps drafted that deep) or "not used by the run" (no tokens, and the run never drafted that deep)."""
+    out = []
+    for p in positions:
+        name = p["position"]
+        depth = int(name.split()[1]) if name.startswith("draft ") else None
+        unused = p["tokens"] == 0 and (name == "no draft" or (depth is not None and depth not in run_depths))
+        status = "not used by the run" if unused else "tested" if p["tested"] else "not tested"
+        out.append({**p, "status": status})
+    return out
+
+
+def certify(trainer: Any, records: Sequence[Any] = (), target_w: float | None = None,
+            budget_seconds: float | str | None = "config", alpha: float = ALPHA) -> dict[str, Any] | None:
+    """The certificate of a sync trainer's final state on its own rollout engine, or None (with no test run) where
+    none applies. `records`: the run's step records (its speed, step time and the depths it drafted at);
+    `target_w` / `budget_seconds` default to the config's run.certificate."""
     from specrl.backends.probe import probe_backend
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
 
     cfg = trainer.cfg
-    sc, g = cfg.speculative, cfg.generation
+    sc, g, cc = cfg.speculative, cfg.generation, cfg.run.certificate
     backend = getattr(getattr(trainer, "producer", None), "backend", None)
     if not sc.enabled or g.temperature <= 0 or not isinstance(backend, RolloutEngine) or backend.drafter is None:
         return None
-    k = sc.num_draft_tokens if isinstance(sc.num_draft_tokens, int) else backend.k_max
     producer = trainer.producer
     split = "val" if len(producer.val_data) else "train"
     n = min(MAX_PROMPTS, len(producer.val_data if split == "val" else producer.train_data))
     prompts = [producer.prompt(split, i) for i in range(n)]
-    samples, tokens = sample_size(k, target_w, alpha, num_samples=max(num_samples, n))
-    print(f"[specrl] losslessness certificate: {samples} continuations x {tokens} tokens = {samples * tokens} "
-          f"tokens at k={k}, sized to detect a bias of Cohen's w >= {target_w:g} with power {POWER:g}", flush=True)
-    engine = RolloutEngine(backend.model, max_batch_size=PROBE_BATCH,
-                           max_seq_len=max(len(p) for p in prompts) + tokens + k + 2, drafter=backend.drafter,
-                           num_draft_tokens=k, verify=sc.verify, k_max=max(k, 1))
+    usage = run_usage(records)
+    budget = budget_for(cc.budget_seconds if budget_seconds == "config" else budget_seconds, usage)
+    deepest = sc.num_draft_tokens if isinstance(sc.num_draft_tokens, int) else backend.k_max
+    p = plan(deepest, n, cc.target_w if target_w is None else target_w, budget, usage["tokens_per_second"],
+             alpha)
+    if max(len(q) for q in prompts) + p["tokens_each"] > backend.max_seq_len:
+        raise SpecRLError(f"the certificate's {p['tokens_each']}-token continuations of the {split} prompts do not "
+                          f"fit the engine's max_seq_len {backend.max_seq_len}; raise model.max_seq_len or set "
+                          "run.certify=false")
+    k_policy = f"k={sc.num_draft_tokens}" + (f" (0..{backend.k_max})" if sc.num_draft_tokens == "auto" else "")
+    where = (f"the run's own engine ({sc.drafter}, {k_policy}"
+             + (", per-sequence k" if sc.per_sequence_k else "") + f", verify={sc.verify}, batch "
+             f"{backend.max_batch_size}, T={g.temperature}, top_p={g.top_p}, top_k={g.top_k})")
+    print(announce(p, where), flush=True)
     t0 = time.perf_counter()
-    setting = (f"the run's final policy and drafter ({sc.drafter}), k={k}, verify={sc.verify}, T={g.temperature}, "
-               f"top_p={g.top_p}, top_k={g.top_k}")
-    r = probe_backend(engine, backend.model, prompts, SamplingParams(temperature=g.temperature, top_p=g.top_p,
-                                                                       top_k=g.top_k, seed=cfg.run.seed),
-                      num_samples=samples, num_tokens=tokens, alpha=alpha, power_target=POWER, setting=setting,
-                      target_w=target_w)
-    return {**r.as_dict(), "k": k, "seconds": time.perf_counter() - t0, "summary": r.summary()}
+    r = probe_backend(backend, backend.model, prompts, SamplingParams(temperature=g.temperature, top_p=g.top_p,
+                                                                        top_k=g.top_k, seed=cfg.run.seed),
+                      num_samples=p["continuations"], num_tokens=p["tokens_each"], alpha=alpha, power_target=POWER,
+                      setting=where, target_w=p["target_w"])
+    out = {**r.as_dict(), "plan": p, "k": sc.num_draft_tokens, "k_max": backend.k_max,
+           "run_depths": usage["depths"], "seconds": time.perf_counter() - t0, "summary": r.summary()}
+    out["positions"] = mark_usage(r.positions, usage["depths"])
+    return out
 
 
 def write_certificate(run_dir: Path, cert: dict[str, Any] | None) -> None:
@@ -77,18 +173,28 @@ def write_certificate(run_dir: Path, cert: dict[str, Any] | None) -> None:
         (Path(run_dir) / "certificate.json").write_text(json.dumps(cert, indent=1) + "\n")
 
 
+def _positions(cert: dict[str, Any]) -> str:
+    rows = cert.get("positions") or []
+    if not rows or "status" not in rows[0]:
+        return ""
+    parts = [f"{p['position']} {p['tokens']}" + ("" if p["status"] == "tested" else f" ({p['status']})")
+             for p in rows]
+    return f"; tokens per position (tested at w <= {cert['target_w']:g} unless marked): {', '.join(parts)}"
+
+
 def line(cert: dict[str, Any] | None) -> str:
     """One line for the run's summary."""
     if cert is None:
         return "losslessness certificate: none (no speculation, greedy, or an async run)"
     verdict = "PASS" if cert["passed"] else "FAIL"
-    untested = [p["position"] for p in cert.get("positions", []) if not p["tested"]]
-    per = (f"; accepted drafts per depth {cert['accepted_per_position']}, bonus tokens {cert['bonus_tokens']}; "
-           f"not tested (too few tokens for w <= {cert['target_w']:g}): {', '.join(untested) or 'none'}"
-           if cert.get("positions") else "")
+    hist = cert.get("k_histogram") or {}
+    ks = f"; engine steps per k {hist}" if hist else ""
+    w = cert["detectable_w"]
+    target = cert["target_w"]
+    bound = f"w >= {w:.3f}" + ("" if not math.isfinite(w) or w <= target else f" (not the target {target:g})")
     return (f"losslessness certificate: {verdict} — p = {cert['p_value']:.3g} (alpha {cert['alpha']:g}) over "
-            f"{cert['num_tokens']} tokens at k={cert['k']}; detects a bias of Cohen's w >= "
-            f"{cert['detectable_w']:.3f} with power {cert['power_target']:g} ({cert['seconds']:.0f} s){per}")
+            f"{cert['num_tokens']} tokens at k={cert['k']}; detects a bias of Cohen's {bound} with power "
+            f"{cert['power_target']:g} ({cert['seconds']:.0f} s){ks}{_positions(cert)}")
 
 
 def require(cert: dict[str, Any] | None, report: Path) -> None:

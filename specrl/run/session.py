@@ -212,6 +212,6 @@ def governor_for(cfg: TrainConfig) -> ThreadGovernor | None:
 
 def certify_run(run: Run) -> dict[str, Any] | None:
     """The run's certificate (`specrl.run.certificate`), written next to its report."""
-    cert = certificate.certify(run.trainer)
+    cert = certificate.certify(run.trainer, read_records(run.writer.path))
     certificate.write_certificate(run.run_dir, cert)
     return cert
