@@ -76,22 +76,29 @@ def test_a_lossy_verifier_fails_the_certificate_and_the_compare(tmp_path, monkey
     assert not cert["passed"] and cert["p_value"] < cert["alpha"]
 
 
-def test_the_certificate_at_its_default_size_catches_a_planted_verifier_bug():
-    """tools/certificate_mutants.py: the real verifier passes and a mutant that draws replacements from p fails,
-    each over the default sample (sized for w <= 0.10), with its tokens per draft depth recorded."""
+def test_the_certificate_at_its_default_size_catches_planted_verifier_bugs_by_their_exact_effect():
+    """tools/certificate_mutants.py: on its Markov setting each mutant's exact PIT-bin law is computed (the real
+    verifier's is uniform, which checks the computation); the real verifier passes the certificate at its default
+    size, a mutant that draws replacements from p (pooled w 0.17) fails, and one that draws the bonus token from
+    the wrong position (pooled w below 0.10, but w above 1 on the bonus tokens) fails the bonus position's own
+    test; the measured bins fit the exact ones."""
     import sys
     from pathlib import Path
 
-    from specrl.run.certificate import sample_size
+    from specrl.run.certificate import plan
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     from certificate_mutants import run
 
-    rows = {r["mutant"]: r for r in run(["unmutated", "residual-from-p"])}
-    samples, tokens = sample_size(2)
-    assert not rows["unmutated"]["caught"] and rows["residual-from-p"]["caught"]
+    rows = {r["mutant"]: r for r in run(["unmutated", "residual-from-p", "bonus-wrong-position"])}
+    p = plan(2, 4)
+    real, resid, bonus = rows["unmutated"], rows["residual-from-p"], rows["bonus-wrong-position"]
+    assert real["w"] < 1e-9 and max(real["w_per_position"].values()) < 1e-9 and not real["caught"]
+    assert resid["w"] > 0.10 and resid["caught"] and resid["p_value"] < 1e-10
+    assert bonus["w"] < 0.10 < 1.0 < bonus["w_per_position"]["bonus"] and bonus["caught"]
+    assert bonus["rejected_positions"] == ["bonus"] and bonus["position_p"] < 1e-20  # the bonus tokens' own test
     for r in rows.values():
-        assert r["num_tokens"] == samples * tokens and r["detectable_w"] <= 0.10
+        assert r["num_tokens"] == p["tokens"] and r["detectable_w"] <= 0.10 and r["fit_p"] > 1e-3
         assert len(r["accepted_per_position"]) == 2 and r["bonus_tokens"] == r["accepted_per_position"][1] > 0
     with pytest.raises(SystemExit, match="no mutant"):
         run(["no-such-mutant"])
