@@ -36,15 +36,18 @@ BINS = 10
 MIN_TOKENS = 200  # the smallest certificate a budget may leave (every tested position needs >= 50)
 MAX_PROMPTS = 4
 NUM_SAMPLES = 192  # the fewest continuations `sample_size` returns (the TRL callback's default)
+LONGEST = 64  # the longest continuation (tokens_each)
 
 
-def tokens_each(k_max: int) -> int:
-    """Tokens per continuation: room for two verify steps at the deepest k, at least 8."""
-    return max(8, 2 * (k_max + 1))
+def tokens_each(k_max: int, max_new_tokens: int = 0) -> int:
+    """Tokens per continuation: room for two verify steps at the deepest k, at least 8, and as much of the run's own
+    reply length as `LONGEST` allows (each continuation costs its prompt twice, in the engine's prefill and in the
+    reference forward, so longer continuations test more tokens per second, and deeper into a reply)."""
+    return max(8, 2 * (k_max + 1), min(LONGEST, max_new_tokens))
 
 
 def plan(k_max: int, num_prompts: int, target_w: float = TARGET_W, budget_seconds: float | None = None,
-         tokens_per_second: float | None = None, alpha: float = ALPHA) -> dict[str, Any]:
+         tokens_per_second: float | None = None, alpha: float = ALPHA, max_new_tokens: int = 0) -> dict[str, Any]:
     """The certificate's size before it samples: the tokens that detect `target_w` at power POWER (pooled test at
     alpha / 2), capped by what `budget_seconds` buys at `tokens_per_second` (when both are known), and the bias
     Cohen's w that size detects. `limited_by` is "target_w" or "budget"; `reaches_target` says whether the
@@ -56,7 +59,7 @@ def plan(k_max: int, num_prompts: int, target_w: float = TARGET_W, budget_second
     if tokens_per_second is not None and not tokens_per_second > 0:
         raise SpecRLError(f"the certificate's estimate needs the run's generation tokens/s > 0, got "
                           f"{tokens_per_second!r}")
-    each = tokens_each(k_max)
+    each = tokens_each(k_max, max_new_tokens)
     need = tokens_needed(target_w, BINS - 1, alpha / 2, POWER)
     limited = "target_w"
     if budget_seconds is not None and tokens_per_second is not None and budget_seconds * tokens_per_second < need:
@@ -147,7 +150,7 @@ def certify(trainer: Any, records: Sequence[Any] = (), target_w: float | None = 
     budget = budget_for(cc.budget_seconds if budget_seconds == "config" else budget_seconds, usage)
     deepest = sc.num_draft_tokens if isinstance(sc.num_draft_tokens, int) else backend.k_max
     p = plan(deepest, n, cc.target_w if target_w is None else target_w, budget, usage["tokens_per_second"],
-             alpha)
+             alpha, g.max_new_tokens)
     if max(len(q) for q in prompts) + p["tokens_each"] > backend.max_seq_len:
         raise SpecRLError(f"the certificate's {p['tokens_each']}-token continuations of the {split} prompts do not "
                           f"fit the engine's max_seq_len {backend.max_seq_len}; raise model.max_seq_len or set "
@@ -177,9 +180,11 @@ def _positions(cert: dict[str, Any]) -> str:
     rows = cert.get("positions") or []
     if not rows or "status" not in rows[0]:
         return ""
-    parts = [f"{p['position']} {p['tokens']}" + ("" if p["status"] == "tested" else f" ({p['status']})")
+    parts = [f"{p['position']} {p['tokens']}" + (f" (w >= {p['detectable_w']:.2f})" if p["status"] == "tested" or
+                                                  math.isfinite(p["detectable_w"]) else f" ({p['status']})")
              for p in rows]
-    return f"; tokens per position (tested at w <= {cert['target_w']:g} unless marked): {', '.join(parts)}"
+    return (f"; tokens per position, with the bias each detects alone (target {cert['target_w']:g}): "
+            f"{', '.join(parts)}")
 
 
 def line(cert: dict[str, Any] | None) -> str:
