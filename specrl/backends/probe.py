@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from specrl.backends.probe_positions import RoleRecorder, position_tests, token_roles
+from specrl.backends.probe_positions import RoleRecorder, detectable_w, position_tests, token_roles
 from specrl.errors import SpecRLError
 from specrl.rollout.protocol import RolloutRequest
 from specrl.rollout.sampling import SamplingParams, probs_from_logits
@@ -88,16 +88,6 @@ class ProbeResult:
                 f"{self.power_target:g}); mean log p of sampled tokens {self.mean_logp_sampled:.3f} vs expected "
                 f"{self.mean_logp_expected:.3f}; out of support {self.out_of_support}"
                 + per + (f"; {self.reason}" if self.reason else ""))
-
-
-def detectable_w(num_tokens: int, dof: int, alpha: float, power: float) -> float:
-    """Smallest Cohen's w a chi-square test with `dof` degrees of freedom detects with the given power."""
-    from scipy.optimize import brentq
-    from scipy.stats import chi2, ncx2
-
-    crit = chi2.isf(alpha, dof)
-    lam = brentq(lambda x: ncx2.sf(crit, dof, x) - power, 1e-6, 1e5)
-    return float((lam / num_tokens) ** 0.5)
 
 
 def tokens_needed(w: float, dof: int, alpha: float, power: float) -> int:

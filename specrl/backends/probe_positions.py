@@ -11,7 +11,8 @@ predictable selection from an i.i.d. sequence), and each role gets its own chi-s
 position (a bonus token drawn from the wrong position) is not diluted by the pooled sample. The position tests form
 one family under Holm's procedure at their share of the probe's alpha; a role with fewer than `MIN_TOKENS` tokens
 gets no test, and its power (the smallest Cohen's w detected at the stated power, at the family's Bonferroni level,
-which Holm's first step uses) says whether it counts as tested at the target bias.
+which Holm's first step uses; `detectable_w`, the probe's power formula, lives here) says whether it counts as
+tested at the target bias.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ class RoleRecorder:
             self.rows.extend(zip(batch.request_ids.tolist(), batch.positions.tolist(), nd, num_emitted.tolist(),
                                  strict=True))
         return self._inner.on_verified(batch, proposal, num_emitted, captured)
+
+
+def detectable_w(num_tokens: int, dof: int, alpha: float, power: float) -> float:
+    """Smallest Cohen's w a chi-square test with `dof` degrees of freedom detects with the given power."""
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, ncx2
+
+    crit = chi2.isf(alpha, dof)
+    lam = brentq(lambda x: ncx2.sf(crit, dof, x) - power, 1e-6, 1e5)
+    return float((lam / num_tokens) ** 0.5)
 
 
 def role_names(k_max: int) -> list[str]:
@@ -80,8 +91,6 @@ def position_tests(u: torch.Tensor, codes: torch.Tensor, k_max: int, bins: int, 
     """One row per role: tokens, chi-square p-value (None below MIN_TOKENS), whether Holm rejects it at `alpha`,
     the smallest Cohen's w it detects with `power`, and whether that reaches `target_w` ("tested")."""
     from scipy.stats import chi2
-
-    from specrl.backends.probe import detectable_w
 
     ok = ~torch.isnan(u)
     rows = []
