@@ -203,7 +203,8 @@ def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: 
         codes, lengths = token_roles(recorder.rows, {r.request_id: len(r.prompt_token_ids) for r in requests},
                                      {r.request_id: i for i, r in enumerate(requests)}, num_samples, num_tokens,
                                      backend.k_max)
-        rows = position_tests(u, codes[order].flatten(), backend.k_max, bins, alpha / 2, power_target, target_w)
+        flat = torch.tensor([c for i in order for c in codes[i]], dtype=torch.long, device=u.device)
+        rows = position_tests(u, flat, backend.k_max, bins, alpha / 2, power_target, target_w)
         bad = [r["position"] for r in rows if r["rejected"]]
         if bad and passed:
             passed = False

@@ -60,9 +60,10 @@ def role_names(k_max: int) -> list[str]:
 
 
 def token_roles(rows: Sequence[tuple[int, int, int, int]], prompt_len: dict[int, int], sample_of: dict[int, int],
-                num_samples: int, num_tokens: int, k_max: int) -> tuple[torch.Tensor, dict[int, int]]:
-    """([num_samples, num_tokens] role codes, {real drafts d: verify-step rows}) from a recorder's rows."""
-    codes = torch.zeros(num_samples, num_tokens, dtype=torch.long)
+                num_samples: int, num_tokens: int, k_max: int) -> tuple[list[list[int]], dict[int, int]]:
+    """(role codes [num_samples][num_tokens], {real drafts d: verify-step rows}) from a recorder's rows (plain
+    lists: the caller makes the tensor where its PIT values live)."""
+    codes = [[0] * num_tokens for _ in range(num_samples)]
     lengths: dict[int, int] = {}
     for rid, pos, d, e in rows:
         if rid not in sample_of:
@@ -71,7 +72,7 @@ def token_roles(rows: Sequence[tuple[int, int, int, int]], prompt_len: dict[int,
         s, o = sample_of[rid], pos - prompt_len[rid]
         for i in range(e):
             if o + i < num_tokens:
-                codes[s, o + i] = i + 1 if i < d else (k_max + 1 if d > 0 else k_max + 2)
+                codes[s][o + i] = i + 1 if i < d else (k_max + 1 if d > 0 else k_max + 2)
     return codes, dict(sorted(lengths.items()))
 
 
