@@ -207,3 +207,25 @@ def test_holm_and_a_bias_confined_to_one_position():
     assert rows["draft 1"]["tokens"] == 0 and rows["draft 1"]["p_value"] is None and not rows["draft 1"]["tested"]
     assert rows["plain"]["tested"] and not rows["bonus"]["tested"]  # 300 tokens cannot detect w = 0.10
     assert pooled > 5e-4  # the pooled test alone would pass it
+
+
+def test_each_token_gets_the_role_its_verify_step_gave_it():
+    """token_roles: a verify step's row (request id, first draft position, real drafts d, emitted e) gives its
+    tokens draft 1..d in order and the bonus after all d; a row with d = 0 is "no draft"; tokens no verify step
+    emitted (the prefill's, plain steps') stay plain; tokens past the tested length are dropped."""
+    from specrl.backends.probe_positions import role_names, token_roles
+
+    k_max = 3
+    names = role_names(k_max)
+    assert names == ["plain", "draft 1", "draft 2", "draft 3", "bonus", "no draft"]
+    # request 7: prompt of 4 tokens, sample 0; request 8: prompt of 2 tokens, sample 1
+    rows = [(7, 5, 3, 2),  # output index 1: drafts 1 and 2 (the second a replacement: e < d + 1)
+            (7, 7, 2, 3),  # output index 3: drafts 1, 2 and the bonus
+            (8, 3, 0, 1),  # output index 1: a row with no drafts
+            (8, 6, 3, 4),  # output index 4: 4 tokens, the last 2 past the 6 tested
+            (99, 0, 1, 1)]  # not a probe request: ignored
+    codes, lengths = token_roles(rows, {7: 4, 8: 2}, {7: 0, 8: 1}, 2, 6, k_max)
+    assert [[names[c] for c in row] for row in codes] == [
+        ["plain", "draft 1", "draft 2", "draft 1", "draft 2", "bonus"],
+        ["plain", "no draft", "plain", "plain", "draft 1", "draft 2"]]
+    assert lengths == {0: 1, 2: 1, 3: 2}
