@@ -4,8 +4,9 @@ size, beside each mutant's exact effect size.
 The setting is a Markov one, so every mutant's emitted distribution can be computed exactly: a vocabulary-64 target
 whose single layer's attention and MLP outputs are zeroed (its next-token distribution p(. | last token) depends on
 the last token only, through its untied embedding and LM head), and a draft model built the same way from another
-seed (sampled drafts, q(. | last token)); for the one-hot mutant, a deterministic drafter that drafts the draft
-model's argmax. k = 2, rejection sampling at T = 1, the certificate's continuations of 8 tokens on four prompts.
+seed (sampled drafts, q(. | last token)); for the one-hot mutant, a deterministic drafter that drafts the target's
+own most likely token. `--sharpness S` multiplies both models' logits by S (more peaked distributions). k = 2,
+rejection sampling at T = 1, the certificate's continuations of 8 tokens on four prompts.
 
 *Exact*: for each mutant, its verify rule written as a law (acceptance G(c, x), the replacement distributions at
 offsets 0 and 1, the bonus distribution) is pushed through the whole continuation by dynamic programming over (last
@@ -42,8 +43,9 @@ K, V, BINS = 2, 64, 10
 ROLES = ("plain", "draft 1", "draft 2", "bonus")
 
 
-def markov_model(seed: int):
-    """A vocabulary-64 model whose next-token distribution depends on the last token only."""
+def markov_model(seed: int, sharpness: float = 1.0):
+    """A vocabulary-64 model whose next-token distribution depends on the last token only; `sharpness` scales its
+    LM head (its logits), so > 1 gives more peaked distributions."""
     from specrl.model.transformer import tiny_model
 
     m = tiny_model("llama", vocab_size=V, seed=seed, num_layers=1, tie_word_embeddings=False)
@@ -51,6 +53,7 @@ def markov_model(seed: int):
         for name, p in m.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 p.zero_()
+        m.lm_head.weight.mul_(sharpness)
     return m
 
 
@@ -84,8 +87,8 @@ def _norm(x: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
 def law(name: str, P: torch.Tensor, Q: torch.Tensor, onehot: bool):
     """The step law of verify variant `name` at k = 2: (G [c, x] = P(draft x proposed and accepted | c), R0 [a, y] the
     replacement after a rejection at offset 0, Rs [a, x1, y] after a rejection at offset 1, Bon [x1, x2, y])."""
-    if onehot:  # the deterministic drafter drafts f(c) = argmax Q[c]; accepted with probability p(f(c))
-        D = torch.zeros_like(P).scatter(-1, Q.argmax(-1, keepdim=True), 1.0)
+    if onehot:  # the deterministic drafter drafts f(c) = argmax P[c]; accepted with probability p(f(c))
+        D = torch.zeros_like(P).scatter(-1, P.argmax(-1, keepdim=True), 1.0)
         G = D * P
     else:
         D = Q
@@ -156,12 +159,13 @@ def power(ex: dict, num_continuations: int, tokens: int, alpha: float, pw_target
 
 
 class ArgmaxDrafter:
-    """One-hot drafts: the draft model's argmax after the last token, k times (deterministic, q is one-hot)."""
+    """One-hot drafts: the target's most likely token after the last one, k times (a good deterministic drafter;
+    q is one-hot)."""
 
     kind, target_layers, catch_up_seconds = "argmax", (), 0.0
 
-    def __init__(self, Q: torch.Tensor):
-        self.next = Q.argmax(-1)
+    def __init__(self, P: torch.Tensor):
+        self.next = P.argmax(-1)
 
     def bind(self, ctx): ...
     def on_prefill(self, slot_start, batch_tokens, captured): ...
@@ -181,7 +185,7 @@ class ArgmaxDrafter:
         return Proposal(torch.stack(out, 1))
 
 
-def certify_with(verify_fn, mode: str, onehot: bool, target, draft, Q) -> dict:
+def certify_with(verify_fn, mode: str, onehot: bool, target, draft, P) -> dict:
     """The certificate's test at its default size with the engine's verify replaced by `verify_fn`."""
     import specrl.rollout.engine as engine_module
     from specrl.backends.probe import probe_backend
@@ -192,7 +196,7 @@ def certify_with(verify_fn, mode: str, onehot: bool, target, draft, Q) -> dict:
 
     p = plan(K, len(PROMPTS))
     engine = RolloutEngine(target, max_batch_size=64, max_seq_len=32, num_draft_tokens=K, verify=mode, k_max=K,
-                           drafter=ArgmaxDrafter(Q) if onehot else DraftModelDrafter(draft))
+                           drafter=ArgmaxDrafter(P) if onehot else DraftModelDrafter(draft))
     real = engine_module.verify
     engine_module.verify = verify_fn
     t = time.perf_counter()
@@ -217,7 +221,7 @@ def fit_p(counts: list[int], bins: list[float]) -> float:
     return float(chi2.sf(float(((torch.tensor(counts, dtype=torch.float64) - e) ** 2 / e).sum()), BINS - 1))
 
 
-def run(only: list[str] | None = None, measure: bool = True) -> list[dict]:
+def run(only: list[str] | None = None, measure: bool = True, sharpness: float = 1.0) -> list[dict]:
     from mutation_check import MUTANTS, load_variant
 
     from specrl.run.certificate import ALPHA, POWER
@@ -225,7 +229,7 @@ def run(only: list[str] | None = None, measure: bool = True) -> list[dict]:
     unknown = sorted(set(only or ()) - set(MUTANTS) - {"unmutated"})
     if unknown:
         raise SystemExit(f"certificate_mutants: no mutant {unknown}; the mutants are {', '.join(MUTANTS)}")
-    target, draft = markov_model(3), markov_model(4)
+    target, draft = markov_model(3, sharpness), markov_model(4, sharpness)
     P, Q = next_token_probs(target), next_token_probs(draft)
     names = [n for n in ["unmutated", *MUTANTS] if only is None or n in only]
     rows = []
@@ -243,7 +247,7 @@ def run(only: list[str] | None = None, measure: bool = True) -> list[dict]:
                 row.update(w=ex["w"], w_per_position=ex["w_per_position"],
                            tokens_per_position=ex["tokens_per_position"], exact_bins=ex["pooled_bins"])
             if measure:
-                r = certify_with(load_variant(name, old, new, Path(tmp)), mode, onehot, target, draft, Q)
+                r = certify_with(load_variant(name, old, new, Path(tmp)), mode, onehot, target, draft, P)
                 row.update(caught=not r["passed"], **r)
                 row["position_p"] = min((q["p_value"] for q in r["positions"] if q["p_value"] is not None),
                                         default=float("nan"))
@@ -265,10 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=None, help="mutant names (and/or 'unmutated')")
     ap.add_argument("--exact-only", action="store_true", help="the exact effect sizes only (no sampling)")
+    ap.add_argument("--sharpness", type=float, default=1.0, help="scale of both models' logits (1: as built)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    rows = run(a.only, measure=not a.exact_only)
+    rows = run(a.only, measure=not a.exact_only, sharpness=a.sharpness)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
