@@ -2,9 +2,9 @@
 
 `SpecRLCallback` is added to the trainer by the rollout function's first call. At `on_train_end` it loads the
 trainer's final weights into the engine (acknowledged like every refit), samples continuations of the run's own
-prompts through the engine's speculative path (its drafter, verify mode and k; k = 7 where the run chose k
-itself, so every draft depth is verified), tests them against an fp32 copy of the final policy with the
-losslessness probe (`specrl.backends.probe`), logs `specrl/certificate_*` through `trainer.log` and writes
+prompts through the engine its rollouts used (its drafter, verify mode, batch and k policy: auto k as it learned
+during training; the tokens per draft position are recorded), tests them against an fp32 copy of the final policy
+with the losslessness probe (`specrl.backends.probe`), logs `specrl/certificate_*` through `trainer.log` and writes
 `OUTPUT_DIR/specrl_certificate[.rankN].json`. Plain decoding (no drafter) and greedy sampling get no certificate.
 """
 
@@ -18,7 +18,6 @@ from typing import Any
 from transformers import TrainerCallback
 
 MAX_PROMPTS = 4
-PROBE_BATCH = 64
 
 
 def certify(rollouts, trainer, num_samples: int, target_w: float) -> dict[str, Any] | None:
@@ -26,6 +25,7 @@ def certify(rollouts, trainer, num_samples: int, target_w: float) -> dict[str, A
     import torch
 
     from specrl.backends.probe import chat_prompts, probe_backend
+    from specrl.errors import SpecRLError
     from specrl.integrations.trl.weights import engine_model
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
@@ -35,27 +35,27 @@ def certify(rollouts, trainer, num_samples: int, target_w: float) -> dict[str, A
         return None
     rollouts.sync(trainer)
     engine = rollouts.engine
-    k = rollouts.num_draft_tokens if isinstance(rollouts.num_draft_tokens, int) else engine.k_max
+    k = rollouts.num_draft_tokens if isinstance(rollouts.num_draft_tokens, int) else engine.k_max  # the deepest
+    policy = f"k={rollouts.num_draft_tokens}" + ("" if isinstance(rollouts.num_draft_tokens, int) else f" (0..{k})")
     prompts = rollouts.seen_prompts[:MAX_PROMPTS] or chat_prompts(rollouts.tokenizer)
     samples, tokens = sample_size(k, target_w, num_samples=max(num_samples, len(prompts)))
     print(f"[specrl] losslessness certificate: {samples} continuations x {tokens} tokens = {samples * tokens} tokens "
-          f"at k={k}, sized to detect a bias of Cohen's w >= {target_w:g} with power {POWER:g}", flush=True)
+          f"at {policy}, sized to detect a bias of Cohen's w >= {target_w:g} with power {POWER:g}", flush=True)
     reference = engine_model(rollouts.model, torch.float32, trainer.accelerator.device)
-    if rollouts.backend_name == "native":
-        backend = RolloutEngine(engine.model, max_batch_size=PROBE_BATCH,
-                                max_seq_len=max(len(p) for p in prompts) + tokens + k + 2, drafter=engine.drafter,
-                                num_draft_tokens=k, verify=rollouts.verify, k_max=max(k, engine.k_max))
-    else:
-        backend = engine
-    setting = (f"TRL's final policy and drafter ({rollouts.drafter_spec}), k={k}, verify={rollouts.verify}, "
+    backend = engine  # the run's own decoding path: the engine (native or vLLM) its rollouts used
+    if isinstance(engine, RolloutEngine) and max(len(p) for p in prompts) + tokens > engine.max_seq_len:
+        raise SpecRLError(f"the certificate's {tokens}-token continuations of the run's prompts do not fit the "
+                          f"engine's max_seq_len {engine.max_seq_len}: pass rollout_func(max_seq_len=...) or "
+                          "certificate=False")
+    setting = (f"TRL's final policy and drafter ({rollouts.drafter_spec}), {policy}, verify={rollouts.verify}, "
                f"T={trainer.temperature}, top_p={trainer.top_p}, top_k={trainer.top_k}")
     t0 = time.perf_counter()
     r = probe_backend(backend, reference, prompts,
                       SamplingParams(temperature=float(trainer.temperature), top_p=float(trainer.top_p or 1.0),
                                      top_k=int(trainer.top_k or 0), seed=rollouts.seed),
                       num_samples=samples, num_tokens=tokens, power_target=POWER, setting=setting, target_w=target_w)
-    return {**r.as_dict(), "k": k, "policy_version": rollouts.version, "seconds": time.perf_counter() - t0,
-            "summary": r.summary()}
+    return {**r.as_dict(), "k": rollouts.num_draft_tokens, "policy_version": rollouts.version,
+            "seconds": time.perf_counter() - t0, "summary": r.summary()}
 
 
 class SpecRLCallback(TrainerCallback):
