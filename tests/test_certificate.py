@@ -131,19 +131,28 @@ def test_the_plan_grows_as_one_over_w_squared_and_a_budget_caps_it():
 
 
 def test_the_budget_comes_from_the_run_and_each_position_says_what_it_tested():
-    """run_usage reads the run's step seconds, generation tokens/s and the depths its steps drafted at; auto budget
-    = twice the step seconds; a depth with no tokens is "not used by the run" unless the run's steps used it."""
+    """run_usage reads the run's step seconds, generated tokens, generation tokens/s and the depths its steps drafted
+    at; auto budget = AUTO_MULTIPLE x the generated tokens (no timing in it); a depth with no tokens is "not used
+    by the run" unless the run's steps used it."""
+    from specrl.config.certificate import AUTO_MULTIPLE
     from specrl.observability.step_record import StepRecord
-    from specrl.run.certificate import budget_for, mark_usage, run_usage
+    from specrl.run.certificate import budget_for, mark_usage, plan, run_usage
 
     recs = [StepRecord(step=1, step_seconds=4.0, stage_seconds={"gen": 2.0}, generated_tokens=300,
                        acceptance_rate_per_position=[0.6, None, None]),
             StepRecord(step=2, step_seconds=5.0, stage_seconds={"gen": 1.0}, generated_tokens=300,
                        acceptance_rate_per_position=[0.5, 0.4, None])]
     u = run_usage(recs)
-    assert u == {"step_seconds": 9.0, "tokens_per_second": 200.0, "depths": [1, 2]}
-    assert budget_for("auto", u) == 18.0 and budget_for(30.0, u) == 30.0 and budget_for(None, u) is None
-    assert budget_for("auto", run_usage([])) is None and run_usage([])["tokens_per_second"] is None
+    assert u == {"step_seconds": 9.0, "generated_tokens": 600, "tokens_per_second": 200.0, "depths": [1, 2]}
+    assert budget_for("auto", u) == (None, AUTO_MULTIPLE * 600)
+    assert budget_for(30.0, u) == (30.0, None) and budget_for(None, u) == (None, None)
+    assert budget_for("auto", run_usage([])) == (None, None) and run_usage([])["tokens_per_second"] is None
+    # a token budget caps the plan like a time budget, with no clock in it
+    capped = plan(7, 4, 0.10, budget_tokens=1000)
+    assert capped["limited_by"] == "budget" and capped["budget_tokens"] == 1000 and not capped["reaches_target"]
+    assert capped["tokens"] == plan(7, 4, 0.10, budget_seconds=10, tokens_per_second=100)["tokens"]
+    with pytest.raises(SpecRLError, match=r"token budget must be > 0"):
+        plan(7, 4, 0.10, budget_tokens=0)
     rows = [{"position": "plain", "tokens": 900, "tested": True}, {"position": "draft 1", "tokens": 80,
                                                                   "tested": False},
             {"position": "draft 2", "tokens": 0, "tested": False}, {"position": "draft 3", "tokens": 0,

@@ -8,8 +8,9 @@ policy's exact distribution with the losslessness probe (`specrl.backends.probe`
 randomised probability integral transform of every sampled token, pooled, and one per draft position under Holm's
 procedure). Before it samples it states its plan (`plan`: tokens, continuations, the bias it detects at power
 `POWER`, seconds estimated from the run's own generation tokens/s), sized from a target bias (`run.certificate.
-target_w`, Cohen's w: the tokens needed grow as 1 / w^2) and capped by a time budget (`run.certificate.
-budget_seconds`; auto = twice the run's step seconds): where the budget cannot reach the target, the plan and the
+target_w`, Cohen's w: the tokens needed grow as 1 / w^2) and capped by a budget (`run.certificate.
+budget_seconds`; auto = a token budget of 3x the tokens the run generated, so a seeded run's certificate does not
+depend on timing): where the budget cannot reach the target, the plan and the
 result state the bias it can detect instead. The result (p-value, tokens, the k values and draft lengths the run's
 policy exercised, and per position its tokens, test and power: "not tested" where too few tokens for the target,
 "not used by the run" where neither the certificate nor the run's steps drafted that deep) is printed beside the
@@ -47,11 +48,12 @@ def tokens_each(k_max: int, max_new_tokens: int = 0) -> int:
 
 
 def plan(k_max: int, num_prompts: int, target_w: float = TARGET_W, budget_seconds: float | None = None,
-         tokens_per_second: float | None = None, alpha: float = ALPHA, max_new_tokens: int = 0) -> dict[str, Any]:
+         tokens_per_second: float | None = None, alpha: float = ALPHA, max_new_tokens: int = 0,
+         budget_tokens: int | None = None) -> dict[str, Any]:
     """The certificate's size before it samples: the tokens that detect `target_w` at power POWER (pooled test at
-    alpha / 2), capped by what `budget_seconds` buys at `tokens_per_second` (when both are known), and the bias
-    Cohen's w that size detects. `limited_by` is "target_w" or "budget"; `reaches_target` says whether the
-    stated bias is the target."""
+    alpha / 2), capped by `budget_tokens` and by what `budget_seconds` buys at `tokens_per_second` (when both are
+    known), and the bias Cohen's w that size detects. `limited_by` is "target_w" or "budget"; `reaches_target`
+    says whether the stated bias is the target."""
     from specrl.backends.probe import detectable_w, tokens_needed
 
     if budget_seconds is not None and not budget_seconds > 0:
@@ -59,17 +61,23 @@ def plan(k_max: int, num_prompts: int, target_w: float = TARGET_W, budget_second
     if tokens_per_second is not None and not tokens_per_second > 0:
         raise SpecRLError(f"the certificate's estimate needs the run's generation tokens/s > 0, got "
                           f"{tokens_per_second!r}")
+    if budget_tokens is not None and not budget_tokens > 0:
+        raise SpecRLError(f"the certificate's token budget must be > 0 (or None: no budget), got {budget_tokens!r}")
     each = tokens_each(k_max, max_new_tokens)
     need = tokens_needed(target_w, BINS - 1, alpha / 2, POWER)
     limited = "target_w"
-    if budget_seconds is not None and tokens_per_second is not None and budget_seconds * tokens_per_second < need:
-        need, limited = max(MIN_TOKENS, int(budget_seconds * tokens_per_second)), "budget"
+    caps = [int(budget_tokens)] if budget_tokens is not None else []
+    if budget_seconds is not None and tokens_per_second is not None:
+        caps.append(int(budget_seconds * tokens_per_second))
+    if caps and min(caps) < need:
+        need, limited = max(MIN_TOKENS, min(caps)), "budget"
     continuations = max(num_prompts, -(-need // each))
     tokens = continuations * each
     w = detectable_w(tokens, BINS - 1, alpha / 2, POWER)
     return {"tokens": tokens, "continuations": continuations, "tokens_each": each, "target_w": target_w,
             "detectable_w": w, "reaches_target": w <= target_w, "power": POWER, "alpha": alpha,
-            "limited_by": limited, "budget_seconds": budget_seconds, "tokens_per_second": tokens_per_second,
+            "limited_by": limited, "budget_seconds": budget_seconds, "budget_tokens": budget_tokens,
+            "tokens_per_second": tokens_per_second,
             "estimated_seconds": tokens / tokens_per_second if tokens_per_second else None}
 
 
@@ -90,7 +98,9 @@ def announce(p: dict[str, Any], where: str) -> str:
     if p["reaches_target"]:
         what = f"sized to detect a bias of Cohen's w >= {p['detectable_w']:.3f} (target {p['target_w']:g})"
     else:
-        what = (f"capped by its {p['budget_seconds']:.0f} s budget: detects w >= {p['detectable_w']:.3f}, not the "
+        cap = (f"{p['budget_seconds']:.0f} s" if p["budget_seconds"] is not None
+               else f"{p['budget_tokens']}-token")
+        what = (f"capped by its {cap} budget: detects w >= {p['detectable_w']:.3f}, not the "
                 f"target {p['target_w']:g}")
     return (f"[specrl] losslessness certificate: {p['continuations']} continuations x {p['tokens_each']} tokens = "
             f"{p['tokens']} tokens on {where}{est}; {what} with power {p['power']:g}")
@@ -102,17 +112,19 @@ def run_usage(records: Sequence[Any]) -> dict[str, Any]:
     gen_s = sum(float((r.stage_seconds or {}).get("gen", 0.0)) for r in records)
     gen_tok = sum(int(r.generated_tokens or 0) for r in records)
     depths = {i + 1 for r in records for i, a in enumerate(r.acceptance_rate_per_position or []) if a is not None}
-    return {"step_seconds": steps, "tokens_per_second": gen_tok / gen_s if gen_s > 0 and gen_tok else None,
+    return {"step_seconds": steps, "generated_tokens": gen_tok,
+            "tokens_per_second": gen_tok / gen_s if gen_s > 0 and gen_tok else None,
             "depths": sorted(depths)}
 
 
-def budget_for(setting: float | str | None, usage: dict[str, Any]) -> float | None:
-    """run.certificate.budget_seconds resolved: auto = AUTO_MULTIPLE x the run's step seconds (None without)."""
+def budget_for(setting: float | str | None, usage: dict[str, Any]) -> tuple[float | None, int | None]:
+    """run.certificate.budget_seconds resolved to (seconds, tokens): auto = a budget of AUTO_MULTIPLE x the tokens
+    the run generated (no budget where the run generated none); a number = that many seconds; None = none."""
     from specrl.config.certificate import AUTO_MULTIPLE
 
     if setting == "auto":
-        return AUTO_MULTIPLE * usage["step_seconds"] if usage["step_seconds"] > 0 else None
-    return setting
+        return None, (AUTO_MULTIPLE * usage["generated_tokens"] if usage["generated_tokens"] > 0 else None)
+    return setting, None
 
 
 def mark_usage(positions: list[dict], run_depths: Sequence[int]) -> list[dict]:
@@ -147,10 +159,10 @@ def certify(trainer: Any, records: Sequence[Any] = (), target_w: float | None = 
     n = min(MAX_PROMPTS, len(producer.val_data if split == "val" else producer.train_data))
     prompts = [producer.prompt(split, i) for i in range(n)]
     usage = run_usage(records)
-    budget = budget_for(cc.budget_seconds if budget_seconds == "config" else budget_seconds, usage)
+    budget, budget_tokens = budget_for(cc.budget_seconds if budget_seconds == "config" else budget_seconds, usage)
     deepest = sc.num_draft_tokens if isinstance(sc.num_draft_tokens, int) else backend.k_max
     p = plan(deepest, n, cc.target_w if target_w is None else target_w, budget, usage["tokens_per_second"],
-             alpha, g.max_new_tokens)
+             alpha, g.max_new_tokens, budget_tokens)
     if max(len(q) for q in prompts) + p["tokens_each"] > backend.max_seq_len:
         raise SpecRLError(f"the certificate's {p['tokens_each']}-token continuations of the {split} prompts do not "
                           f"fit the engine's max_seq_len {backend.max_seq_len}; raise model.max_seq_len or set "
