@@ -33,7 +33,7 @@ def certify_with(verify_fn, mode: str = "rejection", kind: str = "draft-model") 
     import specrl.rollout.engine as engine_module
     from specrl.backends.probe import probe_backend
     from specrl.drafters import NGramDrafter
-    from specrl.drafters.draft_model import DraftModelDrafter
+    from specrl.drafters.kinds.draft_model import DraftModelDrafter
     from specrl.model.transformer import tiny_model
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
