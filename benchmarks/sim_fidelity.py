@@ -181,7 +181,7 @@ def main() -> None:
                                          indent=2))
     print(f"wrote {args.out}")
     if args.write:
-        from specrl.sim.calibrate import write_calibration
+        from specrl.sim.calibration.calibrate import write_calibration
 
         src = (f"benchmarks/sim_fidelity.py: held-out median |error| {statistics.median(held):.3f} over "
                f"{len(held)} points")

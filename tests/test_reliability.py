@@ -325,8 +325,8 @@ def test_simulate_sweep_bad_ks_names_the_flag(tmp_path):
 
 
 def test_simulate_from_run_accepts_the_run_directory_and_refuses_non_utf8(tmp_path):
+    from specrl.sim.calibration.fromrun import metrics_file
     from specrl.sim.commands import app
-    from specrl.sim.fromrun import metrics_file
 
     run = tmp_path / "run"
     run.mkdir()
