@@ -48,7 +48,7 @@ def worker(a) -> None:
     sizes = [int(x) for x in a.batch_sizes.split(",")]
     if a.backend == "vllm":
         from specrl.backends.vllm import VLLMBackend, VLLMOptions
-        from specrl.drafters.default import default_head_spec
+        from specrl.drafters.storage.default import default_head_spec
 
         del model
         drafter = default_head_spec(a.drafter)
@@ -56,7 +56,7 @@ def worker(a) -> None:
                                                drafter=drafter, num_draft_tokens=a.k,
                                                draft_sample_method=a.draft_sample))
     else:
-        from specrl.drafters.default import resolve_drafter
+        from specrl.drafters.storage.default import resolve_drafter
         from specrl.rollout.engine import RolloutEngine
 
         torch.set_num_threads(a.threads)

@@ -3,7 +3,7 @@
 The shipped `eagle:think` head drafts over 3,687 tokens (the stop tokens, then every response token of its build's
 rollouts, most frequent first). This script cuts it to its first N entries (the stop tokens and the N - stops most
 frequent tokens: the head's own rows for them, nothing retrained) and runs the drafter evaluator
-(`specrl.drafters.build.heldout`) on each cut: held-out AL at k (the recipe's held-out prompts, temperature and
+(`specrl.drafters.training.build.heldout`) on each cut: held-out AL at k (the recipe's held-out prompts, temperature and
 length) and the cost c per draft token at B = --cost. A cut can only lose acceptance where the target's sample
 falls outside the kept tokens or the dropped rows held the head's argmax, so the AL at N against the full head is
 what that vocabulary costs for this head (a head trained at N could place its mass differently; this is the cost
@@ -29,7 +29,7 @@ from common import dtype_name, run_header  # noqa: E402
 
 def cut(target, drafter, size: int):
     """A copy of an EAGLE drafter that drafts over the first `size` entries of its draft vocabulary only."""
-    from specrl.drafters.eagle import EagleDrafter
+    from specrl.drafters.kinds.eagle import EagleDrafter
     from specrl.errors import SpecRLError
 
     full = int(drafter.d2t.numel())
@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from specrl.cli.drafts import _recipe_prompts
-    from specrl.drafters.build.heldout import evaluate_drafter
-    from specrl.drafters.build.stages import _load_target
-    from specrl.drafters.default import resolve_drafter
+    from specrl.drafters.storage.default import resolve_drafter
+    from specrl.drafters.training.build.heldout import evaluate_drafter
+    from specrl.drafters.training.build.stages import _load_target
     from specrl.errors import SpecRLError
 
     try:

@@ -40,8 +40,8 @@ def main() -> None:
     a.dtype = dtype_name(a.dtype)
     hw = run_header({"target": a.dtype}, a.threads)
     from specrl.drafters import default_drafter_dir
-    from specrl.drafters.build.from_rollouts import train_drafter_offline
-    from specrl.drafters.default import DEFAULT_BUILDS, task_prompts
+    from specrl.drafters.storage.default import DEFAULT_BUILDS, task_prompts
+    from specrl.drafters.training.build.from_rollouts import train_drafter_offline
 
     b = DEFAULT_BUILDS[a.name]
     src = default_drafter_dir(a.kind, a.name) / "data.jsonl"

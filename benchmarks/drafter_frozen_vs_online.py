@@ -35,7 +35,7 @@ ARMS = {"frozen": False, "online": True}
 
 def run_arm(cfg, arm_dir: Path, label: str) -> list:
     """Train cfg for cfg.run.steps in arm_dir; return the step records."""
-    from specrl.drafters.io import save_drafter
+    from specrl.drafters.storage.io import save_drafter
     from specrl.observability.metrics import MetricsWriter, ProgressDisplay
     from specrl.observability.run_report import write_report
     from specrl.observability.step_record import read_records

@@ -90,9 +90,9 @@ def main() -> None:
 def measure(a: argparse.Namespace, hw: dict, trained: RunDirs) -> None:
     """Train the drafters (collected in `trained`), measure both, write the JSON."""
     from specrl import load_model
-    from specrl.drafters.build.from_rollouts import train_drafter_offline
-    from specrl.drafters.default import task_prompts
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.default import task_prompts
+    from specrl.drafters.storage.io import load_drafter
+    from specrl.drafters.training.build.from_rollouts import train_drafter_offline
     from specrl.drafters.training.offline import heldout_acceptance
     from specrl.model.tokenizer import stop_token_ids
 

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from specrl.drafters.base import DraftBatch
-    from specrl.drafters.suffix import MAX_GROUPS, MAX_HISTORY, SuffixDrafter
+    from specrl.drafters.kinds.suffix import MAX_GROUPS, MAX_HISTORY, SuffixDrafter
 
     hardware = run_header({}, threads=1)
     drafter = SuffixDrafter(max_history=a.max_history or MAX_HISTORY, max_groups=a.max_groups or MAX_GROUPS)

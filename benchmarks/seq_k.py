@@ -112,7 +112,7 @@ def main() -> None:
     hw = run_header({"model": a.dtype}, a.threads)
     from specrl import RolloutEngine, SamplingParams, load_model
     from specrl.data.tasks import ANSWER_FORMATS, PromptFormatter, make_task, resolve_answer_format
-    from specrl.drafters.default import resolve_drafter
+    from specrl.drafters.storage.default import resolve_drafter
     from specrl.model.tokenizer import stop_token_ids
 
     model, tok = load_model("smollm2-135m", dtype=getattr(torch, a.dtype))

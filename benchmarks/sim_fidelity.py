@@ -58,7 +58,7 @@ CALIBRATION_POINTS = {("none", 0, 1), ("none", 0, 16), ("ngram", 2, 1)}
 
 def make_runner(model, tok, drafter_kind: str, k: int, batch: int, tokens: int):
     from specrl import RolloutEngine, SamplingParams
-    from specrl.drafters.default import resolve_drafter
+    from specrl.drafters.storage.default import resolve_drafter
 
     prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
     drafter = resolve_drafter(drafter_kind if drafter_kind != "none" else None, model)
@@ -181,7 +181,7 @@ def main() -> None:
                                          indent=2))
     print(f"wrote {args.out}")
     if args.write:
-        from specrl.sim.calibrate import write_calibration
+        from specrl.sim.calibration.calibrate import write_calibration
 
         src = (f"benchmarks/sim_fidelity.py: held-out median |error| {statistics.median(held):.3f} over "
                f"{len(held)} points")

@@ -4,7 +4,7 @@ Run: .venv/bin/python benchmarks/sim_kgrid.py [--doc docs/speculative_benchmarks
 
 Reads the first `spec_vs_ar.py` table of docs/speculative_benchmarks.md (EAGLE head on SmolLM2-135M, B = 1, 4,
 16, 32, k = 1..7, one torch thread) and, for every (B, k), prices with the calibrated CPU factors (`cpu_efficiency`
-in specrl/sim/calibrated.py) on the measured `cpu` profile re-expressed for --threads cores:
+in specrl/sim/calibration/calibrated.py) on the measured `cpu` profile re-expressed for --threads cores:
   v  = verify forward over B·(k+1) tokens ÷ a plain decode step over B tokens (measured column `v`),
   c  = one drafter forward ÷ a plain decode step (measured column `c`),
   hw = AL / (v + k·c), the decode speedup these costs allow at the measured AL (measured column `hw_ideal`).
@@ -20,10 +20,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from specrl.sim.calibration.fromrun import cpu_efficiency
 from specrl.sim.costs.accelerators import get_hardware, with_threads
 from specrl.sim.costs.models import eagle3_head, get_model
 from specrl.sim.costs.roofline import ForwardCost
-from specrl.sim.fromrun import cpu_efficiency
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import run_header  # noqa: E402

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from specrl.sim.fromrun import predict_run, run_records
+from specrl.sim.calibration.fromrun import predict_run, run_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import run_header  # noqa: E402

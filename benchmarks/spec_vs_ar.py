@@ -102,7 +102,7 @@ def main() -> None:
     a.dtype = dtype_name(a.dtype)
     hw = run_header({"model": a.dtype}, a.threads)
     from specrl import RolloutEngine, SamplingParams, load_model
-    from specrl.drafters.default import resolve_drafter
+    from specrl.drafters.storage.default import resolve_drafter
     from specrl.model.tokenizer import stop_token_ids
 
     model, tok = load_model("smollm2-135m", dtype=getattr(torch, a.dtype))

@@ -34,8 +34,8 @@ from common import DTYPES, dtype_name, prompt_ids, run_header, timed  # noqa: E4
 
 
 def layer_skip_draft(n_layers: int):
-    from specrl.drafters.build.from_rollouts import save_draft_model
-    from specrl.drafters.draft_model import slice_layers
+    from specrl.drafters.kinds.draft_model import slice_layers
+    from specrl.drafters.training.build.from_rollouts import save_draft_model
     from specrl.model.hf_checkpoint import load_hf_checkpoint
     from specrl.model.presets import cache_root, prepare
 

@@ -20,9 +20,9 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from specrl.backends.vllm import VLLMBackend, VLLMOptions  # noqa: E402
-from specrl.drafters.eagle import EagleDrafter  # noqa: E402
-from specrl.drafters.export import export_vllm_eagle3  # noqa: E402
-from specrl.drafters.io import save_drafter  # noqa: E402
+from specrl.drafters.kinds.eagle import EagleDrafter  # noqa: E402
+from specrl.drafters.storage.export import export_vllm_eagle3  # noqa: E402
+from specrl.drafters.storage.io import save_drafter  # noqa: E402
 from specrl.errors import SpecRLError  # noqa: E402
 from specrl.model.loader import load_model  # noqa: E402
 from specrl.model.presets import prepare  # noqa: E402
@@ -113,7 +113,7 @@ def native_drafts(model, drafter, prompt):
 
 
 def test_vllm_drafts_equal_specrl_drafts(backend, target, head, prompts):
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
 
     model, _ = target
     drafter = load_drafter(head[0], model, expected_kind="eagle").float()
@@ -139,7 +139,7 @@ def test_drafter_refit_under_specrl_names_moves_vllm_drafts_with_specrl(backend,
     """What online drafter training sends (the specrl head's state dict) is renamed and reloaded: afterwards vLLM
     drafts what the changed head drafts in specrl, the greedy output is unchanged, and restoring the head
     restores vLLM's acceptance exactly."""
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
 
     model, _ = target
     drafter = load_drafter(head[0], model, expected_kind="eagle").float()
@@ -170,7 +170,7 @@ def test_failed_refit_restarts_the_engine_with_the_newest_weights(backend, targe
     """A reload that dies half-way leaves vLLM's weights partly replaced: the backend restarts the engine and
     loads the newest policy and drafter into it, so generation continues with exactly those weights."""
     from specrl.backends.vllm import VLLMEngineError, VLLMRefitError
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
     from specrl.model.hf_checkpoint import hf_named_tensors
 
     model, _ = target

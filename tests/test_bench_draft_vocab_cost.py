@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specrl.drafters.eagle import EagleDrafter
+from specrl.drafters.kinds.eagle import EagleDrafter
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
 from tests.bench import load_benchmark

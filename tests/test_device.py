@@ -19,8 +19,9 @@ from specrl.model.transformer import tiny_model
 ROOT = Path(__file__).resolve().parents[1] / "specrl"
 HOT_PATH = ["rollout/engine.py", "rollout/spec_decode/verify.py", "rollout/sampling.py",
             "rollout/spec_decode/adaptive.py", "rollout/generation_metrics.py", "model/transformer.py",
-            "model/packed.py", "drafters/base.py", "drafters/ngram.py", "drafters/suffix.py", "drafters/hybrid.py",
-            "drafters/eagle.py", "drafters/mtp.py", "drafters/draft_model.py", "drafters/trainable.py",
+            "model/packed.py", "drafters/base.py", "drafters/kinds/ngram.py", "drafters/kinds/suffix.py",
+            "drafters/kinds/hybrid.py", "drafters/kinds/eagle.py", "drafters/kinds/mtp.py",
+            "drafters/kinds/draft_model.py", "drafters/trainable.py",
             # training follows run.device too: the learner's stages, drafter training and the online drafter
             "trainer/learner.py", "drafters/training/offline.py", "drafters/training/online.py",
             "algorithms/grpo.py"]

@@ -27,9 +27,9 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def drafter_dirs(tmp_path_factory):
-    from specrl.drafters.eagle import EagleDrafter
-    from specrl.drafters.io import save_drafter
-    from specrl.drafters.mtp import MTPDrafter
+    from specrl.drafters.kinds.eagle import EagleDrafter
+    from specrl.drafters.kinds.mtp import MTPDrafter
+    from specrl.drafters.storage.io import save_drafter
     from specrl.model.transformer import tiny_model
 
     target = tiny_model("llama", vocab_size=64, seed=1)
@@ -67,7 +67,7 @@ def _with_config(src, dst, **changes):
     ("mtp", "num_heads", [4], r"num_heads is \[4\]; it must be a positive integer"),
 ])
 def test_malformed_drafter_config_value_names_the_file_and_key(drafter_dirs, tmp_path, kind, key, value, match):
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
 
     target, dirs = drafter_dirs
     d = _with_config(dirs[kind], tmp_path / "d", **{key: value})
@@ -76,7 +76,7 @@ def test_malformed_drafter_config_value_names_the_file_and_key(drafter_dirs, tmp
 
 
 def test_drafter_config_not_utf8_or_truncated(drafter_dirs, tmp_path):
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
 
     target, dirs = drafter_dirs
     d = _with_config(dirs["eagle"], tmp_path / "d")
@@ -90,7 +90,7 @@ def test_drafter_config_not_utf8_or_truncated(drafter_dirs, tmp_path):
 
 
 def test_valid_drafter_configs_still_load(drafter_dirs):
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
 
     target, dirs = drafter_dirs
     assert load_drafter(dirs["eagle"], target).kind == "eagle"
@@ -212,7 +212,7 @@ def test_generate_with_a_seed_beyond_int64_is_a_clear_error(tiny, tmp_path):
 
 
 def test_draft_init_refuses_to_write_into_a_directory_that_is_not_a_drafter(tiny, tmp_path):
-    from specrl.drafters.build.from_rollouts import train_drafter_offline
+    from specrl.drafters.training.build.from_rollouts import train_drafter_offline
 
     busy = tmp_path / "busy"
     busy.mkdir()

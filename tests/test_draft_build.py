@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from specrl.drafters.build.recipe import Recipe
-from specrl.drafters.build.shards import (
+from specrl.drafters.training.build.recipe import Recipe
+from specrl.drafters.training.build.shards import (
     CorruptShard,
     check_shard,
     collect_rollouts,
@@ -90,8 +90,8 @@ def tiny_build(tmp_path, **over):
 
 
 def test_features_are_reused_only_for_their_shard_and_a_damaged_file_is_extracted_again(tmp_path):
-    from specrl.drafters.build.features import feature_path, load_features
-    from specrl.drafters.build.stages import run_features
+    from specrl.drafters.training.build.features import feature_path, load_features
+    from specrl.drafters.training.build.stages import run_features
 
     model, recipe = tiny_build(tmp_path)
     feats = run_features(recipe, tmp_path, model, progress=False)
@@ -104,8 +104,8 @@ def test_features_are_reused_only_for_their_shard_and_a_damaged_file_is_extracte
     before = feature_path(tmp_path / "features", 0).stat().st_mtime_ns
     feature_path(tmp_path / "features", 1).write_bytes(b"damaged")
     logged = []
-    from specrl.drafters.build.features import extract_features
-    from specrl.drafters.build.stages import whole_shards
+    from specrl.drafters.training.build.features import extract_features
+    from specrl.drafters.training.build.stages import whole_shards
 
     extract_features(model, tmp_path / "rollouts", tmp_path / "features", whole_shards(recipe, tmp_path),
                      (0, 2, 3), 8, progress=False, log=logged.append)  # other layers: both files are redone
@@ -118,8 +118,8 @@ def test_features_are_reused_only_for_their_shard_and_a_damaged_file_is_extracte
 def test_a_killed_training_resumes_from_its_checkpoint_and_ends_where_an_unbroken_one_does(tmp_path):
     import torch
 
-    from specrl.drafters.build.stages import run_train
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
+    from specrl.drafters.training.build.stages import run_train
 
     model, recipe = tiny_build(tmp_path / "a")
     full = run_train(recipe, tmp_path / "a", model, progress=False)
@@ -150,11 +150,11 @@ def test_a_killed_training_resumes_from_its_checkpoint_and_ends_where_an_unbroke
 
 
 def test_package_then_eval_writes_a_verified_manifest_with_the_heldout_figures(tmp_path):
-    from specrl.drafters.build.release import run_eval, run_package
-    from specrl.drafters.shipped import check_shipped, load_shipped
+    from specrl.drafters.storage.shipped import check_shipped, load_shipped
+    from specrl.drafters.training.build.release import run_eval, run_package
 
     model, recipe = tiny_build(tmp_path)
-    from specrl.drafters.build.stages import run_train
+    from specrl.drafters.training.build.stages import run_train
 
     run_train(recipe, tmp_path, model, progress=False)
     out = run_package(recipe, tmp_path, model)
@@ -173,9 +173,9 @@ def test_package_then_eval_writes_a_verified_manifest_with_the_heldout_figures(t
 def test_a_shipped_drafter_refuses_a_tampered_file_or_a_manifest_that_disagrees(tmp_path):
     import shutil
 
-    from specrl.drafters.build.release import run_package
-    from specrl.drafters.build.stages import run_train
-    from specrl.drafters.shipped import MANIFEST, check_shipped, load_shipped
+    from specrl.drafters.storage.shipped import MANIFEST, check_shipped, load_shipped
+    from specrl.drafters.training.build.release import run_package
+    from specrl.drafters.training.build.stages import run_train
 
     model, recipe = tiny_build(tmp_path)
     run_train(recipe, tmp_path, model, progress=False)
@@ -217,10 +217,10 @@ def test_a_shipped_drafter_refuses_a_tampered_file_or_a_manifest_that_disagrees(
 
 
 def test_the_separate_scaling_curve_trains_on_the_first_n_shards_resumes_and_reads_back_finished_points(tmp_path):
-    from specrl.drafters.build.curve import curve_dir, run_separate_curve
-    from specrl.drafters.build.fit import CHECKPOINT_FILE
-    from specrl.drafters.build.stages import run_train
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
+    from specrl.drafters.training.build.curve import curve_dir, run_separate_curve
+    from specrl.drafters.training.build.fit import CHECKPOINT_FILE
+    from specrl.drafters.training.build.stages import run_train
 
     model, recipe = tiny_build(tmp_path)
     held = [[1, 30 + i, 7, 9] for i in range(2)]
@@ -265,8 +265,8 @@ def test_a_planted_training_checkpoint_is_refused_before_it_runs_code(tmp_path):
     file whose unpickling would call `os.system` is refused naming the global, and the command never runs."""
     import torch
 
-    from specrl.drafters.build.fit import CHECKPOINT_FILE
-    from specrl.drafters.build.stages import run_train
+    from specrl.drafters.training.build.fit import CHECKPOINT_FILE
+    from specrl.drafters.training.build.stages import run_train
     from tests.test_rl_checkpoint import _RunsCode
 
     model, recipe = tiny_build(tmp_path)

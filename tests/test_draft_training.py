@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from specrl import RolloutEngine, SamplingParams
-from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.mtp import MTPDrafter
+from specrl.drafters.kinds.eagle import EagleDrafter
+from specrl.drafters.kinds.mtp import MTPDrafter
 from specrl.drafters.training.offline import heldout_acceptance, select_draft_vocab, train_drafter
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
@@ -76,7 +76,7 @@ def test_too_short_sequence(target):
 
 
 def test_unknown_drafter_kind(target):
-    from specrl.drafters.ngram import NGramDrafter
+    from specrl.drafters.kinds.ngram import NGramDrafter
 
     with pytest.raises(SpecRLError, match="unknown drafter kind"):
         train_drafter(NGramDrafter(), target, [[1, 2, 3, 4], [1, 2, 3]], progress=False)
@@ -91,8 +91,8 @@ def test_draft_model_distillation_lowers_loss_and_accepts_more(target, data, tmp
     """A slice of the target's layers, distilled on its rollouts, matches it better; target and the
     (frozen, tied) embeddings are untouched; the saved checkpoint reloads as the same draft model."""
     from specrl.drafters import make_drafter
-    from specrl.drafters.build.from_rollouts import save_draft_model
-    from specrl.drafters.draft_model import DraftModelDrafter, slice_layers
+    from specrl.drafters.kinds.draft_model import DraftModelDrafter, slice_layers
+    from specrl.drafters.training.build.from_rollouts import save_draft_model
     from specrl.model.hf_checkpoint import save_hf_checkpoint
 
     prompts, seqs = data
@@ -122,7 +122,7 @@ def test_draft_model_distillation_lowers_loss_and_accepts_more(target, data, tmp
 
 
 def test_slice_layers_bad_input(target):
-    from specrl.drafters.draft_model import slice_layers
+    from specrl.drafters.kinds.draft_model import slice_layers
 
     with pytest.raises(SpecRLError, match="at least one layer"):
         slice_layers(target, [])
@@ -133,7 +133,7 @@ def test_slice_layers_bad_input(target):
 
 
 def test_draft_model_with_other_vocab_is_refused(target, data):
-    from specrl.drafters.draft_model import DraftModelDrafter
+    from specrl.drafters.kinds.draft_model import DraftModelDrafter
 
     other = tiny_model("llama", vocab_size=48, seed=1)
     with pytest.raises(SpecRLError, match="draft model's vocabulary has 48 tokens but the target's has 32"):
@@ -141,7 +141,7 @@ def test_draft_model_with_other_vocab_is_refused(target, data):
 
 
 def test_draft_init_rejects_bad_layer_count(target, tmp_path):
-    from specrl.drafters.build.from_rollouts import train_drafter_offline
+    from specrl.drafters.training.build.from_rollouts import train_drafter_offline
     from specrl.model.hf_checkpoint import save_hf_checkpoint
 
     tdir = save_hf_checkpoint(target, tmp_path / "target")
@@ -154,7 +154,7 @@ def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
     import json
 
     from specrl.drafters import make_drafter
-    from specrl.drafters.draft_model import DRAFT_VOCAB_FILE
+    from specrl.drafters.kinds.draft_model import DRAFT_VOCAB_FILE
     from specrl.model.hf_checkpoint import save_hf_checkpoint
 
     d = save_hf_checkpoint(tiny_model("llama", vocab_size=32, seed=7, num_layers=1), tmp_path / "draft")
@@ -172,7 +172,7 @@ def test_draft_model_vocab_file_round_trip_and_bad_file(target, tmp_path):
 def test_build_takes_prompts_as_token_ids_strings_or_a_callable():
     """`train_drafter_offline`'s prompt forms: token-id lists and strings are split into train / held-out the same way;
     a callable tokenizer -> (train, held-out) decides the split itself (how task prompts arrive from rl)."""
-    from specrl.drafters.build.from_rollouts import split_prompts
+    from specrl.drafters.training.build.from_rollouts import split_prompts
 
     ids = [[i, i + 1] for i in range(30)]
     train, held = split_prompts(ids, None, samples=5, heldout=32)

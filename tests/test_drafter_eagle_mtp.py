@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specrl import RolloutEngine, SamplingParams
-from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.io import load_drafter, save_drafter
-from specrl.drafters.mtp import MTPDrafter
+from specrl.drafters.kinds.eagle import EagleDrafter
+from specrl.drafters.kinds.mtp import MTPDrafter
+from specrl.drafters.storage.io import load_drafter, save_drafter
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import save_hf_checkpoint
 from specrl.model.transformer import tiny_model

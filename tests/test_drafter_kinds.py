@@ -20,7 +20,7 @@ from specrl.rollout.drafter_spec import BUILTIN_KINDS, DRAFTER_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 # the modules that hold the table: the rows (and the spec parser) and the builders that complete them
-REGISTRY = {"specrl/rollout/drafter_spec.py", "specrl/drafters/__init__.py", "specrl/drafters/kinds.py"}
+REGISTRY = {"specrl/rollout/drafter_spec.py", "specrl/drafters/__init__.py", "specrl/drafters/registry.py"}
 # the simulator's drafters have their own names (specrl.sim.costs.speculation.DRAFTERS: none, eagle3, mtp, draft-model,
 # ngram), some spelled like kinds; a kind's row names the simulator drafter that prices it (`DrafterKind.sim`)
 OWN_NAMES = ("specrl/sim/",)
@@ -99,8 +99,8 @@ def test_every_builtin_kind_builds_through_its_row():
         assert callable(row.build), name
         assert row.drafts == (name != "none")
     from specrl.drafters import make_drafter
-    from specrl.drafters.ngram import NGramDrafter
-    from specrl.drafters.suffix import SuffixDrafter
+    from specrl.drafters.kinds.ngram import NGramDrafter
+    from specrl.drafters.kinds.suffix import SuffixDrafter
 
     assert make_drafter("none") is None and make_drafter(None) is None
     assert isinstance(make_drafter("ngram"), DRAFTER_KINDS["ngram"].drafter_class) and \
@@ -126,9 +126,9 @@ def test_a_builtin_row_is_completed_once_and_not_redeclared():
 def test_trainable_kinds_train_build_and_save_through_their_class():
     """The columns and methods that replaced name checks: draft init's kinds, the directory kinds and their
     oldest format, the vLLM export's kinds."""
-    from specrl.drafters.build.from_rollouts import build_kinds
-    from specrl.drafters.export import exports
-    from specrl.drafters.io import directory_kinds, min_format_version
+    from specrl.drafters.storage.export import exports
+    from specrl.drafters.storage.io import directory_kinds, min_format_version
+    from specrl.drafters.training.build.from_rollouts import build_kinds
 
     assert list(build_kinds()) == ["eagle", "mtp", "draft-model"]
     assert sorted(directory_kinds()) == ["eagle", "mtp"]

@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from specrl.drafters import manifest as manifest_mod
-from specrl.drafters import shipped
+from specrl.drafters.storage import manifest as manifest_mod
+from specrl.drafters.storage import shipped
 from specrl.errors import SpecRLError
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def target():
 @pytest.fixture
 def package(tmp_path, monkeypatch):
     """A copy of the package's shipped drafters that the loaders take for the package's own; no build may run."""
-    from specrl.drafters import default as default_drafter
+    from specrl.drafters.storage import default as default_drafter
 
     root = tmp_path / "shipped"
     shutil.copytree(shipped.SHIPPED_DIR, root)
@@ -56,7 +56,7 @@ def test_the_shipped_table_names_exactly_the_shipped_directories():
 
 
 def test_a_shipped_name_whose_manifest_is_missing_is_an_error_not_a_build(package, target):
-    from specrl.drafters.default import ensure_default_drafter, resolve_drafter
+    from specrl.drafters.storage.default import ensure_default_drafter, resolve_drafter
 
     (package / "think" / "manifest.json").unlink()
     with pytest.raises(SpecRLError, match=r"shipped drafter .*think has no manifest\.json"):
@@ -68,7 +68,7 @@ def test_a_shipped_name_whose_manifest_is_missing_is_an_error_not_a_build(packag
 
 
 def test_a_shipped_name_whose_kind_was_edited_is_an_error_not_a_build(package, target):
-    from specrl.drafters.default import ensure_default_drafter, resolve_drafter
+    from specrl.drafters.storage.default import ensure_default_drafter, resolve_drafter
 
     edit_manifest(package / "default", kind="mtp")
     with pytest.raises(SpecRLError, match=r"manifest kind is 'mtp', but its config\.json says 'eagle'"):
@@ -78,7 +78,7 @@ def test_a_shipped_name_whose_kind_was_edited_is_an_error_not_a_build(package, t
 
 
 def test_a_shipped_directory_named_by_path_is_verified(tmp_path, target):
-    from specrl.drafters.default import resolve_drafter
+    from specrl.drafters.storage.default import resolve_drafter
 
     d = tmp_path / "think"
     shutil.copytree(shipped.SHIPPED_DIR / "think", d)
@@ -114,7 +114,7 @@ def _other_vocabulary(tmp_path, target):
 
 
 def test_the_target_is_checked_against_the_actual_model_not_a_constant(tmp_path, target, monkeypatch):
-    from specrl.drafters.shipped import load_shipped
+    from specrl.drafters.storage.shipped import load_shipped
 
     other = _other_vocabulary(tmp_path, target)
     monkeypatch.setattr(target, "checkpoint_dir", other)
@@ -130,7 +130,7 @@ def test_the_target_is_checked_against_the_actual_model_not_a_constant(tmp_path,
 
 
 def test_the_vllm_export_of_a_shipped_head_checks_the_target_directory(tmp_path, target):
-    from specrl.drafters.export import export_vllm_eagle3
+    from specrl.drafters.storage.export import export_vllm_eagle3
 
     other = _other_vocabulary(tmp_path, target)
     with pytest.raises(SpecRLError, match="has another vocabulary"):

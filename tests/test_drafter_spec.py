@@ -64,7 +64,7 @@ def test_the_suffix_index_is_a_bounded_sliding_window_that_still_drafts_from_his
     and n-gram entries stay flat, not growing with the run), and the latest epoch's rollouts still feed drafts."""
     import torch
 
-    from specrl.drafters.suffix import SuffixDrafter
+    from specrl.drafters.kinds.suffix import SuffixDrafter
 
     d = SuffixDrafter(max_history=8, max_groups=3)
     g = torch.Generator().manual_seed(0)
@@ -105,7 +105,7 @@ def _suffix_batch(rows, group=0):
 def test_the_suffix_draft_is_gated_by_the_empirical_probability_of_its_tokens():
     """Two histories continue the same context differently: the next token has frequency 1/2 (the most recent
     history wins the tie) and the draft goes on while the product of the frequencies stays >= min_prob."""
-    from specrl.drafters.suffix import SuffixDrafter
+    from specrl.drafters.kinds.suffix import SuffixDrafter
 
     ctx = [1, 2, 3, 4, 5, 6, 7, 8]
     histories = [ctx + [9, 10, 11, 12], ctx + [20, 21, 22, 23]]
@@ -129,7 +129,7 @@ def test_the_hybrid_takes_a_history_draft_only_where_it_is_expected_to_beat_the_
     import torch
 
     from specrl.drafters.base import Drafter, Proposal
-    from specrl.drafters.hybrid import HybridDrafter
+    from specrl.drafters.kinds.hybrid import HybridDrafter
 
     class Learned(Drafter):
         kind = "fake-learned"
@@ -173,7 +173,7 @@ def test_the_hybrid_takes_a_history_draft_only_where_it_is_expected_to_beat_the_
 
 def test_the_suffix_index_holds_at_most_max_tokens_over_all_prompts():
     """Prompts beyond the token budget push out the oldest sequences first: here the older prompts' history."""
-    from specrl.drafters.suffix import SuffixDrafter
+    from specrl.drafters.kinds.suffix import SuffixDrafter
 
     d = SuffixDrafter(max_tokens=100)
     for group in range(5):  # 5 prompts x 2 rows x 20 tokens = 200 tokens offered, 2 prompts' worth fit
@@ -197,7 +197,7 @@ def test_the_suffix_index_bound_is_in_tokens_and_drops_the_oldest_sequences_the_
     dropped running sequence is not indexed again as it grows, and its siblings still draft for it."""
     import torch
 
-    from specrl.drafters.suffix import SuffixDrafter
+    from specrl.drafters.kinds.suffix import SuffixDrafter
 
     d = SuffixDrafter(max_tokens=300)
     g = torch.Generator().manual_seed(0)

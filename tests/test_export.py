@@ -1,4 +1,4 @@
-"""`specrl draft export --format vllm-eagle3` (specrl.drafters.export), without vLLM.
+"""`specrl draft export --format vllm-eagle3` (specrl.drafters.storage.export), without vLLM.
 
 The exported tensors are run through a plain-torch transcription of vLLM 0.32's EAGLE-3 forward
 (`vllm/model_executor/models/llama_eagle3.py`: fc_norm per aux chunk, fc, cat(input_layernorm(embed),
@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from specrl.cli import app
-from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.export import export_vllm_eagle3, vllm_eagle3_name, vllm_eagle3_state
-from specrl.drafters.io import load_drafter, read_config, save_drafter
-from specrl.drafters.mtp import MTPDrafter
+from specrl.drafters.kinds.eagle import EagleDrafter
+from specrl.drafters.kinds.mtp import MTPDrafter
+from specrl.drafters.storage.export import export_vllm_eagle3, vllm_eagle3_name, vllm_eagle3_state
+from specrl.drafters.storage.io import load_drafter, read_config, save_drafter
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import save_hf_checkpoint
 from specrl.model.transformer import _rope_inv_freq, rope_cos_sin, tiny_model

@@ -294,7 +294,7 @@ def test_scaling_benchmark_runs_on_a_tiny_setting(tiny, tmp_path, local_ray):
 def _eagle_dir(tiny, tmp_path) -> str:
     """A freshly initialised EAGLE head of the tiny model, saved where `eagle:DIR` loads it."""
     from specrl.drafters import EagleDrafter
-    from specrl.drafters.io import save_drafter
+    from specrl.drafters.storage.io import save_drafter
 
     target, _ = load_model(str(tiny), dtype=torch.float32)
     torch.manual_seed(5)
@@ -325,7 +325,7 @@ def test_one_step_n1_equals_n2_beyond_the_plain_point(tiny, tmp_path, local_ray,
     cfg = dp_cfg(tiny, **over)
     r = _odd_groups() if case == "odd_groups" else seeded_rollouts()
     if case == "online_drafter":
-        from specrl.drafters.io import load_drafter
+        from specrl.drafters.storage.io import load_drafter
 
         seed_everything(cfg.run.seed)
         policy = load_model(cfg.model.name, dtype=torch.float32)[0].train()

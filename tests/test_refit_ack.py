@@ -10,7 +10,7 @@ import torch
 
 import specrl.rollout.engine as engine_mod
 from specrl import RolloutEngine
-from specrl.drafters.eagle import EagleDrafter
+from specrl.drafters.kinds.eagle import EagleDrafter
 from specrl.model.hf_checkpoint import hf_named_tensors
 from specrl.model.transformer import tiny_model
 from specrl.rollout.digest import SAMPLE, RefitError, check_refit, tensor_digest, weights_digest

@@ -23,7 +23,7 @@ def tiny(tmp_path_factory):
 def eagle(tiny, tmp_path_factory):
     from specrl import load_model
     from specrl.drafters import EagleDrafter
-    from specrl.drafters.io import save_drafter
+    from specrl.drafters.storage.io import save_drafter
 
     model, _ = load_model(tiny, dtype=torch.float32)
     torch.manual_seed(1)

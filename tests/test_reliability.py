@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from specrl.checkpoint import store as ckpt_mod
 from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
-from specrl.drafters import default as default_drafter
+from specrl.drafters.storage import default as default_drafter
 from specrl.errors import SpecRLError
 from specrl.observability.metrics import read_jsonl
 from specrl.run.loop import LOCK_FILE, RunInterrupted, RunLock, _StopSignals, release_run, setup_run, train_main
@@ -207,8 +207,8 @@ def test_model_with_a_nan_weight_is_refused_at_load(tmp_path):
 
 @pytest.fixture()
 def eagle_dir(tiny, tmp_path):
-    from specrl.drafters.eagle import EagleDrafter
-    from specrl.drafters.io import save_drafter
+    from specrl.drafters.kinds.eagle import EagleDrafter
+    from specrl.drafters.storage.io import save_drafter
     from specrl.model.loader import load_model
 
     target, _ = load_model(tiny, dtype=torch.float32)
@@ -222,7 +222,7 @@ def eagle_dir(tiny, tmp_path):
     ("int_weight", r"tensor 'fc.weight' has dtype torch.int64, expected a floating-point dtype"),
 ])
 def test_broken_eagle_head_is_refused(eagle_dir, damage, match):
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
 
     target, d = eagle_dir
     f = d / "model.safetensors"
@@ -325,8 +325,8 @@ def test_simulate_sweep_bad_ks_names_the_flag(tmp_path):
 
 
 def test_simulate_from_run_accepts_the_run_directory_and_refuses_non_utf8(tmp_path):
+    from specrl.sim.calibration.fromrun import metrics_file
     from specrl.sim.commands import app
-    from specrl.sim.fromrun import metrics_file
 
     run = tmp_path / "run"
     run.mkdir()
@@ -481,7 +481,7 @@ def test_overwrite_keeps_an_unfinished_run_and_offers_resume(tiny, tmp_path):
 
 
 def test_stale_default_drafter_build_dirs_are_removed(tmp_path, monkeypatch, capfd):
-    from specrl.drafters.default import remove_stale_builds
+    from specrl.drafters.storage.default import remove_stale_builds
 
     final = tmp_path / "drafters" / "smollm2-135m-eagle-default"
     final.parent.mkdir(parents=True)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -176,45 +177,67 @@ def _arms(n=4, ar_gen=4.0, sd_gen=2.0):
             [{**record(s, gen=sd_gen, al=2.5), **HW} for s in range(1, n + 1)])
 
 
+def lead(lines, label):
+    """The one headline line that starts with `label`: a line is found by its label, not by its position."""
+    found = [x for x in lines if x.startswith(label)]
+    assert len(found) == 1, f"{label!r}: {len(found)} lines in {lines}"
+    return found[0]
+
+
+def figures(line):
+    """The figures a headline line shows, in order: decimals (2.00, 0.125) and counts (3/4); the words around them
+    are free to change."""
+    return re.findall(r"\d+\.\d+|\d+/\d+", line)
+
+
 def test_headline_leads_report_and_terminal(tmp_path):
     from specrl.run.compare_report import identity_checks, write_compare_report
 
     ar, sd = _arms()
     path, lines = write_compare_report(tmp_path, ar, sd, identity_checks("seed_exact", [True] * 4, [True] * 4), VAL)
-    text = path.read_text().splitlines()
-    assert text[0] == f"# specrl run `{tmp_path.name}`: speculative vs autoregressive"
-    assert text[2] == "speculative vs autoregressive rollouts: the same 4 GRPO steps, config and seeds, steps " \
-                      "interleaved:"
+    # compare.json: the numbers the headline shows (step = 0.01 + 0.1 + gen + 0.5 + 1.0 s)
+    s = json.loads((tmp_path / "compare.json").read_text())
+    assert s["steps"] == 4 and s["gen_speedup"] == pytest.approx(2.0)
+    assert s["step_speedup"] == pytest.approx(5.61 / 3.61) == s["step_per_token_speedup"]
+    assert s["acceptance_length"] == 2.5 and s["gen_share"] == pytest.approx(4.0 / 5.61)
     bound = amdahl_bound(4.0 / 5.61, 2.5)
-    assert text[4:12] == [
-        "- generation speed-up: 2.00× (4.00 s autoregressive / 2.00 s speculative per step)",
-        "- RL step speed-up: 1.55× (5.61 s / 3.61 s per step, validation not counted); per generated token 1.55×",
-        "- acceptance length AL: 2.50 tokens per policy forward (speculative arm, mean over steps)",
-        f"- generation share R: 0.71 of the autoregressive step; bound 1/(R/AL + 1 − R) = {bound:.2f}× (the step "
-        "speed-up if generation ran AL× faster and nothing else changed)",
-        "- lossless (seed_exact): rollouts identical at 4/4 steps, weights identical at 4/4 steps",
-        "- learning: validation accuracy 0.125 → 0.500 (steps 0 → 16), speculative arm; autoregressive arm "
-        "0.125 → 0.375",
-        "- hardware: cpu, processor class AVX512-BF16, 2 torch threads; rollouts bfloat16, training bf16-mixed",
-        "- per-arm reports: [speculative/report.md](speculative/report.md) (the training run kept: final policy in "
-        "[speculative/final](speculative/final)), [autoregressive/report.md](autoregressive/report.md); detail: "
-        "[compare.md](compare.md)",
-    ]
-    assert lines[1:8] == [t[2:] for t in text[4:11]]  # the terminal's lines: the same, links as paths
+    assert s["bound"] == pytest.approx(bound)
+    assert s["parted_at_step"] is None and s["rollouts_identical_per_step"] == s["weights_identical_per_step"] == \
+        [True] * 4
+    # report.md: the run's name heads it; its bullets, in order, each carry the summary's figures as shown
+    text = path.read_text().splitlines()
+    assert text[0].startswith("# ") and f"`{tmp_path.name}`" in text[0] and figures(text[2]) == []
+    bullets = [x[2:] for x in text if x.startswith("- ")]
+    assert [b.split(":")[0] for b in bullets] == ["generation speed-up", "RL step speed-up", "acceptance length AL",
+                                                 "generation share R", "lossless (seed_exact)",
+                                                 "learning", "hardware", "per-arm reports"]
+    assert figures(lead(bullets, "generation speed-up: ")) == ["2.00", "4.00", "2.00"]
+    assert figures(lead(bullets, "RL step speed-up: ")) == ["1.55", "5.61", "3.61", "1.55"]
+    assert "speculation is slower" not in lead(bullets, "RL step speed-up: ")
+    assert figures(lead(bullets, "acceptance length AL: ")) == ["2.50"]
+    assert figures(lead(bullets, "generation share R: ")) == ["0.71", f"{bound:.2f}"]
+    assert figures(lead(bullets, "lossless (seed_exact): ")) == ["4/4", "4/4"]
+    assert figures(lead(bullets, "learning: ")) == ["0.125", "0.500", "0.125", "0.375"]
+    hw = lead(bullets, "hardware: ")
+    assert all(HW[k] in hw for k in ("device", "processor_class", "rollout_dtype", "precision"))
+    assert re.findall(r"\]\(([^)]+)\)", lead(bullets, "per-arm reports: ")) == [
+        "speculative/report.md", "speculative/final", "autoregressive/report.md", "compare.md"]
+    assert lines[1:8] == bullets[:7]  # the terminal's lines: the same, links as paths
     assert lines[8].startswith(f"per-arm reports: {tmp_path / 'speculative' / 'report.md'} ")
-    assert json.loads((tmp_path / "compare.json").read_text())["parted_at_step"] is None
 
 
 def test_headline_says_plainly_when_speculation_is_slower():
     from specrl.run.compare_report import compare_summary, headline
 
     ar, sd = _arms(ar_gen=2.0, sd_gen=2.5)
-    lines = headline(compare_summary(ar, sd, {"verify": "seed_exact", "rollouts_identical_per_step": [True] * 4,
-                                              "weights_identical_per_step": [True] * 4}))
-    assert lines[1].startswith("generation speed-up: 0.80× (2.00 s autoregressive / 2.50 s speculative per step)")
-    assert lines[2] == ("RL step speed-up: 0.88× (3.61 s / 4.11 s per step, validation not counted; speculation is "
-                        "slower than plain decoding here); per generated token 0.88×")
-    assert lines[6] == "learning: validation accuracy n/a, speculative arm; autoregressive arm n/a"
+    summary = compare_summary(ar, sd, {"verify": "seed_exact", "rollouts_identical_per_step": [True] * 4,
+                                       "weights_identical_per_step": [True] * 4})
+    assert summary["gen_speedup"] == pytest.approx(0.8) and summary["step_speedup"] == pytest.approx(3.61 / 4.11)
+    lines = headline(summary)
+    assert figures(lead(lines, "generation speed-up: ")) == ["0.80", "2.00", "2.50"]
+    step = lead(lines, "RL step speed-up: ")
+    assert figures(step) == ["0.88", "3.61", "4.11", "0.88"] and "speculation is slower than plain decoding" in step
+    assert figures(lead(lines, "learning: ")) == []  # no validation records: n/a, no figure
 
 
 def test_headline_of_a_parted_run_says_where():
@@ -222,13 +245,15 @@ def test_headline_of_a_parted_run_says_where():
 
     checks = identity_checks("seed_exact", [True, True, False, False], [True, False, False, False])
     assert checks["parted_at_step"] == 2 and checks["rollouts_identical"] is False
+    assert checks["weights_parted_at_step"] == 2
     ar, sd = _arms()
-    lines = headline(compare_summary(ar, sd, checks), VAL)
-    assert lines[1].endswith("; generated tokens per generation second 2.00× (the fair figure once the arms "
-                             "generate different tokens)")
-    assert lines[5].startswith("lossless (seed_exact): the arms parted at step 2: rollouts identical at 2/4 steps, "
-                               "weights identical at 1/4 steps. ")
-    assert lines[5].endswith("The sampled distribution is exact regardless")
+    summary = compare_summary(ar, sd, checks)
+    assert summary["gen_throughput_speedup"] == pytest.approx(2.0)
+    lines = headline(summary, VAL)
+    # once the arms differ the generation line adds the tokens-per-generation-second figure
+    assert figures(lead(lines, "generation speed-up: ")) == ["2.00", "4.00", "2.00", "2.00"]
+    identity = lead(lines, "lossless (seed_exact): ")
+    assert figures(identity) == ["2/4", "1/4"] and "step 2" in identity
 
 
 def test_headline_of_a_run_whose_rollouts_differed_but_weights_did_not():
@@ -240,10 +265,8 @@ def test_headline_of_a_run_whose_rollouts_differed_but_weights_did_not():
     assert checks["parted_at_step"] == 2 and checks["weights_parted_at_step"] is None
     ar, sd = _arms()
     lines = headline(compare_summary(ar, sd, checks), VAL)
-    assert lines[5].startswith("lossless (seed_exact): rollouts identical at 3/4 steps, weights identical at 4/4 "
-                               "steps. Rollouts differed at step(s) 2 (")
-    assert "the weights were identical after every step: the training was the same" in lines[5]
-    assert "parted" not in lines[5]
+    identity = lead(lines, "lossless (seed_exact): ")
+    assert figures(identity) == ["3/4", "4/4"] and "step(s) 2 " in identity and "parted" not in identity
 
 
 def test_headline_under_rejection_sampling_and_bad_checks():
@@ -253,8 +276,7 @@ def test_headline_under_rejection_sampling_and_bad_checks():
     assert checks["rollouts_identical"] is None and checks["parted_at_step"] is None
     ar, sd = _arms()
     lines = headline(compare_summary(ar, sd, checks))
-    assert lines[5] == ("lossless (verify=rejection): the samples have plain decoding's distribution; tokens are not "
-                        "compared step by step (speculative.verify=seed_exact compares them)")
+    assert figures(lead(lines, "lossless (verify=rejection): ")) == []  # nothing compared, so no counts
     with pytest.raises(ValueError, match="one identity check per step for rollouts and weights, got 2 and 1"):
         identity_checks("seed_exact", [True, True], [True])
 
@@ -279,8 +301,8 @@ def test_headline_of_a_rejection_run_gives_the_per_token_figure_and_a_budget_sto
     checks = {**identity_checks("rejection", [], []), "stopped_early": "stopped by run.time_budget_minutes=7 after "
               "step 4 of 12"}
     lines = headline(compare_summary(ar, sd, checks), VAL)
-    assert lines[0].endswith("steps interleaved; stopped by run.time_budget_minutes=7 after step 4 of 12")
-    assert "; generated tokens per generation second " in lines[1]
-    assert lines[5].startswith("lossless (verify=rejection): ")
+    assert lines[0].endswith(f"; {checks['stopped_early']}")
+    assert figures(lead(lines, "generation speed-up: ")) == ["2.00", "4.00", "2.00", "2.00"]
+    lead(lines, "lossless (verify=rejection): ")
     plain = headline(compare_summary(ar, sd, identity_checks("rejection", [], [])), VAL)
-    assert plain[0].endswith("steps interleaved")
+    assert "stopped" not in plain[0] and plain[1:] == lines[1:]

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
-from specrl.drafters import default as default_drafter
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
+from specrl.drafters.storage import default as default_drafter
 from specrl.errors import SpecRLError
 from specrl.observability.metrics import STAGES, STEP_FIELDS, read_jsonl
 from specrl.run.loop import train_main
@@ -456,7 +456,7 @@ def test_frozen_vs_online_benchmark(tiny, tmp_path):
 
     from specrl import load_model
     from specrl.drafters import EagleDrafter
-    from specrl.drafters.io import save_drafter
+    from specrl.drafters.storage.io import save_drafter
 
     model, _ = load_model(tiny, dtype=torch.float32)
     torch.manual_seed(1)

@@ -128,7 +128,7 @@ def noisy_copy(target, scale: float, seed: int):
 
 
 def eagle64(target):
-    from specrl.drafters.eagle import EagleDrafter
+    from specrl.drafters.kinds.eagle import EagleDrafter
 
     d = EagleDrafter(target, layers=(0, 1, 3))
     torch.manual_seed(7)

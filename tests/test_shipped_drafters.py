@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from specrl.drafters.shipped import MANIFEST, check_shipped, is_shipped, shipped_dir
+from specrl.drafters.storage.shipped import MANIFEST, check_shipped, is_shipped, shipped_dir
 from specrl.errors import SpecRLError
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ def target():
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_each_shipped_drafter_s_manifest_matches_its_files_and_recipe(name):
-    from specrl.drafters.build.recipe import Recipe
+    from specrl.drafters.training.build.recipe import Recipe
 
     assert is_shipped("eagle", name)
     m = check_shipped(shipped_dir(name), target_model="smollm2-135m")
@@ -43,8 +43,8 @@ def test_each_shipped_drafter_s_manifest_matches_its_files_and_recipe(name):
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_each_shipped_drafter_loads_without_a_build_and_beats_its_al_floor_on_heldout_prompts(name, target,
                                                                                               monkeypatch):
-    from specrl.drafters import default as default_drafter
-    from specrl.drafters.default import resolve_drafter, task_prompts
+    from specrl.drafters.storage import default as default_drafter
+    from specrl.drafters.storage.default import resolve_drafter, task_prompts
     from specrl.drafters.training.offline import heldout_acceptance
     from specrl.model.tokenizer import stop_token_ids
 
@@ -66,7 +66,7 @@ def test_each_shipped_drafter_loads_without_a_build_and_beats_its_al_floor_on_he
 def test_a_tampered_shipped_file_is_refused_by_name(tmp_path, target):
     import shutil
 
-    from specrl.drafters.shipped import load_shipped
+    from specrl.drafters.storage.shipped import load_shipped
 
     shutil.copytree(shipped_dir("think"), tmp_path / "think")
     cfg = tmp_path / "think" / "config.json"

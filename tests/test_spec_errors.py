@@ -6,7 +6,7 @@ import pytest
 
 from specrl import RolloutEngine
 from specrl.drafters import DraftModelDrafter, NGramDrafter, make_drafter
-from specrl.drafters.shipped import shipped_dir
+from specrl.drafters.storage.shipped import shipped_dir
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
 
@@ -59,8 +59,8 @@ def test_embedded_model_shape_is_recognised():
 
 
 def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
-    import specrl.drafters.build.from_rollouts as build
-    import specrl.drafters.default as dd
+    import specrl.drafters.storage.default as dd
+    import specrl.drafters.training.build.from_rollouts as build
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     calls = []
@@ -93,8 +93,8 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
 
 
 def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypatch, capsys):
-    import specrl.drafters.build.from_rollouts as build
-    import specrl.drafters.default as dd
+    import specrl.drafters.storage.default as dd
+    import specrl.drafters.training.build.from_rollouts as build
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     seen = []
@@ -119,7 +119,7 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
     assert epochs == [3, 8, 8] and "an unrecorded recipe (an older specrl)" in capsys.readouterr().out
     # an EAGLE head of drafter format 1 (the layer before EAGLE-3's) under the current recipe: rebuilt (where
     # the package ships no eagle:default; it does, so its absence is simulated)
-    import specrl.drafters.shipped as shipped
+    import specrl.drafters.storage.shipped as shipped
 
     monkeypatch.setattr(shipped, "is_shipped", lambda kind, name, root=None: False)
     path = dd.ensure_default_drafter("eagle", "default", progress=False)
@@ -132,8 +132,8 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
 
 
 def test_interrupted_default_build_leaves_no_default(tmp_path, monkeypatch):
-    import specrl.drafters.build.from_rollouts as build
-    import specrl.drafters.default as dd
+    import specrl.drafters.storage.default as dd
+    import specrl.drafters.training.build.from_rollouts as build
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
 

@@ -56,8 +56,8 @@ BONUS_KINDS = ["ngram", "suffix", "draft-model", "draft-model-subset", "eagle", 
 
 def make_small_drafter(kind, target):
     """Every drafter kind the suite covers, on the vocab-8 target (EAGLE and MTP as in test_drafter_eagle_mtp)."""
-    from specrl.drafters.eagle import EagleDrafter
-    from specrl.drafters.mtp import MTPDrafter
+    from specrl.drafters.kinds.eagle import EagleDrafter
+    from specrl.drafters.kinds.mtp import MTPDrafter
 
     def randomise(drafter, seed):  # as tests/test_drafter_eagle_mtp.randomise
         torch.manual_seed(seed)
@@ -71,7 +71,8 @@ def make_small_drafter(kind, target):
     if kind == "mtp":
         return randomise(MTPDrafter(target, num_modules=2), seed=7).eval()
     if kind == "hybrid":  # EAGLE + sibling suffix; min_match=1 and a low min_ratio so that both kinds of rows occur
-        from specrl.drafters.hybrid import HybridDrafter  # on a vocab-8 target (its gate still reads the outcomes)
+        # on a vocab-8 target (its gate still reads the outcomes)
+        from specrl.drafters.kinds.hybrid import HybridDrafter
 
         return HybridDrafter(make_small_drafter("eagle", target), min_match=1, min_ratio=0.1)
     return make_drafter(kind)
@@ -134,7 +135,7 @@ def test_hybrid_drafter_exact_with_both_kinds_of_rows(target, mode):
 
 def test_hybrid_drafter_spec_and_bad_input(target):
     from specrl.drafters import make_drafter as spec_drafter
-    from specrl.drafters.hybrid import HybridDrafter
+    from specrl.drafters.kinds.hybrid import HybridDrafter
     from specrl.errors import SpecRLError
 
     with pytest.raises(SpecRLError, match="combines a learned drafter"):

@@ -5,7 +5,7 @@ import json
 from specrl.observability.metrics import MetricsWriter
 from specrl.observability.run_report import async_summary, summarize
 from specrl.observability.step_record import SCHEMA_VERSION, STEP_FIELDS, AsyncStepFields, StepRecord, read_records
-from specrl.sim.fromrun import run_records as sim_read_metrics
+from specrl.sim.calibration.fromrun import run_records as sim_read_metrics
 
 # a sync-pipeline line as the learner + run loop write it (validation step: accuracy and val_* merged), without
 # schema_version

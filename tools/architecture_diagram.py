@@ -29,12 +29,12 @@ LAYERS = [
     (3, [("specrl.rollout", "protocol · drafter protocol · sampling · engine · sequences\n"
                             "spec_decode/: verify · adaptive · seq_budget")]),
     (4, [("specrl.algorithms", "grpo · losses · logprobs · rollouts · batch")]),
-    (5, [("specrl.drafters", "kinds (the registry) · ngram · suffix · draft_model · eagle · mtp · hybrid · io "
-                             "· shipped · default\n"
-                             "build/ (draft init, draft build stages) · training/ (offline, online, DrafterTrainer)")]),
+    (5, [("specrl.drafters", "registry · kinds/: ngram · suffix · draft_model · eagle · mtp · hybrid\n"
+                             "storage/: io · manifest · shipped · default · export\n"
+                             "training/: offline · online · DrafterTrainer · build/ (draft init, draft build)")]),
     (6, [("specrl.backends", "registry · vLLM (+ its options, worker) · losslessness probe")]),
     (8, [("specrl.trainer", "config_check · protocol · optim · producer · learner · sync_trainer · weight_sync")]),
-    (9, [("specrl.parallel", "FSDP2 learner rank"), ("specrl.sim", "performance simulator · costs/")]),
+    (9, [("specrl.parallel", "FSDP2 learner rank"), ("specrl.sim", "performance simulator · costs/ · calibration/")]),
     (10, [("specrl.run", "loop · session · compare · run directory · certificate")]),
     (11, [("specrl.cluster", "Ray: actors · async driver · learner ranks")]),
     (12, [("specrl.cli · api", "the `specrl` command · train() from Python")]),

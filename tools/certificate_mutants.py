@@ -189,7 +189,7 @@ def certify_with(verify_fn, mode: str, onehot: bool, target, draft, P) -> dict:
     """The certificate's test at its default size with the engine's verify replaced by `verify_fn`."""
     import specrl.rollout.engine as engine_module
     from specrl.backends.probe import probe_backend
-    from specrl.drafters.draft_model import DraftModelDrafter
+    from specrl.drafters.kinds.draft_model import DraftModelDrafter
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
     from specrl.run.certificate import ALPHA, POWER, TARGET_W, plan

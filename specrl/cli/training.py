@@ -36,7 +36,7 @@ def prepare(model: str = typer.Option("smollm2-135m", help="Preset to import int
         path = presets.prepare(model)
         typer.echo(f"[specrl] model {model} ready at {path}")
         if drafts(drafter):
-            from specrl.drafters.default import ensure_default_drafter
+            from specrl.drafters.storage.default import ensure_default_drafter
 
             typer.echo(f"[specrl] {kind}:{name} drafter ready at {ensure_default_drafter(kind, name)}")
     except SpecRLError as e:

@@ -28,7 +28,7 @@ from specrl.backends.registry import build_backend
 from specrl.checkpoint.sharded_state import DcpPart
 from specrl.config.schema import TrainConfig
 from specrl.cpu import keep_large_allocations
-from specrl.drafters.default import resolve_drafter
+from specrl.drafters.storage.default import resolve_drafter
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import parse_dtype
 from specrl.model.loader import load_model

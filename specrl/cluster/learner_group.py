@@ -76,7 +76,7 @@ class LearnerRank:
     def setup(self, host: str, port: int, max_policy_lag: int) -> None:
         import torch.distributed as dist
 
-        from specrl.drafters.default import resolve_drafter
+        from specrl.drafters.storage.default import resolve_drafter
         from specrl.model.hf_checkpoint import parse_dtype
         from specrl.model.loader import load_model
         from specrl.parallel.data_parallel import ShardedLearner

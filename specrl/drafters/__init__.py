@@ -1,17 +1,18 @@
-"""specrl.drafters: every kind of drafter the engine verifies, and how drafters are built, saved and loaded.
+"""specrl.drafters: every kind of drafter the engine verifies, and how drafters are made, stored and loaded.
 
-This package owns the helpers all drafters share (`base.py`, which re-exports the protocol of
-`specrl.rollout.drafter`; `trainable.py`, the methods training, `specrl draft init` and drafter directories call on
-a drafter with weights), the kinds: draft model (`draft_model.py`), EAGLE-3 head (`eagle.py`), MTP heads
-(`mtp.py`), n-gram (`ngram.py`), sibling suffix (`suffix.py`) and hybrid (`hybrid.py`: a learned drafter with the
-suffix drafter); the drafter directory format (`io.py`), offline and online training (`training/`) and building
-one from in-domain rollouts of given prompts (`build/`).
+Three folders, one per job. `kinds/` holds the drafters: draft model, EAGLE-3 head, MTP heads, n-gram, sibling
+suffix and hybrid (a learned drafter with the suffix drafter). `storage/` stores them: the drafter directory format,
+its manifest, the drafters shipped in the package, the embedded model's default drafters and the vLLM export.
+`training/` makes them: offline and online training and, in `training/build/`, building one from in-domain rollouts.
+Beside them sit the helpers all drafters share (`base.py`, which re-exports the protocol of `specrl.rollout.drafter`;
+`trainable.py`, the methods training, `specrl draft init` and drafter directories call on a drafter with weights)
+and the one registry of the built-in kinds (`registry.py`).
 `make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
 draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH | hybrid:LEARNED | a user's kind. PATH may be one of
 EMBEDDED_NAMES: a cached in-domain drafter of the embedded model (SmolLM2-135M): `default` on chain_sum's short
 answers, `think` on the long step-by-step replies of examples/think.yaml. The RL layer builds them from its task
-prompts (`specrl.drafters.default`, `specrl prepare --drafter eagle[:think]`). Specs are parsed by
-`specrl.rollout.drafter_spec`, whose table of kinds holds every kind: `kinds.py` is the explicit registry of the
+prompts (`specrl.drafters.storage.default`, `specrl prepare --drafter eagle[:think]`). Specs are parsed by
+`specrl.rollout.drafter_spec`, whose table of kinds holds every kind: `registry.py` is the explicit registry of the
 built-in kinds' builders and classes (`register_builtin_kinds`, called once here; `register_drafter` registers a
 user's kind through the same `register_drafter_kind`), and
 `make_drafter` builds every kind through its row. It imports model, rollout and errors only.
@@ -23,12 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specrl.drafters.base import DraftBatch, Drafter, Proposal
-from specrl.drafters.draft_model import DraftModelDrafter
-from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.kinds import read_draft_vocab, register_builtin_kinds
-from specrl.drafters.mtp import MTPDrafter
-from specrl.drafters.ngram import NGramDrafter
-from specrl.drafters.suffix import SuffixDrafter
+from specrl.drafters.kinds.draft_model import DraftModelDrafter
+from specrl.drafters.kinds.eagle import EagleDrafter
+from specrl.drafters.kinds.mtp import MTPDrafter
+from specrl.drafters.kinds.ngram import NGramDrafter
+from specrl.drafters.kinds.suffix import SuffixDrafter
+from specrl.drafters.registry import read_draft_vocab, register_builtin_kinds
 from specrl.errors import SpecRLError
 from specrl.rollout.drafter_spec import (
     DRAFTER_KINDS,
@@ -49,7 +50,7 @@ __all__ = ["DraftBatch", "Drafter", "Proposal", "DraftModelDrafter", "NGramDraft
            "EagleDrafter", "MTPDrafter", "make_drafter", "register_drafter", "DrafterSpec", "DRAFTER_KINDS",
            "read_draft_vocab"]
 
-register_builtin_kinds()  # the built-in rows of the kinds table get their builders and classes (drafters.kinds)
+register_builtin_kinds()  # the built-in rows of the kinds table get their builders and classes (drafters.registry)
 
 
 def default_drafter_dir(kind: str, name: str = "default") -> Path:
@@ -87,7 +88,8 @@ def make_drafter(spec: str | None, target=None, dtype=None,
     Every kind, built in or registered, is built by its row of the kinds table (`DrafterKind.build`).
     `KIND:NAME` with NAME in EMBEDDED_NAMES (the kinds whose row is `embedded`: eagle, mtp) loads a cached drafter of
     the embedded model; when it is not built yet, `build_default(kind, name)` builds it and returns its directory
-    (`specrl.drafters.default.resolve_drafter` passes the builder), and without one the error says how to build it.
+    (`specrl.drafters.storage.default.resolve_drafter` passes the builder), and without one the error says how to
+    build it.
     """
     if not drafts(spec):
         return None
@@ -104,7 +106,7 @@ def _build(parsed: DrafterSpec, target, dtype, build_default: Callable[[str, str
         return info.build(parsed, target, dtype, inner=_build(parsed.inner, target, dtype, build_default))
     kind, arg = parsed.kind, parsed.arg
     if info.embedded and arg in EMBEDDED_NAMES:
-        from specrl.drafters.shipped import is_shipped, load_shipped
+        from specrl.drafters.storage.shipped import is_shipped, load_shipped
 
         if is_shipped(kind, arg):  # trained ahead of time, inside the package: verified, never rebuilt
             if target is None:

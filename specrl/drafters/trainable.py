@@ -1,8 +1,9 @@
 """What training, `specrl draft init` and drafter directories ask of a drafter with weights: `TrainableDrafter`.
 
-The EAGLE head (`eagle.py`), the MTP heads (`mtp.py`) and the draft model (`draft_model.py`) implement it, so the
-code that trains, builds, shards, saves and loads drafters (`training/`, `build/from_rollouts.py`, `io.py`,
-`specrl.parallel`) calls these methods instead of asking a drafter for its kind:
+The EAGLE head (`kinds/eagle.py`), the MTP heads (`kinds/mtp.py`) and the draft model (`kinds/draft_model.py`)
+implement it, so the code that trains, builds, shards, saves and loads drafters (`training/`,
+`training/build/from_rollouts.py`, `storage/io.py`, `specrl.parallel`) calls these methods instead of asking a
+drafter for its kind:
 
 * training: the target layers a training forward captures (`training_capture`), the features the drafter
   learns from (`training_features`), the map of target ids to its draft vocabulary (`target_to_draft`), the
@@ -12,8 +13,8 @@ code that trains, builds, shards, saves and loads drafters (`training/`, `build/
 * `specrl draft init`: a fresh drafter for a target (`check_build`, `untrained`), what training leaves to do
   (`after_training`), how the built drafter is saved (`save_built`) and what the build report records
   (`build_report`);
-* drafter directories (`io.py`, for kinds whose row in the kinds table has a `min_format_version`): the config
-  fields a directory needs (`CONFIG_FIELDS`), the drafter a directory's config and weights make
+* drafter directories (`storage/io.py`, for kinds whose row in the kinds table has a `min_format_version`): the
+  config fields a directory needs (`CONFIG_FIELDS`), the drafter a directory's config and weights make
   (`from_directory`) and the error for a directory of a format older than the kind reads (`old_format_error`).
 """
 
@@ -94,8 +95,8 @@ class TrainableDrafter:
         return {}
 
     def save_built(self, out: Path, target, model: str | os.PathLike) -> None:
-        """Save the built drafter into `out` (a drafter directory, `specrl.drafters.io.save_drafter`)."""
-        from specrl.drafters.io import save_drafter
+        """Save the built drafter into `out` (a drafter directory, `specrl.drafters.storage.io.save_drafter`)."""
+        from specrl.drafters.storage.io import save_drafter
 
         save_drafter(self, out)
 

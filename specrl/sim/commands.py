@@ -90,7 +90,7 @@ def build_config(preset=None, model=None, hardware=None, gpus=None, drafter=None
                  max_response_tokens=None, response_mean=None, response_sigma=None, length_histogram=None,
                  gpus_per_engine=None, drafter_model=None, cpu_profile=None,
                  cudagraph_max_tokens=None) -> SimConfig:
-    from specrl.sim.fromrun import cpu_efficiency
+    from specrl.sim.calibration.fromrun import cpu_efficiency
     from specrl.sim.scenarios import get_preset
 
     if cudagraph_max_tokens is not None and cudagraph_max_tokens < 0:
@@ -150,7 +150,7 @@ def main(ctx: typer.Context, preset: Preset = None, model: Model = None, hardwar
         return
     try:
         if from_run:
-            from specrl.sim.fromrun import predict_run
+            from specrl.sim.calibration.fromrun import predict_run
 
             out = predict_run(from_run, cpu_profile=cpu_profile, prompt_tokens=prompt_tokens, threads=threads)
             if json_out:
@@ -262,7 +262,7 @@ def fit(
     data: Annotated[str | None, typer.Option("--data", help="paper_8b.json-shaped stage tables")] = None,
     holdout: Annotated[str | None, typer.Option(
         "--holdout", help="WORKLOAD:ARM:STAGE,... left out of the fit, e.g. RL-Zero:spec:gen")] = None,
-    write: Annotated[bool, typer.Option("--write", help="update specrl/sim/calibrated.py")] = False,
+    write: Annotated[bool, typer.Option("--write", help="update specrl/sim/calibration/calibrated.py")] = False,
     max_nfev: Annotated[int, typer.Option("--max-evals")] = 60,
     from_run: Annotated[list[str] | None, typer.Option(
         "--from-run", help="fit CPU factors to a sync run (runs/NAME); twice: a short- then a long-sequence run")]
@@ -277,11 +277,11 @@ def fit(
 
     With --from-run, fit the CPU efficiency factors to a real specrl run instead (used by --from-run).
     """
-    from specrl.sim.calibrate import DEFAULT_DATA, write_calibration
-    from specrl.sim.calibrate import fit as run_fit
+    from specrl.sim.calibration.calibrate import DEFAULT_DATA, write_calibration
+    from specrl.sim.calibration.calibrate import fit as run_fit
 
     if from_run:
-        from specrl.sim.calibrate import fit_cpu_efficiency
+        from specrl.sim.calibration.calibrate import fit_cpu_efficiency
 
         try:
             out = fit_cpu_efficiency(list(from_run), cpu_profile=cpu_profile, prompt_tokens=prompt_tokens,

@@ -6,7 +6,7 @@ the presets assume DAPO's published batch (512 prompts x 16 generations, max 204
 dataset is DAPO-Math-17K), 256-token prompts and a 1800-token mean response (one value for both workloads,
 because the paper's logprob and train times are equal within 1%, i.e. equal tokens per step). The log-normal
 tail shape of each workload is fitted together with the efficiencies by `specrl simulate fit` and stored in
-`calibrated.py`. `paper-235b` projects Qwen3-235B-A22B on GB200 in FP8 with a rollout batch of 4096 under
+`calibration/calibrated.py`. `paper-235b` projects Qwen3-235B-A22B on GB200 in FP8 with a rollout batch of 4096 under
 async RL with policy lag 2, reusing the RL-Think workload shape and acceptance.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specrl.errors import SpecRLError
-from specrl.sim.calibrated import CALIBRATION
+from specrl.sim.calibration.calibrated import CALIBRATION
 from specrl.sim.costs.roofline import Efficiency
 from specrl.sim.pipeline import SimConfig
 from specrl.sim.workload import Workload

@@ -5,7 +5,7 @@ learner's named weights and version published through a `WeightSync`) between th
 on the learner (`specrl.trainer.learner`), which returns the step's `metrics.jsonl` record. Nothing here touches the
 rollout backend except through the protocol (`specrl.rollout.protocol`); the backend comes from the registry
 (`specrl.backends.registry.build_backend`), and the drafters from their specs
-(`specrl.drafters.default.resolve_drafter`).
+(`specrl.drafters.storage.default.resolve_drafter`).
 The async pipeline composes the same producer and learner on Ray actors.
 """
 
@@ -24,7 +24,7 @@ from specrl.algorithms.rollouts import Rollouts
 from specrl.backends.registry import build_backend, check_backend
 from specrl.config.hardware import resolve_hardware
 from specrl.config.schema import TrainConfig
-from specrl.drafters import default as default_drafter
+from specrl.drafters.storage import default as default_drafter
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import parse_dtype
 from specrl.model.loader import load_model

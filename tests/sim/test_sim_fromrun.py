@@ -9,12 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from specrl.errors import SpecRLError
-from specrl.sim.calibrate import fit_cpu_efficiency
+from specrl.sim.calibration.calibrate import fit_cpu_efficiency
+from specrl.sim.calibration.fromrun import config_for_run, predict_run, read_run_config, run_records
 from specrl.sim.commands import app
 from specrl.sim.costs.accelerators import get_hardware, with_threads
 from specrl.sim.costs.models import get_model
 from specrl.sim.costs.roofline import Efficiency
-from specrl.sim.fromrun import config_for_run, predict_run, read_run_config, run_records
 from specrl.sim.pipeline import combine, other_stages, prepare, simulate, trainer_forward_flops
 from specrl.sim.workload import Workload
 

@@ -61,8 +61,8 @@ def _trainable(drafter) -> TrainableDrafter:
     if isinstance(drafter, TrainableDrafter):
         return drafter
     raise SpecRLError(f"train_drafter trains EAGLE, MTP and draft-model drafters; got {type(drafter).__name__} "
-                      "(unknown drafter kind; use specrl.drafters.eagle.EagleDrafter, specrl.drafters.mtp.MTPDrafter "
-                      "or specrl.drafters.DraftModelDrafter)")
+                      "(unknown drafter kind; use specrl.drafters.kinds.eagle.EagleDrafter, "
+                      "specrl.drafters.kinds.mtp.MTPDrafter or specrl.drafters.DraftModelDrafter)")
 
 
 def _module(drafter) -> torch.nn.Module:
@@ -117,7 +117,7 @@ def target_outputs(target, sequences: list[list[int]], capture: tuple[int, ...] 
     """One no-grad target forward per batch of similar-length sequences; yields, per sequence index i,
     (i, tokens [T], captured layers {layer: [T, H]}, final-normed hidden [T, H], top-K target ids [T, K],
     their probabilities [T, K], argmax [T]) on the host. The shared core of `collect` and the build's feature
-    stage (`specrl.drafters.build.features`)."""
+    stage (`specrl.drafters.training.build.features`)."""
     vocab = target.args.vocab_size
     dev = target.embed_tokens.weight.device
     kk = min(topk, vocab)

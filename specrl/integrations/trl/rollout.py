@@ -163,7 +163,7 @@ class SpecRLRollouts:
             from specrl.integrations.trl.vllm import vllm_engine
 
             return vllm_engine(self, trainer)
-        from specrl.drafters.default import resolve_drafter
+        from specrl.drafters.storage.default import resolve_drafter
         from specrl.integrations.trl.weights import engine_model
         from specrl.rollout.engine import RolloutEngine
 

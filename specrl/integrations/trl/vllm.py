@@ -17,7 +17,7 @@ def vllm_engine(rollouts, trainer):
 
     try:
         from specrl.backends.vllm import VLLMBackend, VLLMOptions
-        from specrl.drafters.default import default_head_spec
+        from specrl.drafters.storage.default import default_head_spec
     except ImportError as e:
         raise SpecRLError(f"rollout_func(backend='vllm') needs vLLM in this environment ({e}); install "
                           "'specrl[vllm]' (see docs/trl.md) or use backend='native'") from None

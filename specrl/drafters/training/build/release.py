@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from specrl.drafters.build.recipe import Recipe
-from specrl.drafters.build.stages import _claim, _load_target, _record, stage_record
+from specrl.drafters.training.build.recipe import Recipe
+from specrl.drafters.training.build.stages import _claim, _load_target, _record, stage_record
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 
@@ -32,8 +32,8 @@ def _heldout(recipe: Recipe, prompts: Callable, tokenizer, n: int | None) -> lis
 
 def run_package(recipe: Recipe, work: Path, target=None, dest: Path | None = None) -> Path:
     """Stage 4: the trained head in the shipped dtype + manifest (eval filled in by stage 5)."""
-    from specrl.drafters.io import load_drafter
-    from specrl.drafters.shipped import package, package_size
+    from specrl.drafters.storage.io import load_drafter
+    from specrl.drafters.storage.shipped import package, package_size
 
     _claim(work, recipe)
     train = stage_record(work, "train")
@@ -56,9 +56,9 @@ def run_eval(recipe: Recipe, work: Path, prompts: Callable, target=None, drafter
     """Stage 5: held-out evaluation of the packaged head (or of `drafter_dir`); into WORK/eval and the manifest."""
     import torch
 
-    from specrl.drafters.build.heldout import DEFAULT_KS, evaluate_drafter
-    from specrl.drafters.io import load_drafter
-    from specrl.drafters.shipped import MANIFEST, check_shipped
+    from specrl.drafters.storage.io import load_drafter
+    from specrl.drafters.storage.shipped import MANIFEST, check_shipped
+    from specrl.drafters.training.build.heldout import DEFAULT_KS, evaluate_drafter
 
     _claim(work, recipe)
     d = Path(drafter_dir) if drafter_dir is not None else work / "package"
@@ -85,8 +85,8 @@ def run_eval(recipe: Recipe, work: Path, prompts: Callable, target=None, drafter
 def run_curve(recipe: Recipe, work: Path, prompts: Callable, target=None, k: int | None = None,
               n_prompts: int | None = None, max_new_tokens: int | None = None, log=print) -> list[dict]:
     """AL at k (default recipe.k) of every training snapshot (and the final head): `WORK/eval/curve.json`."""
-    from specrl.drafters.build.heldout import evaluate_drafter
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
+    from specrl.drafters.training.build.heldout import evaluate_drafter
 
     train = stage_record(work, "train")
     if not train or not train.get("snapshots"):

@@ -9,7 +9,7 @@ training data (`data.jsonl`, reusable via data_jsonl).
 
 Prompts come in one of three forms: prompt strings (rendered with the chat template), token-id lists, or a
 callable tokenizer -> (train prompt ids, held-out prompt ids). The last is how a task's prompts arrive from the RL
-layer (`specrl.drafters.default.task_prompts`); this module knows nothing of tasks.
+layer (`specrl.drafters.storage.default.task_prompts`); this module knows nothing of tasks.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specrl.drafters.draft_model import TOKENIZER_FILES, save_draft_model  # noqa: F401  (this module's API too)
+from specrl.drafters.kinds.draft_model import TOKENIZER_FILES, save_draft_model  # noqa: F401  (this module's API too)
 from specrl.drafters.trainable import TrainableDrafter
 from specrl.errors import SpecRLError
 from specrl.rollout.drafter_spec import DRAFTER_KINDS
@@ -52,7 +52,8 @@ def split_prompts(prompts: Prompts, tokenizer, samples: int, heldout: int = HELD
         return list(train)[:samples], list(held)
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
         raise SpecRLError("prompts must be a list of prompt strings or token-id lists, or a callable tokenizer -> "
-                          "(train ids, held-out ids); a task's prompts: specrl.drafters.default.task_prompts(name)")
+                          "(train ids, held-out ids); a task's prompts: "
+                          "specrl.drafters.storage.default.task_prompts(name)")
     if len(prompts) < MIN_PROMPTS:
         raise SpecRLError(f"give at least {MIN_PROMPTS} prompt strings (some are held out for the acceptance "
                           "measurement)")

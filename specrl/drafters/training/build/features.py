@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specrl.drafters.build.shards import ShardInfo, read_shard, shard_path
+from specrl.drafters.training.build.shards import ShardInfo, read_shard, shard_path
 from specrl.errors import SpecRLError
 from specrl.fileio import temp_path
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from specrl.drafters.base import Drafter
-from specrl.drafters.draft_model import DraftModelDrafter
-from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.hybrid import HybridDrafter
-from specrl.drafters.mtp import MTPDrafter
-from specrl.drafters.ngram import NGramDrafter
-from specrl.drafters.suffix import SuffixDrafter
+from specrl.drafters.kinds.draft_model import DraftModelDrafter
+from specrl.drafters.kinds.eagle import EagleDrafter
+from specrl.drafters.kinds.hybrid import HybridDrafter
+from specrl.drafters.kinds.mtp import MTPDrafter
+from specrl.drafters.kinds.ngram import NGramDrafter
+from specrl.drafters.kinds.suffix import SuffixDrafter
 from specrl.errors import SpecRLError
 from specrl.rollout.drafter_spec import DRAFTER_KINDS, DrafterSpec, register_drafter_kind
 
@@ -25,7 +25,7 @@ def read_draft_vocab(ckpt_dir: Path, vocab_size: int):
     import json
 
     from specrl.drafters.base import check_draft_vocab
-    from specrl.drafters.draft_model import DRAFT_VOCAB_FILE
+    from specrl.drafters.kinds.draft_model import DRAFT_VOCAB_FILE
 
     f = ckpt_dir / DRAFT_VOCAB_FILE
     if not ckpt_dir.is_dir() or not f.exists():
@@ -65,8 +65,8 @@ def _build_draft_model(spec: DrafterSpec, target, dtype) -> DraftModelDrafter:
 
 
 def _build_from_directory(spec: DrafterSpec, target, dtype) -> Drafter:
-    """A drafter directory written by `save_drafter` / `specrl draft init` (`specrl.drafters.io`)."""
-    from specrl.drafters.io import load_drafter
+    """A drafter directory written by `save_drafter` / `specrl draft init` (`specrl.drafters.storage.io`)."""
+    from specrl.drafters.storage.io import load_drafter
 
     return load_drafter(spec.arg, target, expected_kind=spec.kind)
 

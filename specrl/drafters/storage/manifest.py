@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specrl.errors import SpecRLError
 
-SHIPPED_DIR = Path(__file__).parent / "shipped"
+SHIPPED_DIR = Path(__file__).parents[1] / "shipped"  # the data folder specrl/drafters/shipped/
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "specrl-shipped-drafter"
 FILES = ("config.json", "model.safetensors")

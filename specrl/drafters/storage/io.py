@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specrl.drafters.manifest import verify_manifest
+from specrl.drafters.storage.manifest import verify_manifest
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import check_finite, copy_state
 from specrl.rollout.drafter_spec import DRAFTER_KINDS, DrafterKind

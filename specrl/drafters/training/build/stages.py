@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from specrl.drafters.build.recipe import Recipe
+from specrl.drafters.training.build.recipe import Recipe
 from specrl.drafters.training.offline import select_draft_vocab
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
@@ -58,7 +58,7 @@ def _save_state(work: Path, state: dict) -> None:
 
 def run_rollouts(recipe: Recipe, work: Path, prompts: Callable, progress: bool = True) -> list:
     """Stage 1: the rollouts, sharded under WORK/rollouts (resumes from whole shards)."""
-    from specrl.drafters.build.shards import collect_rollouts
+    from specrl.drafters.training.build.shards import collect_rollouts
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
     from specrl.rollout.sampling import SamplingParams
@@ -101,7 +101,7 @@ def stage_record(work: Path, stage: str) -> dict | None:
 def whole_shards(recipe: Recipe, work: Path, upto: int | None = None, partial: bool = False) -> list:
     """The checked rollout shards 0..upto-1 (default all); a missing one is an error unless `partial`, and a
     damaged one always is (the rollouts stage rebuilds it)."""
-    from specrl.drafters.build.shards import check_shard, shard_path
+    from specrl.drafters.training.build.shards import check_shard, shard_path
 
     n = recipe.n_shards if upto is None else upto
     infos, missing = [], []
@@ -131,8 +131,8 @@ def run_features(recipe: Recipe, work: Path, target=None, progress: bool = True,
     """Stage 2: features of every rollout shard (with `partial`, of the shards present so far)."""
     import torch
 
-    from specrl.drafters.build.features import extract_features
-    from specrl.drafters.eagle import default_layers
+    from specrl.drafters.kinds.eagle import default_layers
+    from specrl.drafters.training.build.features import extract_features
 
     _claim(work, recipe)
     infos = whole_shards(recipe, work, partial=partial)
@@ -167,10 +167,10 @@ def train_head(recipe: Recipe, work: Path, target, infos: list, feats: list, out
     shards' responses, then `fit`. Returns (drafter, fit's result, the vocabulary's coverage)."""
     import torch
 
-    from specrl.drafters.build.features import feature_path
-    from specrl.drafters.build.fit import examples_from_features, fit, vocab_coverage
-    from specrl.drafters.build.shards import read_shard, shard_path
-    from specrl.drafters.eagle import EagleDrafter
+    from specrl.drafters.kinds.eagle import EagleDrafter
+    from specrl.drafters.training.build.features import feature_path
+    from specrl.drafters.training.build.fit import examples_from_features, fit, vocab_coverage
+    from specrl.drafters.training.build.shards import read_shard, shard_path
     from specrl.model.tokenizer import stop_token_ids
 
     stops = stop_token_ids(None, target.args)
@@ -196,8 +196,8 @@ def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, st
 
     import torch
 
-    from specrl.drafters.build.shards import data_hash
-    from specrl.drafters.io import save_drafter
+    from specrl.drafters.storage.io import save_drafter
+    from specrl.drafters.training.build.shards import data_hash
 
     _claim(work, recipe)
     infos = whole_shards(recipe, work)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from specrl.drafters.base import BindContext, DraftBatch, Drafter, Proposal
-from specrl.drafters.suffix import SuffixDrafter
+from specrl.drafters.kinds.suffix import SuffixDrafter
 from specrl.errors import SpecRLError
 
 DEFAULT_MIN_MATCH = 5  # context tokens the suffix must match before its continuation is trusted over the learned one

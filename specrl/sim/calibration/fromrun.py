@@ -6,7 +6,7 @@ Reads the trainer's `metrics.jsonl` (one JSON per step: `stage_seconds`, `respon
 `speculative.drafter`), builds the matching simulator config on the measured `cpu` profile and the CPU
 efficiency factors, and returns predicted vs measured seconds per stage (medians over the steps after the
 first, which carries warm-up) with the relative error. Fitting the CPU efficiency factors to such runs is
-`specrl.sim.calibrate.fit_cpu_efficiency`.
+`specrl.sim.calibration.calibrate.fit_cpu_efficiency`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from specrl.errors import SpecRLError
 from specrl.observability.step_record import StepRecord, read_records
 from specrl.rollout.drafter_spec import DRAFTER_KINDS, parse_drafter_spec
-from specrl.sim.calibrated import CALIBRATION
+from specrl.sim.calibration.calibrated import CALIBRATION
 from specrl.sim.costs.models import CATALOG_CONFIGS
 from specrl.sim.costs.roofline import Efficiency
 from specrl.sim.pipeline import STAGES, SimConfig, config_dict, simulate

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from specrl.cpu import tick
-from specrl.drafters.build.features import load_features
+from specrl.drafters.training.build.features import load_features
 from specrl.drafters.training.offline import (
     ADAM_BETAS,
     GRAD_CLIP_NORM,
@@ -127,7 +127,7 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
     Returns dict(steps, epochs, train_loss (mean of the last epoch's steps), loss_per_epoch, seconds,
     snapshots: [{step, tokens_seen, path}], resumed_from).
     """
-    from specrl.drafters.io import save_drafter
+    from specrl.drafters.storage.io import save_drafter
 
     if not examples:
         raise SpecRLError("no training examples: the build's feature stage produced none")

@@ -22,9 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from specrl.errors import SpecRLError
-from specrl.sim.costs.models import get_model
-from specrl.sim.costs.roofline import Efficiency
-from specrl.sim.fromrun import (
+from specrl.sim.calibration.fromrun import (
     config_for_run,
     cpu_efficiency,
     metrics_file,
@@ -34,6 +32,8 @@ from specrl.sim.fromrun import (
     run_records,
     step_configs,
 )
+from specrl.sim.costs.models import get_model
+from specrl.sim.costs.roofline import Efficiency
 from specrl.sim.pipeline import STAGES, SimConfig, other_stages, prepare, run_generation, simulate
 
 STAGE_MAP = {"data": "data", "prepare": "prepare", "generation": "gen", "logprob": "logprob", "training": "train"}
@@ -41,7 +41,7 @@ ARM_MAP = {"autoregressive": "ar", "speculative_k3": "spec"}
 PRIORS = {"bw_eff": 0.7, "step_overhead_s": 2e-3, "draft_overhead_s": 0.5e-3}
 PRIOR_WEIGHT = 0.05  # residual per e-fold away from the prior; measured residuals weigh 1 per e-fold
 # A copy of shared/reference/paper_8b.json ships with the package, so `fit` works from any checkout.
-DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "paper_8b.json"
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "paper_8b.json"  # specrl/sim/data/
 
 
 @dataclass
@@ -181,7 +181,7 @@ def _round(d: dict) -> dict:
 def write_calibration(result: FitResult | None = None, path: str | Path | None = None,
                       cpu: Efficiency | None = None, cpu_source: str = "") -> Path:
     """Write calibrated.py (the module presets read): a GPU fit, a CPU fit, or both; the rest is kept."""
-    from specrl.sim.calibrated import CALIBRATION
+    from specrl.sim.calibration.calibrated import CALIBRATION
 
     path = Path(path or Path(__file__).with_name("calibrated.py"))
     cal = dict(CALIBRATION)

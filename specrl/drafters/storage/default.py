@@ -1,15 +1,16 @@
 """The embedded model's drafters, built from the RL task's own prompts, and drafter specs with them.
 
 `eagle:default` (the short-answer workload's head) and `eagle:think` (examples/think.yaml's long step-by-step replies)
-are shipped in the package (`specrl.drafters.shipped`, trained by `specrl draft build --recipe default|think`):
+are shipped in the package (`specrl.drafters.storage.shipped`, trained by `specrl draft build --recipe default|think`):
 `ensure_default_drafter` verifies and returns a shipped drafter's directory, never builds it (a shipped name with a
 missing or edited manifest is an error). The others (`mtp:default`,
 `mtp:think`) are in-domain drafters of SmolLM2-135M built on first use: the policy's rollouts on chain_sum prompts,
-distilled with a small fixed budget (`DEFAULT_BUILDS`) by `specrl.drafters.build.from_rollouts.train_drafter_offline`
-and cached next to the model (`specrl.drafters.default_drafter_dir`). The drafters layer only loads them; the build
-lives here because only this layer knows tasks: `task_prompts` renders a task's train and held-out prompts exactly
-as the trainer does (`PromptFormatter`). `resolve_drafter` is `make_drafter` with that builder, what the CLI, the
-trainer, the rollout backends and the benchmarks call.
+distilled with a small fixed budget (`DEFAULT_BUILDS`) by
+`specrl.drafters.training.build.from_rollouts.train_drafter_offline` and cached next to the model
+(`specrl.drafters.default_drafter_dir`). The drafters layer only loads them; the build lives here because only
+this layer knows tasks: `task_prompts` renders a task's train and held-out prompts exactly as the trainer does
+(`PromptFormatter`). `resolve_drafter` is `make_drafter` with that builder, what the CLI, the trainer, the rollout
+backends and the benchmarks call.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specrl.drafters import DEFAULT_DRAFTER_MODEL, DEFAULT_KINDS, Drafter, default_drafter_dir, make_drafter
-from specrl.drafters.build import from_rollouts as drafter_build
-from specrl.drafters.io import FORMAT_VERSION, min_format_version
+from specrl.drafters.storage.io import FORMAT_VERSION, min_format_version
+from specrl.drafters.training.build import from_rollouts as drafter_build
 from specrl.errors import SpecRLError
 from specrl.fileio import replace_dir
 from specrl.rollout.drafter_spec import parse_drafter_spec
@@ -98,7 +99,7 @@ def ensure_default_drafter(kind: str, name: str = "default", progress: bool = Tr
     """
     if kind not in DEFAULT_KINDS:
         raise SpecRLError(f"there is no default {kind!r} drafter; defaults exist for 'eagle' and 'mtp'")
-    from specrl.drafters.shipped import check_shipped, is_shipped, shipped_dir
+    from specrl.drafters.storage.shipped import check_shipped, is_shipped, shipped_dir
 
     if is_shipped(kind, name):  # trained ahead of time and shipped in the package: nothing to build, ever
         check_shipped(shipped_dir(name))  # its files; the target is checked where the head is loaded or exported

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specrl.drafters.manifest import (  # noqa: F401  (re-exported: the shipped drafters' names)
+from specrl.drafters.storage.manifest import (  # noqa: F401  (re-exported: the shipped drafters' names)
     FILES,
     MANIFEST,
     MANIFEST_FORMAT,
@@ -63,7 +63,7 @@ def _commit() -> str | None:
 def package(drafter, target, dest: Path, name: str, recipe: dict, data_hash: str, evaluation: dict | None,
             extra: dict | None = None, dtype: str = SHIPPED_DTYPE) -> Path:
     """Write `drafter` in `dtype` into `dest` with its manifest; return `dest`."""
-    from specrl.drafters.io import save_drafter
+    from specrl.drafters.storage.io import save_drafter
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ def check_shipped(d: Path, target=None, target_model: str | None = None) -> dict
 
 def load_shipped(kind: str, name: str, target, root: Path | None = None):
     """The shipped drafter `kind:name` for `target`, verified against its manifest and the target first."""
-    from specrl.drafters.io import load_drafter
+    from specrl.drafters.storage.io import load_drafter
 
     d = shipped_dir(name, root)
     m = verify_manifest(d, target, required=True)

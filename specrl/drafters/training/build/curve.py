@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from specrl.drafters.build.recipe import Recipe
-from specrl.drafters.build.stages import _claim, _load_target, stage_record, train_head, whole_shards
+from specrl.drafters.training.build.recipe import Recipe
+from specrl.drafters.training.build.stages import _claim, _load_target, stage_record, train_head, whole_shards
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 
@@ -44,10 +44,10 @@ def run_separate_curve(recipe: Recipe, work: Path, prompts: Callable, target=Non
                        stop_after: int | None = None, log=print) -> list[dict]:
     """Train on the first N shards for each N in recipe.curve (below all shards), evaluate each head and the build's
     full head at k on the held-out prompts; returns the rows (also in WORK/eval/curve_separate.json), by N."""
-    from specrl.drafters.build.heldout import evaluate_drafter
-    from specrl.drafters.build.release import _heldout
-    from specrl.drafters.build.stages import run_features
-    from specrl.drafters.io import load_drafter, save_drafter
+    from specrl.drafters.storage.io import load_drafter, save_drafter
+    from specrl.drafters.training.build.heldout import evaluate_drafter
+    from specrl.drafters.training.build.release import _heldout
+    from specrl.drafters.training.build.stages import run_features
 
     _claim(work, recipe)
     full = stage_record(work, "train")

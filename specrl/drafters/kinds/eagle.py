@@ -6,7 +6,7 @@ n3(h_high)]) fuses three captured target layers (default (1, L//2-1, L-4)), each
 is EAGLE-3's "midlayer", exactly as vLLM runs it (`Eagle3Block`): attention reads [input_layernorm(embed(x_{t+1}));
 hidden_norm(g_t)] (2H -> q/k/v), the residual stream is g_t itself, then the usual MLP; logits =
 lm_head(norm(o_t)). So a head trained here exports to vLLM's EAGLE-3 checkpoint layout by renaming alone
-(`specrl.drafters.export`; the per-layer norms are vLLM's `fc_norm`). The embedding is the target's (shared,
+(`specrl.drafters.storage.export`; the per-layer norms are vLLM's `fc_norm`). The embedding is the target's (shared,
 frozen, not saved), and the LM head is the drafter's own, optionally over a reduced vocabulary with `d2t`
 mapping draft index -> target id (returned probabilities are always over the full target vocabulary, zero
 outside the subset).

@@ -1,6 +1,6 @@
 """Export a specrl EAGLE head to vLLM's EAGLE-3 checkpoint layout (`specrl draft export --format vllm-eagle3`).
 
-specrl's EAGLE layer is EAGLE-3's midlayer (`specrl.drafters.eagle.Eagle3Block`), so the export is a renaming
+specrl's EAGLE layer is EAGLE-3's midlayer (`specrl.drafters.kinds.eagle.Eagle3Block`), so the export is a renaming
 plus a config: `block.*` -> `midlayer.*`, the per-layer input norms -> `fc_norm.{i}` (vLLM's `fc_norm: true`),
 `fc`, `norm`, `lm_head` unchanged; the draft vocabulary `d2t` (specrl: absolute target ids) becomes vLLM's
 offsets (`target = draft + d2t[draft]`) plus EAGLE-3's boolean `t2d` mask; the fused target layers i (outputs
@@ -98,8 +98,8 @@ def export_vllm_eagle3(drafter_dir: str | os.PathLike, target_dir: str | os.Path
     """Write `out` (config.json + model.safetensors) in vLLM's EAGLE-3 layout from a specrl EAGLE directory."""
     from safetensors.torch import load_file
 
-    from specrl.drafters.io import read_config
-    from specrl.drafters.manifest import verify_manifest
+    from specrl.drafters.storage.io import read_config
+    from specrl.drafters.storage.manifest import verify_manifest
 
     src, tgt, dst = Path(drafter_dir), Path(target_dir), Path(out)
     cfg = read_config(src)

@@ -4,7 +4,8 @@ A recipe names the target model, the workload the drafter serves (task, difficul
 temperature and length: the RL run's own, since on-policy rollouts at the workload's temperature and template are
 the data that matter most), how many prompts are rolled out and how they are sharded, and the training settings
 (drafter kind, draft vocabulary size, target top-K, training-time-test depth, epochs, learning rate). The shipped
-recipes are `specrl/drafters/build/recipes/*.json`; `Recipe.load` validates a file and names every wrong or unknown key.
+recipes are `specrl/drafters/training/build/recipes/*.json`; `Recipe.load` validates a file and names every wrong or
+unknown key.
 `Recipe.hash()` identifies the rollout data a recipe produces (the fields that change the data), so a build
 directory refuses a recipe whose data would differ from the shards it holds.
 """
