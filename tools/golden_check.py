@@ -8,6 +8,10 @@ after a refactor that must not change behaviour and diff the outputs:
     ... refactor ...
     .venv/bin/python tools/golden_check.py --config examples/compare.yaml --steps 3 > after.txt
     diff before.txt after.txt
+
+Settings chosen from timing would make the hashes differ run to run on unchanged code (auto k picks k from measured
+step costs; `run.threads: auto` follows the load), so the check pins them before the config's and the user's
+settings are applied: `PINNED` (k = 3, one thread, fp32 rollouts); a `--set` given here overrides a pin.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import json
 import os
 import sys
 import tempfile
+
+# settings pinned so the hashes depend on the code alone (overridable with --set)
+PINNED = ("speculative.num_draft_tokens=3", "run.threads=1", "model.rollout_dtype=float32")
 
 
 def weights_hash(model) -> str:
@@ -49,7 +56,7 @@ def main() -> int:
     torch.set_num_threads(a.threads)
     from specrl.trainer.config_check import load_config
 
-    cfg = load_config(a.config, [*a.sets, f"run.steps={a.steps}"])
+    cfg = load_config(a.config, [*PINNED, *a.sets, f"run.steps={a.steps}"])
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
         from specrl.trainer.sync_trainer import GRPOTrainer, seed_everything
