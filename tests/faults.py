@@ -37,10 +37,10 @@ def kill_learner_at(step: int) -> None:
 
     original = Learner.stage_train
 
-    def stage_train(self, batch):
+    def stage_train(self, batch, capture=None):
         if self.step_count + 1 == step:
             os.kill(os.getpid(), signal.SIGKILL)
-        return original(self, batch)
+        return original(self, batch, capture)
 
     Learner.stage_train = stage_train
 

@@ -74,7 +74,7 @@ def test_the_drafter_clips_its_own_gradient_norm(tiny, monkeypatch):
         seen.append(float(torch.nn.utils.get_total_norm(grads)))
 
     dt.optimizer.register_step_pre_hook(norm_at_step)
-    updates, loss = dt.train_online(batch.captured, batch.plan, 1, step=1)
+    updates, loss = dt.train_online(t.learner.drafter_trainer.captures, batch.plan, 1, step=1)
     assert updates == 2 and loss > 0 and len(seen) == 2 and len(dt.grad_norms) == 2
     print(f"drafter gradient norms before clipping {dt.grad_norms}, the policy's {policy_gn:.3g}")
     assert all(gn > cap for gn in dt.grad_norms)  # the clip had something to do
@@ -84,7 +84,7 @@ def test_the_drafter_clips_its_own_gradient_norm(tiny, monkeypatch):
                            max_grad_norm=1e9)
     seen.clear()
     loose.optimizer.register_step_pre_hook(norm_at_step)
-    loose.train_online(batch.captured, batch.plan[:1], 1, step=1)
+    loose.train_online(t.learner.drafter_trainer.captures, batch.plan[:1], 1, step=1)
     assert seen[0] == pytest.approx(loose.grad_norms[0], rel=1e-5) and seen[0] > cap
 
 

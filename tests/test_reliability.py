@@ -141,8 +141,8 @@ def test_nonfinite_override_and_unreadable_config(tmp_path):
 def test_nonfinite_weights_after_an_update_are_never_checkpointed(tiny, tmp_path, monkeypatch):
     real = Learner.stage_train
 
-    def poisoned(self, batch):
-        out = real(self, batch)
+    def poisoned(self, batch, capture=None):
+        out = real(self, batch, capture)
         if self.step_count + 1 == 2:
             with torch.no_grad():
                 self.policy.norm.weight[0] = float("nan")
@@ -445,11 +445,11 @@ def test_online_drafter_gone_nan_is_named(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(default_drafter, "resolve_drafter", build)
     real = Learner.stage_train
 
-    def poisoned(self, batch):
+    def poisoned(self, batch, capture=None):
         if self.step_count + 1 == 2:
             with torch.no_grad():
                 next(self.drafter.parameters()).fill_(float("nan"))
-        return real(self, batch)
+        return real(self, batch, capture)
 
     monkeypatch.setattr(Learner, "stage_train", poisoned)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__drafter="eagle:x", drafter__online=True,
@@ -506,11 +506,11 @@ def clean_run(tiny, tmp_path_factory) -> Path:
 def test_signal_mid_step_finishes_checkpoints_and_resumes_bitwise(tiny, tmp_path, monkeypatch, clean_run, sig):
     real = Learner.stage_train
 
-    def signalled(self, batch):
+    def signalled(self, batch, capture=None):
         if self.step_count + 1 == 2:
             os.kill(os.getpid(), sig)  # arrives in the middle of step 2
             time.sleep(0.05)
-        return real(self, batch)
+        return real(self, batch, capture)
 
     monkeypatch.setattr(Learner, "stage_train", signalled)
     before = signal.getsignal(sig)

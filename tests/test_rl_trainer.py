@@ -268,10 +268,10 @@ def test_online_needs_trainable_drafter(tiny):
 def test_non_finite_in_run_names_step_and_last_good_checkpoint(tiny, tmp_path, monkeypatch):
     real = Learner.stage_train
 
-    def flaky(self, batch):
+    def flaky(self, batch, capture=None):
         if self.step_count + 1 == 2:
             raise NonFiniteError("step 2: non-finite GRPO loss (nan); update skipped")
-        return real(self, batch)
+        return real(self, batch, capture)
 
     monkeypatch.setattr(Learner, "stage_train", flaky)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
@@ -353,7 +353,7 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     opt, dt = t.learner.optimizer, t.learner.drafter_trainer
     pstate = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in t.policy.parameters()}
     lr = opt.param_groups[0]["lr"]
-    assert dt.refresh(batch.captured, 1) == 3
+    assert dt.refresh(dt.captures, 1) == 3
     assert all(torch.equal(policy[k], v) for k, v in t.policy.state_dict().items())  # bit-identical policy
     for p in t.policy.parameters():  # and untouched AdamW moments / step counts of the policy
         assert all(torch.equal(pstate[id(p)][k], v) for k, v in opt.state[p].items())
@@ -363,7 +363,7 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     with torch.no_grad():
         t.drafter.fc.weight.fill_(float("nan"))
     with pytest.raises(NonFiniteError, match="step 1: non-finite drafter loss in drafter refresh update 1"):
-        dt.refresh(batch.captured, 1)
+        dt.refresh(dt.captures, 1)
 
 
 def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):

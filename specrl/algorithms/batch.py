@@ -3,9 +3,10 @@
 `collate` turns a step's `Rollouts` into a right-padded `Batch` (tokens, response mask, behaviour log-probs,
 group advantages). `update_plan` splits the batch's sequences into `grpo.mini_batches` contiguous mini-batches
 (one optimizer step each) and each mini-batch into micro-batches of `policy.train_micro_batch_size` sequences
-(one forward/backward each); every stage walks the same plan, so the drafter captures of micro-batch c line up
-with micro-batch c of every update. `micro` trims a micro-batch to its longest sequence, and
-`response_logprobs` is the policy forward that scores the response tokens (the LM head only on those positions).
+(one forward/backward each); every stage walks the same plan, so what the drafter trainer keeps of micro-batch c
+lines up with micro-batch c of every update (the batch itself holds no drafter state). `micro` trims a
+micro-batch to its longest sequence, and `response_logprobs` is the policy forward that scores the response
+tokens (the LM head only on those positions).
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ class Batch:
     advantages: Tensor  # [N]
     old_logp: Tensor | None = None  # proximal log-probs: the weights at the start of the step
     ref_logp: Tensor | None = None
-    captured: list[dict] = field(default_factory=list)  # per micro-batch of the plan, detached drafter inputs
-    capture: bool | None = None  # this step's policy forward keeps the drafter's inputs (None: the learner decides)
     plan: list[list[list[int]]] = field(default_factory=list)  # mini-batches of micro-batches of sequence indices
 
     def to(self, device: torch.device) -> Batch:
@@ -43,7 +42,7 @@ class Batch:
 
     @property
     def micro_batches(self) -> list[list[int]]:
-        """Every micro-batch of the plan, in order (the order of `captured`)."""
+        """Every micro-batch of the plan, in order (the order of the drafter trainer's captures)."""
         return [idx for mini in self.plan for idx in mini]
 
 

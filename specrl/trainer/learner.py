@@ -164,7 +164,7 @@ class Learner(LearnerProtocol):
                                                             share_prefixes=self.share_prefixes,
                                                             **self._sampler_filter)[0]
         if capture:
-            batch.captured.append(self.drafter_trainer.pack(toks, m, captured))
+            self.drafter_trainer.keep(toks, m, captured)
 
     @property
     def _sampler_filter(self) -> dict[str, Any]:
@@ -174,7 +174,7 @@ class Learner(LearnerProtocol):
     def _start_proximal(self, batch: Batch) -> None:
         batch.old_logp = torch.zeros_like(batch.gen_logp)
         batch.ref_logp = torch.zeros_like(batch.gen_logp) if self.ref is not None else None
-        batch.captured = []
+        self.drafter_trainer.start_step()
 
     def _capture(self, capture: bool | None) -> bool:
         """This forward keeps the drafter's inputs: `capture`, or (None) what the drafter trainer wants on a step
@@ -191,7 +191,7 @@ class Learner(LearnerProtocol):
         """Collate; the proximal (current) policy's and the reference's log-probabilities in a no-grad forward;
         the drafter's inputs with `capture` (None: `_capture`)."""
         batch = self.collate(r)
-        batch.capture = capture = self._capture(capture)
+        capture = self._capture(capture)
         self._start_proximal(batch)
         for idx in batch.micro_batches:
             toks, m = micro(batch, idx)
@@ -202,13 +202,12 @@ class Learner(LearnerProtocol):
             self._proximal(batch, idx, toks, m, lp, captured, "logprob stage", capture)
         return batch
 
-    def stage_train(self, batch: Batch) -> dict[str, Any]:
+    def stage_train(self, batch: Batch, capture: bool | None = None) -> dict[str, Any]:
         """`grpo.num_iterations` passes over the batch's mini-batches, one clipped AdamW step of the policy each
         (loss `grpo.loss_type`); the schedule then advances once. Without `batch.old_logp` (one optimizer step per
-        batch) the train forward supplies it, and keeps the drafter's inputs with `batch.capture` (None:
-        `_capture`)."""
+        batch) the train forward supplies it, and keeps the drafter's inputs with `capture` (None: `_capture`)."""
         g = self.cfg.grpo
-        capture = self._capture(batch.capture)
+        capture = self._capture(capture)
         fused = batch.old_logp is None
         if fused:
             if g.optimizer_steps != 1:
@@ -279,7 +278,7 @@ class Learner(LearnerProtocol):
         """The drafter trainer's part of this step, after the policy's optimizer steps (`stage_train`): its online
         updates on the step's captures, the staleness loop and the collapse check; the record's drafter fields.
         The policy holds no gradients between optimizer steps, so any it holds afterwards came from the drafter."""
-        out = self.drafter_trainer.after_policy_update(batch.captured, batch.plan, self.cfg.grpo.num_iterations, al,
+        out = self.drafter_trainer.after_policy_update(batch.plan, self.cfg.grpo.num_iterations, al,
                                                        self.step_count + 1)
         if any(p.grad is not None for p in self.policy.parameters()):
             raise RuntimeError("the drafter's update produced policy gradients; the drafter loss must be detached "
@@ -310,9 +309,8 @@ class Learner(LearnerProtocol):
         t3 = time.perf_counter()
         skipped = self.skips_logprob
         batch = self.collate(r) if skipped else self.stage_logprob(r, capture)
-        batch.capture = capture
         t4 = time.perf_counter()
-        train = self.stage_train(batch)
+        train = self.stage_train(batch, capture)
         drafter = self.train_drafter(batch, al)
         release_free_memory()  # the step's temporaries back to the kernel (charged to train)
         t5 = time.perf_counter()

@@ -79,6 +79,7 @@ class DrafterTrainer:
         # where the event lines go; the learner points it at its own log
         self.log: Callable[[str], None] = log or (lambda msg: print(msg, flush=True))
         self.grad_norms: list[float] = []  # the last step's drafter gradient norms, before clipping
+        self.captures: list[dict] = []  # this step's drafter inputs, one per micro-batch of the plan (`keep`)
         self.params: list[torch.nn.Parameter] = []
         self.optimizer: torch.optim.Optimizer | None = None
         if drafter is not None:
@@ -120,6 +121,15 @@ class DrafterTrainer:
     def pack(self, toks: Tensor, mask: Tensor, captured: dict) -> dict:
         """One micro-batch's captures as the drafter's padded, detached training batch."""
         return draft_batch(self.drafter, toks, mask, captured, captured["response_top"])
+
+    def start_step(self) -> None:
+        """A new RL step: forget the last step's captures."""
+        self.captures = []
+
+    def keep(self, toks: Tensor, mask: Tensor, captured: dict) -> None:
+        """Keep one micro-batch's drafter inputs (from the policy forward at the step's start weights), in plan
+        order, for this step's updates (`after_policy_update`)."""
+        self.captures.append(self.pack(toks, mask, captured))
 
     # ------------------------------------------------------------------ updates
     @property
@@ -212,12 +222,14 @@ class DrafterTrainer:
         return {"draft_updates": updates, "draft_refreshed": refreshed, "drafter_collapsed": collapsed,
                 "acceptance_length_reference": reference}
 
-    def after_policy_update(self, captures: list[dict], plan: list[list[list[int]]], iterations: int,
-                            al: float | None, step: int) -> dict[str, Any]:
-        """The drafter's part of RL step `step` (1-based), after the policy's optimizer steps: the `every_step`
-        updates, then the staleness loop and the collapse check. Returns the record's drafter fields
-        (`draft_loss`, `draft_updates`, `draft_refreshed`, `drafter_collapsed`, `acceptance_length_reference`)."""
+    def after_policy_update(self, plan: list[list[list[int]]], iterations: int, al: float | None,
+                            step: int) -> dict[str, Any]:
+        """The drafter's part of RL step `step` (1-based), after the policy's optimizer steps, on the captures it
+        kept this step: the `every_step` updates, then the staleness loop and the collapse check. Returns the
+        record's drafter fields (`draft_loss`, `draft_updates`, `draft_refreshed`, `drafter_collapsed`,
+        `acceptance_length_reference`)."""
         self.grad_norms = []
+        captures = self.captures
         updates, loss = self.train_online(captures, plan, iterations, step) if self.mode == "every_step" else (0, None)
         return {"draft_loss": loss, **self.control(captures, al, step, updates)}
 
