@@ -8,7 +8,9 @@ code that trains, builds, shards, saves and loads drafters (`training/`, `build/
   learns from (`training_features`), the map of target ids to its draft vocabulary (`target_to_draft`), the
   module whose parameters train (`training_module`), the methods its loss calls that a sharded learner must wrap
   (`training_methods`), the checks against the target (`prepare_training`) and the loss of one padded batch
-  (`training_loss`, with `soft_cross_entropy`, the loss all of them share);
+  (`training_loss`, which scores each predicted distribution with `distill_loss`: the drafter's `objective`, soft
+  cross-entropy against the target's top-K by default, plus the total-variation distance `tv_distance` with
+  `Objective("ce+tv", weight)`);
 * `specrl draft init`: a fresh drafter for a target (`check_build`, `untrained`), what training leaves to do
   (`after_training`), how the built drafter is saved (`save_built`) and what the build report records
   (`build_report`);
@@ -20,6 +22,7 @@ code that trains, builds, shards, saves and loads drafters (`training/`, `build/
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor, nn
@@ -37,6 +40,47 @@ def soft_cross_entropy(logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor
     return -(picked * top_p * ok).sum(-1)
 
 
+def tv_distance(logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
+    """0.5 * sum_v |p_v - q_v| per position over the draft vocabulary: q = softmax(logits), p = the target's top-K
+    renormalised to sum 1 (its entries with idx -1, outside the draft vocabulary, keep their mass, which q cannot
+    match; q's mass off the top-K counts in full). A draft from q is accepted with probability 1 - TV(p, q) under
+    rejection sampling, so this is what the verifier pays for."""
+    import torch
+
+    q = torch.softmax(logits.float(), dim=-1)
+    ok = top_idx >= 0
+    p = top_p.float()
+    p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    qk = q.gather(-1, top_idx.clamp_min(0)) * ok
+    return 0.5 * (((p - qk).abs() * ok).sum(-1) + (1 - qk.sum(-1)).clamp_min(0) + (p * ~ok).sum(-1))
+
+
+LOSSES = ("ce", "ce+tv")  # the training objectives: soft cross-entropy, or that plus weight * TV distance
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a drafter's training loss scores each predicted distribution with: `loss` "ce" (soft cross-entropy
+    against the target's top-K) or "ce+tv" (that plus `tv_weight` * `tv_distance`)."""
+
+    loss: str = "ce"
+    tv_weight: float = 1.0
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise SpecRLError(f"the training loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        w = self.tv_weight
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or not w > 0 or w != w or w == float("inf"):
+            raise SpecRLError(f"tv_weight must be a finite number > 0 (e.g. 1.0), got {w!r}")
+
+    def __call__(self, logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
+        ce = soft_cross_entropy(logits, top_idx, top_p)
+        return ce if self.loss == "ce" else ce + self.tv_weight * tv_distance(logits, top_idx, top_p)
+
+    def record(self) -> dict:
+        return {"loss": self.loss, **({"tv_weight": float(self.tv_weight)} if self.loss != "ce" else {})}
+
+
 class TrainableDrafter:
     """The training, build and directory methods of a drafter with weights (defaults: a head on the target)."""
 
@@ -45,6 +89,8 @@ class TrainableDrafter:
     training_methods: tuple[str, ...] = ("forward_train",)  # what `training_loss` calls (sharded: gathered each)
     unrolls_steps = False  # the loss unrolls `ttt_steps` of training-time test (EAGLE)
     CONFIG_FIELDS: tuple[str, ...] = ()  # the fields a drafter directory's config.json must have
+    objective: Objective = Objective()  # what `distill_loss` scores with (training sets it, `fit(objective=)`)
+    builds_from_features = False  # `specrl draft build` trains it from the features stage (fused target layers)
 
     # ---------------------------------------------------------------- training
     @property
@@ -69,6 +115,10 @@ class TrainableDrafter:
                               f"and vocabulary {ta.vocab_size}, but the target has "
                               f"{target.args.hidden_size} and {target.args.vocab_size}")
         self.attach(target)  # type: ignore[attr-defined]
+
+    def distill_loss(self, logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
+        """The per-position loss of predicted logits against the target's top-K (`objective`)."""
+        return self.objective(logits, top_idx, top_p)
 
     def training_loss(self, batch: dict, ttt_steps: int) -> tuple[Tensor, dict]:
         """(loss, {"positions", "top1"}) of one padded batch (`specrl.drafters.training.offline.batch_loss`)."""
