@@ -69,44 +69,87 @@ class ParallelDrafter(EagleDrafter):
         return {**super().config(), "max_k": self.max_k}
 
     # ---------------------------------------------------------------- training
-    def forward_parallel(self, fused: Tensor, tokens: Tensor, depths: int | None = None) -> list[Tensor]:
-        """Output hidden states [B, T, H] of drafts 1..depths (default max_k) at every anchor t.
+    def forward_parallel(self, fused: Tensor, tokens: Tensor, depths: int | None = None,
+                         start: int = 0) -> list[Tensor]:
+        """Output hidden states [B, T-start, H] of drafts 1..depths (default max_k) at the anchors t = start..T-1.
 
-        fused [B,T,H] = g_t, tokens [B,T] = x_t. Depth 0 at index t is the context entry (g_t, x_{t+1}) at position
-        t, attending to entries <= t; depth i >= 1 at index t is placeholder i of the forward whose context ends at
+        fused [B,T,H] = g_t, tokens [B,T] = x_t. Depth 0 at anchor t is the context entry (g_t, x_{t+1}) at position
+        t, attending to entries <= t; depth i >= 1 at anchor t is placeholder i of the forward whose context ends at
         entry t: position t+i, attending to entries <= t and to placeholders 1..i of the same anchor, exactly what
-        `propose` computes over its cache. Depth i at t predicts x_{t+2+i}; the last index's token is a pad.
+        `propose` computes over its cache. Depth i at t predicts x_{t+2+i}; the last index's token is a pad. A
+        placeholder's queries, keys and values depend on its position alone, so they are projected once for all
+        rows; only the context keys differ per row. Anchors before `start` (prompt positions no loss reads) are
+        context only: no queries, no MLP.
         """
         depths = self.max_k if depths is None else depths
         if not 1 <= depths <= self.max_k:
             raise SpecRLError(f"depths={depths}: this parallel head drafts 1..{self.max_k} tokens per forward")
+        blk, att = self.block, self.block.self_attn
         b, t = tokens.shape
+        if not 0 <= start < t:
+            raise SpecRLError(f"start={start}: the first anchor must be a position of the {t}-token sequences")
         nxt = torch.cat([tokens[:, 1:], tokens.new_zeros(b, 1)], dim=1)
-        idx = torch.arange(t, device=tokens.device)
-        pos = idx.expand(b, t)
-        causal, same = idx[None, :] <= idx[:, None], idx[None, :] == idx[:, None]
-        prefix: tuple[list[Tensor], list[Tensor]] = ([], [])  # keys/values of the earlier depths (the block appends)
-        cos, sin = self.rope(pos, self.dtype)
-        outs = [self.block(self.layer_input(fused, nxt), cos, sin, causal, 0, None, None, t, prefix)]
+        anchors = torch.arange(start, t, device=tokens.device)
+        visible = torch.arange(t, device=tokens.device)[None, :] <= anchors[:, None]  # [A, T] context keys
+        attn_in, h = blk._split(self.layer_input(fused, nxt))
+        cos, sin = self.rope(torch.arange(t, device=tokens.device).expand(b, t), self.dtype)
+        q, k0, v0 = att.project(attn_in, cos, sin)
+        ctx = (k0[:, :, None], v0[:, :, None])  # [B, kv_heads, 1, T, d]: broadcast over each group's heads
+        outs = [self._finish(h[:, start:], self._attend(q[:, :, start:], ctx, visible, [], []))]
+        ks: list[Tensor] = []
+        vs: list[Tensor] = []
         for i in range(1, depths):
-            cos, sin = self.rope(pos + i, self.dtype)
-            x = self.placeholders[i - 1].to(self.dtype).expand(b, t, -1)
-            mask = torch.cat([causal] + [same] * i, dim=1)  # [T, (i+1)T]
-            outs.append(self.block(x, cos, sin, mask, 0, None, None, t, prefix))
+            x = self.placeholders[i - 1].to(self.dtype).expand(1, len(anchors), -1)
+            attn_in, h = blk._split(x)
+            cos, sin = self.rope((anchors + i)[None], self.dtype)
+            q, k, v = att.project(attn_in, cos, sin)  # [1, heads | kv_heads, A, d]
+            ks.append(k)
+            vs.append(v)
+            outs.append(self._finish(h, self._attend(q, ctx, visible, ks, vs)))
         return outs
+
+    def _attend(self, q: Tensor, ctx: tuple[Tensor, Tensor], visible: Tensor, ks: list[Tensor],
+                vs: list[Tensor]) -> Tensor:
+        """o_proj(attention) of queries q [1|B, heads, A, d] over the context keys they see (`visible` [A, T]) and
+        over the same anchor's placeholder keys `ks` [1, kv_heads, A, d] (one softmax over both): [B, A, H]."""
+        a = self.args
+        g = a.num_heads // a.num_kv_heads
+        qg = q.reshape(q.shape[0], a.num_kv_heads, g, *q.shape[2:])  # [., kv_heads, group, A, d]
+        scale = a.head_dim ** -0.5
+        s = (qg @ ctx[0].transpose(-1, -2)) * scale  # [B, kv_heads, group, A, T]
+        s = s.masked_fill(~visible, float("-inf"))
+        if ks:
+            kp = torch.stack(ks, dim=-2)[:, :, None]  # [1, kv_heads, 1, A, i, d]
+            sp = (qg[..., None, :] * kp).sum(-1) * scale  # [., kv_heads, group, A, i]
+            s = torch.cat([s, sp.expand(*s.shape[:-1], len(ks))], dim=-1)
+        p = torch.softmax(s.float(), dim=-1).to(ctx[1].dtype)
+        t = ctx[0].shape[-2]
+        out = p[..., :t] @ ctx[1]  # [B, kv_heads, group, A, d]
+        if ks:
+            vp = torch.stack(vs, dim=-2)[:, :, None]  # [1, kv_heads, 1, A, i, d]
+            out = out + (p[..., t:, None] * vp).sum(-2)
+        b, _, _, n, d = out.shape
+        return self.block.self_attn.o_proj(out.reshape(b, a.num_heads, n, d).transpose(1, 2).reshape(b, n, -1))
+
+    def _finish(self, h: Tensor, attn: Tensor) -> Tensor:
+        """The rest of `Eagle3Block.forward` after attention: residual from h, then the MLP."""
+        r = h + attn
+        return r + self.block.mlp(self.block.post_attention_layernorm(r))
 
     def training_loss(self, batch: dict, ttt_steps: int) -> tuple[Tensor, dict]:
         """Every anchor t whose drafts the engine could ask for (t + 2 >= the prompt length) learns, at each depth
         i < max_k, the target's distribution of x_{t+2+i} (`distill_loss`), weighted DEPTH_WEIGHT^i; the head runs
         only on those positions. `ttt_steps` is EAGLE's and unused: every placeholder trains."""
         tok, lens, loss_from = batch["tokens"], batch["len"], batch["loss_from"]
-        pos = torch.arange(tok.shape[1], device=tok.device)[None, :]
+        start = min(max(int(loss_from.min()) - 2, 0), tok.shape[1] - 1)  # earlier anchors are context only
+        pos = torch.arange(start, tok.shape[1], device=tok.device)[None, :]
         total = torch.zeros((), device=tok.device)
         stats = {"positions": 0, "top1": 0}
         weight_sum = 0.0
-        for i, hidden in enumerate(self.forward_parallel(self.fuse_concat(batch["feats"]), tok)):
+        for i, hidden in enumerate(self.forward_parallel(self.fuse_concat(batch["feats"]), tok, start=start)):
             # depth i at anchor t predicts x_{t+2+i}: the target's distribution at t+1+i
-            tgt_i, tgt_p = _ahead(batch["top_idx"], 1 + i, -1), _ahead(batch["top_p"], 1 + i, 0.0)
+            tgt_i = _ahead(batch["top_idx"], 1 + i, -1)[:, start:]
+            tgt_p = _ahead(batch["top_p"], 1 + i, 0.0)[:, start:]
             valid = (pos <= lens[:, None] - 2 - i) & (pos + 2 >= loss_from[:, None])
             logits = self.head(hidden[valid])
             w = DEPTH_WEIGHT ** i
@@ -116,13 +159,20 @@ class ParallelDrafter(EagleDrafter):
                 pred = logits.argmax(-1)
                 pred = pred if self.full_vocab else self.d2t[pred]
                 stats["positions"] = int(valid.sum())
-                stats["top1"] = int((pred == _ahead(batch["top1"], 1, 0)[valid]).sum())
+                stats["top1"] = int((pred == _ahead(batch["top1"], 1, 0)[:, start:][valid]).sum())
         return total / weight_sum, stats
 
     @classmethod
     def untrained(cls, target, *, draft_vocab=None, num_modules: int = 3, draft_layers: int = 4,
                   max_k: int = DEFAULT_MAX_K):
         return cls(target, draft_vocab=draft_vocab, max_k=max_k)
+
+    @classmethod
+    def from_recipe(cls, target, recipe, draft_vocab=None):
+        return cls(target, draft_vocab=draft_vocab, max_k=recipe.max_k)
+
+    def checkpoint_setting(self) -> dict:
+        return {"kind": self.kind, "max_k": self.max_k}
 
     # ---------------------------------------------------------------- drafter directories
     @classmethod

@@ -30,29 +30,39 @@ from torch import Tensor, nn
 from specrl.errors import SpecRLError
 
 
-def soft_cross_entropy(logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
-    """-sum_k p_k log softmax(logits)[idx_k] per position (entries with idx -1 are skipped)."""
+def _top_logq(logits: Tensor, top_idx: Tensor) -> Tensor:
+    """log q at the target's top-K entries (q = softmax(logits); entries with idx -1 read index 0, masked later)."""
     import torch
 
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, top_idx.clamp_min(0))
+
+
+def _ce(logq: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
+    return -(logq * top_p * (top_idx >= 0)).sum(-1)
+
+
+def _tv(logq: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
+    import torch
+
     ok = top_idx >= 0
-    picked = logp.gather(-1, top_idx.clamp_min(0))
-    return -(picked * top_p * ok).sum(-1)
+    p = top_p.float()
+    p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    qk = logq.exp() * ok
+    return 0.5 * (((p - qk).abs() * ok).sum(-1) + (1 - qk.sum(-1)).clamp_min(0) + (p * ~ok).sum(-1))
+
+
+def soft_cross_entropy(logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
+    """-sum_k p_k log softmax(logits)[idx_k] per position (entries with idx -1 are skipped)."""
+    return _ce(_top_logq(logits, top_idx), top_idx, top_p)
 
 
 def tv_distance(logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
     """0.5 * sum_v |p_v - q_v| per position over the draft vocabulary: q = softmax(logits), p = the target's top-K
     renormalised to sum 1 (its entries with idx -1, outside the draft vocabulary, keep their mass, which q cannot
-    match; q's mass off the top-K counts in full). A draft from q is accepted with probability 1 - TV(p, q) under
-    rejection sampling, so this is what the verifier pays for."""
-    import torch
-
-    q = torch.softmax(logits.float(), dim=-1)
-    ok = top_idx >= 0
-    p = top_p.float()
-    p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
-    qk = q.gather(-1, top_idx.clamp_min(0)) * ok
-    return 0.5 * (((p - qk).abs() * ok).sum(-1) + (1 - qk.sum(-1)).clamp_min(0) + (p * ~ok).sum(-1))
+    match). Off the top-K p is 0, so that part of the sum is q's mass there, 1 - sum_k q[idx_k]: q is needed at
+    the top-K entries only. A draft from q is accepted with probability 1 - TV(p, q) under rejection sampling, so
+    this is what the verifier pays for."""
+    return _tv(_top_logq(logits, top_idx), top_idx, top_p)
 
 
 LOSSES = ("ce", "ce+tv")  # the training objectives: soft cross-entropy, or that plus weight * TV distance
@@ -74,8 +84,9 @@ class Objective:
             raise SpecRLError(f"tv_weight must be a finite number > 0 (e.g. 1.0), got {w!r}")
 
     def __call__(self, logits: Tensor, top_idx: Tensor, top_p: Tensor) -> Tensor:
-        ce = soft_cross_entropy(logits, top_idx, top_p)
-        return ce if self.loss == "ce" else ce + self.tv_weight * tv_distance(logits, top_idx, top_p)
+        logq = _top_logq(logits, top_idx)  # one log-softmax serves both terms
+        ce = _ce(logq, top_idx, top_p)
+        return ce if self.loss == "ce" else ce + self.tv_weight * _tv(logq, top_idx, top_p)
 
     def record(self) -> dict:
         return {"loss": self.loss, **({"tv_weight": float(self.tv_weight)} if self.loss != "ce" else {})}
@@ -134,6 +145,15 @@ class TrainableDrafter:
     def untrained(cls, target, *, draft_vocab=None, num_modules: int = 3, draft_layers: int = 4):
         """A fresh drafter for `target` (each kind reads the options it has)."""
         raise NotImplementedError
+
+    @classmethod
+    def from_recipe(cls, target, recipe, draft_vocab=None):
+        """A fresh head for `specrl draft build` from a build recipe (`specrl.drafters.build.recipe.Recipe`)."""
+        return cls.untrained(target, draft_vocab=draft_vocab)
+
+    def checkpoint_setting(self) -> dict:
+        """What a resumed training checkpoint must also agree on (its head's shape beyond the draft vocabulary)."""
+        return {}
 
     def after_training(self, draft_vocab):
         """The drafter to measure and save once training is done (a head already drafts over `draft_vocab`)."""
