@@ -4,9 +4,10 @@ Builds fresh heads of each --kinds for the --model target (eagle: EAGLE-3 with -
 parallel: max_k drafts per forward) and times `fit`'s step (forward, loss, backward, AdamW) on batches of the
 recipe's batch size whose sequence and prompt lengths are those of a build's rollouts (--lengths-from BUILD_DIR:
 every row of its whole rollout shards), with random target features and top-K: the step's cost depends on the
-shapes, not on the values. --steps batches are timed per (kind, loss), spread evenly over the length-sorted rows (so
-their mean stands for an epoch's), after one warm-up step; the epoch estimate is that mean times the epoch's steps.
-Prints one row per (kind, loss) and writes --json ({"hardware": processor class, cores, threads, dtypes; "rows"}).
+shapes, not on the values. --steps batches are timed per (kind, loss), the middle batch of each of --steps equal
+slices of the length-sorted batches (so their mean stands for an epoch's), after one warm-up step; the epoch
+estimate is that mean times the epoch's steps. Prints one row per (kind, loss) and writes --json ({"hardware":
+processor class, cores, threads, dtypes; "rows"}).
 
     .venv/bin/python benchmarks/drafter_train_step.py --lengths-from builds/think --sequences 2816 \\
         --kinds eagle,parallel --losses ce,ce+tv --steps 6 --threads 1 --json drafter_train_step.json
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     target, _ = load_model(a.model, dtype="float32")
     rows = sorted(row_lengths(a.lengths_from))
     batches = [rows[i: i + a.batch_size] for i in range(0, len(rows), a.batch_size)]
-    picked = [batches[round(i * (len(batches) - 1) / max(a.steps - 1, 1))] for i in range(a.steps)]
+    # the middle batch of each of `steps` equal slices of the length-sorted batches: their mean stands for an epoch's
+    picked = [batches[min(int((i + 0.5) * len(batches) / a.steps), len(batches) - 1)] for i in range(a.steps)]
     vocab = list(range(min(a.draft_vocab, target.args.vocab_size)))
     out = []
     for kind in a.kinds.split(","):
