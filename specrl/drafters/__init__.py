@@ -2,19 +2,19 @@
 
 This package owns the helpers all drafters share (`base.py`, which re-exports the protocol of
 `specrl.rollout.drafter`; `trainable.py`, the methods training, `specrl draft init` and drafter directories call on
-a drafter with weights), the kinds: draft model (`draft_model.py`), EAGLE-3 head (`eagle.py`), MTP heads
-(`mtp.py`), n-gram (`ngram.py`), sibling suffix (`suffix.py`) and hybrid (`hybrid.py`: a learned drafter with the
-suffix drafter); the drafter directory format (`io.py`), offline and online training (`training/`) and building
-one from in-domain rollouts of given prompts (`build/`).
-`make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
-draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH | hybrid:LEARNED | a user's kind. PATH may be one of
-EMBEDDED_NAMES: a cached in-domain drafter of the embedded model (SmolLM2-135M): `default` on chain_sum's short
+a drafter with weights), the kinds: draft model (`draft_model.py`), EAGLE-3 head (`eagle.py`), parallel head
+drafting all k tokens in one forward (`parallel.py`), MTP heads (`mtp.py`), n-gram (`ngram.py`), sibling suffix
+(`suffix.py`) and hybrid (`hybrid.py`: a learned drafter with the suffix drafter); the drafter directory format
+(`io.py`), offline and online training (`training/`) and building one from in-domain rollouts of given prompts
+(`build/`). `make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
+draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH | parallel:PATH | hybrid:LEARNED | a user's kind. PATH may be one
+of EMBEDDED_NAMES: a cached in-domain drafter of the embedded model (SmolLM2-135M): `default` on chain_sum's short
 answers, `think` on the long step-by-step replies of examples/think.yaml. The RL layer builds them from its task
 prompts (`specrl.drafters.default`, `specrl prepare --drafter eagle[:think]`). Specs are parsed by
 `specrl.rollout.drafter_spec`, whose table of kinds holds every kind: `kinds.py` is the explicit registry of the
 built-in kinds' builders and classes (`register_builtin_kinds`, called once here; `register_drafter` registers a
-user's kind through the same `register_drafter_kind`), and
-`make_drafter` builds every kind through its row. It imports model, rollout and errors only.
+user's kind through the same `register_drafter_kind`), and `make_drafter` builds every kind through its row. It
+imports model, rollout and errors only.
 """
 
 from __future__ import annotations
