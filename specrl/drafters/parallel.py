@@ -2,17 +2,18 @@
 
 The head is an EAGLE-3 head (`eagle.py`: the three fused target layers, one `Eagle3Block`, its own LM head over a
 draft vocabulary, the target's frozen embedding) plus `max_k - 1` learned placeholder entries, each a [embedding;
-hidden] pair (2H) that stands where a not-yet-known token and its feature would be (P-EAGLE's mask positions). At
-sequence length n its context is the entries (g_t, x_{t+1}) for t <= n-2, kept in the same slot-indexed KV cache
-EAGLE keeps; one forward of the layer over [entry n-2, placeholder 1, ..., placeholder k-1] at positions n-2 ..
-n+k-3 (causal over the cache and each other) gives k output states, and output i draws draft i+1 with its
-probabilities q at the run's sampling settings, exactly as EAGLE's drafts do. So a verify step costs one drafter
-forward whatever k is, instead of EAGLE's k; the drafts never see each other's tokens, only the placeholders'
-positions. Placeholder entries sit past the verified length and are overwritten before they can be read, as
-EAGLE's drafted entries are, so rollback is free; the pending-feature bookkeeping is EAGLE's. `forward_parallel`
-is the same computation for every anchor of a training sequence at once (`training_loss`: output i at anchor t
-learns the target's distribution of x_{t+2+i}, weighted DEPTH_WEIGHT^i), and tests compare what the engine drafted
-with it. A head drafts at most `max_k` tokens per forward; a larger k is refused naming that maximum.
+hidden] pair (2H) that stands where a not-yet-known token and its feature would be (P-EAGLE's mask positions), its
+hidden part added to the feature of the forward's last context entry. At sequence length n its context is the
+entries (g_t, x_{t+1}) for t <= n-2, kept in the same slot-indexed KV cache EAGLE keeps; one forward of the layer
+over [entry n-2, placeholder 1, ..., placeholder k-1] at positions n-2 .. n+k-3 (causal over the cache and each
+other) gives k output states, and output i draws draft i+1 with its probabilities q at the run's sampling settings,
+exactly as EAGLE's drafts do. So a verify step costs one drafter forward whatever k is, instead of EAGLE's k; the
+drafts never see each other's tokens, only the placeholders' positions. Placeholder entries sit past the verified
+length and are overwritten before they can be read, as EAGLE's drafted entries are, so rollback is free; the
+pending-feature bookkeeping is EAGLE's. `forward_parallel` is the same computation for every anchor of a training
+sequence at once (`training_loss`: output i at anchor t learns the target's distribution of x_{t+2+i}, weighted
+DEPTH_WEIGHT^i), and tests compare what the engine drafted with it. A head drafts at most `max_k` tokens per
+forward; a larger k is refused naming that maximum.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ class ParallelDrafter(EagleDrafter):
         fused [B,T,H] = g_t, tokens [B,T] = x_t. Depth 0 at anchor t is the context entry (g_t, x_{t+1}) at position
         t, attending to entries <= t; depth i >= 1 at anchor t is placeholder i of the forward whose context ends at
         entry t: position t+i, attending to entries <= t and to placeholders 1..i of the same anchor, exactly what
-        `propose` computes over its cache. Depth i at t predicts x_{t+2+i}; the last index's token is a pad. A
-        placeholder's queries, keys and values depend on its position alone, so they are projected once for all
-        rows; only the context keys differ per row. Anchors before `start` (prompt positions no loss reads) are
-        context only: no queries, no MLP.
+        `propose` computes over its cache. Depth i at t predicts x_{t+2+i}; the last index's token is a pad. Each
+        placeholder attends to the context keys of its anchor and to its anchor's own placeholders in one softmax
+        (no key blocks of other anchors). Anchors before `start` (prompt positions no loss reads) are context only:
+        no queries, no MLP.
         """
         depths = self.max_k if depths is None else depths
         if not 1 <= depths <= self.max_k:
@@ -99,19 +100,27 @@ class ParallelDrafter(EagleDrafter):
         ks: list[Tensor] = []
         vs: list[Tensor] = []
         for i in range(1, depths):
-            x = self.placeholders[i - 1].to(self.dtype).expand(1, len(anchors), -1)
+            x = self._placeholder_input(fused[:, start:], i - 1, i)[:, :, 0]  # [B, A, 2H]
             attn_in, h = blk._split(x)
             cos, sin = self.rope((anchors + i)[None], self.dtype)
-            q, k, v = att.project(attn_in, cos, sin)  # [1, heads | kv_heads, A, d]
+            q, k, v = att.project(attn_in, cos, sin)  # [B, heads | kv_heads, A, d]
             ks.append(k)
             vs.append(v)
             outs.append(self._finish(h, self._attend(q, ctx, visible, ks, vs)))
         return outs
 
+    def _placeholder_input(self, anchor_feature: Tensor, first: int, last: int) -> Tensor:
+        """Inputs [..., last - first, 2H] of placeholders first+1..last for anchors whose fused feature is
+        `anchor_feature` [..., H]: each its learned [embedding; hidden] pair, the hidden part added to the anchor's
+        feature (so a placeholder's residual stream starts where the last known entry's does, as EAGLE's does)."""
+        ph = self.placeholders[first:last].to(self.dtype)
+        g = anchor_feature.to(self.dtype)[..., None, :]
+        return ph + torch.cat([torch.zeros_like(g), g], dim=-1)
+
     def _attend(self, q: Tensor, ctx: tuple[Tensor, Tensor], visible: Tensor, ks: list[Tensor],
                 vs: list[Tensor]) -> Tensor:
         """o_proj(attention) of queries q [1|B, heads, A, d] over the context keys they see (`visible` [A, T]) and
-        over the same anchor's placeholder keys `ks` [1, kv_heads, A, d] (one softmax over both): [B, A, H]."""
+        over the same anchor's placeholder keys `ks` [B, kv_heads, A, d] (one softmax over both): [B, A, H]."""
         a = self.args
         g = a.num_heads // a.num_kv_heads
         qg = q.reshape(q.shape[0], a.num_kv_heads, g, *q.shape[2:])  # [., kv_heads, group, A, d]
@@ -119,14 +128,14 @@ class ParallelDrafter(EagleDrafter):
         s = (qg @ ctx[0].transpose(-1, -2)) * scale  # [B, kv_heads, group, A, T]
         s = s.masked_fill(~visible, float("-inf"))
         if ks:
-            kp = torch.stack(ks, dim=-2)[:, :, None]  # [1, kv_heads, 1, A, i, d]
+            kp = torch.stack(ks, dim=-2)[:, :, None]  # [B, kv_heads, 1, A, i, d]
             sp = (qg[..., None, :] * kp).sum(-1) * scale  # [., kv_heads, group, A, i]
             s = torch.cat([s, sp.expand(*s.shape[:-1], len(ks))], dim=-1)
         p = torch.softmax(s.float(), dim=-1).to(ctx[1].dtype)
         t = ctx[0].shape[-2]
         out = p[..., :t] @ ctx[1]  # [B, kv_heads, group, A, d]
         if ks:
-            vp = torch.stack(vs, dim=-2)[:, :, None]  # [1, kv_heads, 1, A, i, d]
+            vp = torch.stack(vs, dim=-2)[:, :, None]  # [B, kv_heads, 1, A, i, d]
             out = out + (p[..., t:, None] * vp).sum(-2)
         b, _, _, n, d = out.shape
         return self.block.self_attn.o_proj(out.reshape(b, a.num_heads, n, d).transpose(1, 2).reshape(b, n, -1))
@@ -215,7 +224,7 @@ class ParallelDrafter(EagleDrafter):
         self._catch_up(batch.tokens, n, need_output=False)  # every pending entry's keys/values
         x = self.layer_input(last[:, None], torch.tensor([[r[-1]] for r in batch.tokens], device=self.device))
         if k > 1:
-            x = torch.cat([x, self.placeholders[: k - 1].to(self.dtype).expand(n, k - 1, -1)], dim=1)
+            x = torch.cat([x, self._placeholder_input(last, 0, k - 1)], dim=1)
         pos = (batch.positions - 2)[:, None] + torch.arange(k)[None, :]
         reduced = self.head(cached_block(self.block, self.rope, x, pos.to(self.device), self.cache.slots(0, n), 0))
         toks, qs = zip(*(self._draw(batch, reduced[:, i], i) for i in range(k)), strict=True)
