@@ -85,6 +85,10 @@ def test_a_build_reads_another_builds_data_when_the_data_fields_agree(tmp_path):
     rec = run_train(par, w, model, progress=False)
     assert rec["finished"] and (w / "train" / "drafter" / "config.json").exists()
     assert not (w / "rollouts").exists() and not (w / "features").exists()
+    shard = tmp_path / "src" / "rollouts" / "shard-00001.jsonl"
+    shard.rename(shard.with_suffix(".aside"))
+    with pytest.raises(SpecRLError, match=r"shards \[1\] of 2 are missing.*--stage rollouts --work .*src`"):
+        run_rollouts(par, w, prompts=None)
     other = Recipe(**{**par.as_dict(), "curve": (1, 2), "temperature": 0.5, "max_new_tokens": 10})
     with pytest.raises(SpecRLError, match=r"other data settings than recipe 'tiny-parallel' \(temperature 1.0 "
                                           r"\(recipe 'tiny-parallel': 0.5\); max_new_tokens 12 .*: 10\)\)"):

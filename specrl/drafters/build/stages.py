@@ -164,8 +164,8 @@ def whole_shards(recipe: Recipe, work: Path, upto: int | None = None, partial: b
         infos.append(check_shard(p, min(recipe.shard_size, recipe.prompts - i * recipe.shard_size)))
     if missing and not partial:
         raise SpecRLError(f"build {root}: rollout shards {missing[:5]}{'…' if len(missing) > 5 else ''} of "
-                          f"{n} are missing; run the rollouts stage first (`specrl draft build --stage rollouts`"
-                          f"{f' --work {root}' if root != Path(work) else ''})")
+                          f"{n} are missing; run the rollouts stage first (`specrl draft build --stage rollouts"
+                          f"{f' --work {root}' if root != Path(work) else ''}`)")
     return infos
 
 
