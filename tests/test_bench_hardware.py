@@ -17,7 +17,8 @@ SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "common.py" and p.na
 JSON_WRITERS = {"backend_overlay.py", "drafter_budget.py", "drafter_frozen_vs_online.py", "drafter_online_cost.py",
                 "drafter_generic_vs_indomain.py", "engine_speed.py", "memory.py", "packed_fp32.py", "pipelines.py",
                 "seq_k.py", "sim_fidelity.py", "sim_pipelines.py", "spec_vs_ar.py", "learner_scaling.py",
-                "history_memory.py", "draft_vocab_cost.py", "task_difficulty.py", "trl_rollouts.py"}
+                "history_memory.py", "draft_vocab_cost.py", "drafter_train_step.py", "task_difficulty.py",
+                "trl_rollouts.py"}
 KEYS = {"processor_class", "cpu_cores", "torch_cpu_capability", "device", "torch", "threads", "dtypes"}
 
 

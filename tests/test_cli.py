@@ -69,7 +69,7 @@ def test_draft_init_passes_draft_model_options(tmp_path):
                             "--out", str(tmp_path / "d")])
     assert r.exit_code == 2 and "draft_layers must be an integer in [1, 3]" in r.output, r.output
     r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "medusa"])
-    assert r.exit_code == 2 and "trains 'eagle', 'mtp' or 'draft-model'" in r.output, r.output
+    assert r.exit_code == 2 and "trains 'eagle', 'mtp', 'draft-model' or 'parallel'" in r.output, r.output
 
 
 def test_bad_threads_option_exits_2_with_the_rule():

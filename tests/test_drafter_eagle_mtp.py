@@ -1,4 +1,4 @@
-"""EAGLE-3 and MTP drafters: lossless output, drafts equal a from-scratch recomputation, save/load, errors."""
+"""EAGLE-3, parallel and MTP drafters: lossless output, drafts equal a from-scratch recomputation, save/load, errors."""
 
 import itertools
 import json
@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from specrl import RolloutEngine, SamplingParams
 from specrl.drafters.kinds.eagle import EagleDrafter
 from specrl.drafters.kinds.mtp import MTPDrafter
+from specrl.drafters.kinds.parallel import ParallelDrafter
 from specrl.drafters.storage.io import load_drafter, save_drafter
 from specrl.errors import SpecRLError
 from specrl.model.hf_checkpoint import save_hf_checkpoint
@@ -17,7 +18,7 @@ from specrl.model.transformer import tiny_model
 from tests.stats import SETTINGS, V, speculative_pvalue
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [3, 3, 3, 3, 3, 3, 3], [60, 61]]
-KINDS = ["eagle", "eagle-reduced", "mtp"]
+KINDS = ["eagle", "eagle-reduced", "mtp", "parallel", "parallel-reduced"]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,10 @@ def make(kind, target, seed=5):
         d = EagleDrafter(target)
     elif kind == "eagle-reduced":
         d = EagleDrafter(target, draft_vocab=list(range(0, target.args.vocab_size, 2))[::-1])
+    elif kind == "parallel":
+        d = ParallelDrafter(target, max_k=4)
+    elif kind == "parallel-reduced":
+        d = ParallelDrafter(target, draft_vocab=list(range(0, target.args.vocab_size, 3))[::-1], max_k=3)
     else:
         d = MTPDrafter(target, num_modules=3)
     return randomise(d, seed).eval()
@@ -76,6 +81,9 @@ def reference_draft_logits(drafter, target, seq: list[int], drafts: list[int], k
     ext = torch.tensor([seq + drafts])
     with torch.no_grad():
         logits_t, captured = target(ext, capture=getattr(drafter, "fuse_layers", ()))
+        if isinstance(drafter, ParallelDrafter):  # one forward: every draft from the context ending at entry n-2
+            outs = drafter.forward_parallel(drafter.fuse(captured)[:, :n], ext[:, :n], depths=k)
+            return [drafter.full_logits(outs[i][0, n - 2]) for i in range(k)]
         if isinstance(drafter, EagleDrafter):
             steps = drafter.forward_train(drafter.fuse(captured), ext, steps=k)
             return [drafter.to_full_vocab(steps[s][0, n - 2 + s]) for s in range(k)]
@@ -159,10 +167,12 @@ def small_target():
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
-@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+@pytest.mark.parametrize("kind", ["eagle", "mtp", "parallel"])
 def test_exact_distribution(small_target, kind, mode, setting):
     if kind == "eagle":  # a 2-layer target: the default (1, L//2-1, L-4) does not exist, pick valid layers
         d = randomise(EagleDrafter(small_target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6, 7]), seed=7)
+    elif kind == "parallel":
+        d = randomise(ParallelDrafter(small_target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6], max_k=2), seed=7)
     else:
         d = randomise(MTPDrafter(small_target, num_modules=2), seed=7)
     sp = SamplingParams(max_new_tokens=3, seed=99, **SETTINGS[setting])

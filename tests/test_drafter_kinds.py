@@ -93,7 +93,7 @@ x = "eagle" if flag else "mtp"
 def test_every_builtin_kind_builds_through_its_row():
     import specrl.drafters  # noqa: F401  (completes the rows)
 
-    assert BUILTIN_KINDS == {"none", "ngram", "suffix", "draft-model", "eagle", "mtp", "hybrid"}
+    assert BUILTIN_KINDS == {"none", "ngram", "suffix", "draft-model", "eagle", "mtp", "parallel", "hybrid"}
     for name in BUILTIN_KINDS:
         row = DRAFTER_KINDS[name]
         assert callable(row.build), name
@@ -130,7 +130,8 @@ def test_trainable_kinds_train_build_and_save_through_their_class():
     from specrl.drafters.storage.io import directory_kinds, min_format_version
     from specrl.drafters.training.build.from_rollouts import build_kinds
 
-    assert list(build_kinds()) == ["eagle", "mtp", "draft-model"]
-    assert sorted(directory_kinds()) == ["eagle", "mtp"]
+    assert list(build_kinds()) == ["eagle", "mtp", "draft-model", "parallel"]
+    assert sorted(directory_kinds()) == ["eagle", "mtp", "parallel"]
     assert (min_format_version("eagle"), min_format_version("mtp"), min_format_version(None)) == (2, 1, 1)
+    assert min_format_version("parallel") == 2
     assert [k for k in DRAFTER_KINDS if exports(k)] == ["eagle"]

@@ -23,7 +23,7 @@ def test_parse(spec, kind, arg, inner):
 
 @pytest.mark.parametrize("spec, message", [
     ("medusa", r"unknown drafter kind 'medusa'; allowed: none, ngram, suffix, draft-model:PATH, eagle:PATH, "
-               r"eagle:default, eagle:think, mtp:PATH, mtp:default, mtp:think, hybrid:LEARNED"),
+               r"eagle:default, eagle:think, mtp:PATH, mtp:default, mtp:think, parallel:PATH, hybrid:LEARNED"),
     ("", "unknown drafter kind ''"),
     ("eagle", r"drafter 'eagle' needs a path, e.g. 'eagle:PATH' or 'eagle:default'"),
     ("mtp:", r"drafter 'mtp' needs a path, e.g. 'mtp:PATH'$"),
@@ -41,8 +41,8 @@ def test_bad_specs(spec, message):
 
 def test_table_columns_and_backend_offers():
     assert [k for k, v in DRAFTER_KINDS.items() if v.trainable] == ["eagle", "mtp"]
-    assert [k for k, v in DRAFTER_KINDS.items() if v.learned] == ["draft-model", "eagle", "mtp"]
-    assert kinds_offered("native") == ("none", "ngram", "suffix", "draft-model", "eagle", "mtp", "hybrid")
+    assert [k for k, v in DRAFTER_KINDS.items() if v.learned] == ["draft-model", "eagle", "mtp", "parallel"]
+    assert kinds_offered("native") == ("none", "ngram", "suffix", "draft-model", "eagle", "mtp", "parallel", "hybrid")
     assert kinds_offered("vllm") == ("none", "ngram", "suffix", "draft-model", "eagle")
     assert "hybrid:LEARNED" in allowed_forms()
     with pytest.raises(SpecRLError, match="no drafter table for backend 'sglang'"):

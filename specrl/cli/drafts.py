@@ -47,6 +47,9 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
                                           "stage (each resumes; later ones need the earlier ones' output)"),
                 partial: bool = typer.Option(False, help="--stage features: extract the rollout shards present so "
                                              "far (while the rollouts stage still runs elsewhere)"),
+                data_from: Path = typer.Option(None, help="read the rollouts and features of this other build "
+                                               "directory instead of making them (its recipe's data fields must "
+                                               "equal this recipe's; recorded, so later stages read it too)"),
                 threads: str = typer.Option("auto", help=THREADS_HELP)):
     """Reproduce a drafter from its recipe: rollouts in checked shards, target features, the trained head, its
     held-out evaluation and the packaged files (every stage resumable after a kill)."""
@@ -62,6 +65,9 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
             raise SpecRLError(f"--stage must be all or one of {', '.join(pipeline.STAGES)}, got {stage!r}")
         r = Recipe.load(recipe)
         w = work or Path("builds") / r.name
+        if data_from is not None:
+            src = pipeline.link_data(r, w, data_from)
+            typer.echo(f"[specrl] {r.name}: reads the rollouts and features of {src}")
         # the task drops questions that coincide with validation ones: ask for a margin, the build takes `prompts`
         prompts = task_prompts(r.task, r.prompts + r.prompts // 4, heldout=r.heldout_prompts, difficulty=r.difficulty,
                                seed=r.task_seed, answer_format=r.answer_format)
@@ -96,8 +102,8 @@ def _recipe_prompts(recipe: str):
 
 
 @draft_app.command("eval")
-def draft_eval(drafter: str = typer.Option("eagle:think", help="eagle:DIR (a drafter directory) or a shipped name "
-                                           "(eagle:think)"),
+def draft_eval(drafter: str = typer.Option("eagle:think", help="eagle:DIR / parallel:DIR (a drafter directory) or "
+                                           "a shipped name (eagle:think)"),
                recipe: str = typer.Option("think", help="the workload: a recipe file or a shipped recipe's name"),
                k: str = typer.Option("1,2,3,4,5,6,7", help="comma-separated draft lengths"),
                prompts: int = typer.Option(None, help="held-out prompts (default: the recipe's heldout_prompts)"),
@@ -161,13 +167,13 @@ def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(N
                 fail(SpecRLError(f"the curve is not complete ({len(rows)} points); run the same command again"))
             snap = w / "eval" / "curve.json"
             plot = plot or Path("docs/img/drafter_scaling_separate.png")
-            plot_separate_curve(rows, plot, f"eagle:{r.name} ({r.model}, {r.task} {r.answer_format}, "
+            plot_separate_curve(rows, plot, f"{r.kind}:{r.name} ({r.model}, {r.task} {r.answer_format}, "
                                 f"T={r.temperature}): {rows[0]['setting']['prompts']} held-out prompts",
                                 snapshots=json.loads(snap.read_text()) if snap.exists() else None)
         else:
             rows = run_curve(r, w, source, k=k, n_prompts=prompts, log=typer.echo)
             plot = plot or Path("docs/img/drafter_scaling.png")
-            plot_curve(rows, plot, f"eagle:{r.name} ({r.model}, {r.task} {r.answer_format}, T={r.temperature}): "
+            plot_curve(rows, plot, f"{r.kind}:{r.name} ({r.model}, {r.task} {r.answer_format}, T={r.temperature}): "
                                    f"{rows[0]['prompts']} held-out prompts")
     except SpecRLError as e:
         fail(e)

@@ -1,21 +1,21 @@
 """specrl.drafters: every kind of drafter the engine verifies, and how drafters are made, stored and loaded.
 
-Three folders, one per job. `kinds/` holds the drafters: draft model, EAGLE-3 head, MTP heads, n-gram, sibling
-suffix and hybrid (a learned drafter with the suffix drafter). `storage/` stores them: the drafter directory format,
-its manifest, the drafters shipped in the package, the embedded model's default drafters and the vLLM export.
-`training/` makes them: offline and online training and, in `training/build/`, building one from in-domain rollouts.
-Beside them sit the helpers all drafters share (`base.py`, which re-exports the protocol of `specrl.rollout.drafter`;
-`trainable.py`, the methods training, `specrl draft init` and drafter directories call on a drafter with weights)
-and the one registry of the built-in kinds (`registry.py`).
-`make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
-draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH | hybrid:LEARNED | a user's kind. PATH may be one of
-EMBEDDED_NAMES: a cached in-domain drafter of the embedded model (SmolLM2-135M): `default` on chain_sum's short
+Three folders, one per job. `kinds/` holds the drafters: draft model, EAGLE-3 head, the parallel head (all k
+drafts from one forward), MTP heads, n-gram, sibling suffix and hybrid (a learned drafter with the suffix drafter).
+`storage/` stores them: the drafter directory format, its manifest, the drafters shipped in the package, the
+embedded model's default drafters, the vLLM export. `training/` makes them: offline and online training and, in
+`training/build/`, building one from in-domain rollouts. Beside them sit the helpers all drafters share (`base.py`,
+which re-exports the protocol of `specrl.rollout.drafter`; `trainable.py`, the methods training, `specrl draft
+init` and drafter directories call on a drafter with weights) and the one registry of the built-in kinds
+(`registry.py`). `make_drafter(spec, target)` builds one from a CLI/config string: none | ngram | suffix |
+draft-model:PATH_OR_PRESET | eagle:PATH | mtp:PATH | parallel:PATH | hybrid:LEARNED | a user's kind. PATH may be one
+of EMBEDDED_NAMES: a cached in-domain drafter of the embedded model (SmolLM2-135M): `default` on chain_sum's short
 answers, `think` on the long step-by-step replies of examples/think.yaml. The RL layer builds them from its task
 prompts (`specrl.drafters.storage.default`, `specrl prepare --drafter eagle[:think]`). Specs are parsed by
 `specrl.rollout.drafter_spec`, whose table of kinds holds every kind: `registry.py` is the explicit registry of the
 built-in kinds' builders and classes (`register_builtin_kinds`, called once here; `register_drafter` registers a
-user's kind through the same `register_drafter_kind`), and
-`make_drafter` builds every kind through its row. It imports model, rollout and errors only.
+user's kind through the same `register_drafter_kind`), and `make_drafter` builds every kind through its row. It
+imports model, rollout and errors only.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from specrl.drafters.kinds.eagle import EagleDrafter
 from specrl.drafters.kinds.hybrid import HybridDrafter
 from specrl.drafters.kinds.mtp import MTPDrafter
 from specrl.drafters.kinds.ngram import NGramDrafter
+from specrl.drafters.kinds.parallel import ParallelDrafter
 from specrl.drafters.kinds.suffix import SuffixDrafter
 from specrl.errors import SpecRLError
 from specrl.rollout.drafter_spec import DRAFTER_KINDS, DrafterSpec, register_drafter_kind
@@ -79,7 +80,7 @@ def _build_hybrid(spec: DrafterSpec, target, dtype, inner: Drafter) -> HybridDra
 BUILTIN_BUILDERS = (("none", _build_none, None), ("ngram", _build_ngram, NGramDrafter),
                     ("suffix", _build_suffix, SuffixDrafter), ("draft-model", _build_draft_model, DraftModelDrafter),
                     ("eagle", _build_from_directory, EagleDrafter), ("mtp", _build_from_directory, MTPDrafter),
-                    ("hybrid", _build_hybrid, HybridDrafter))
+                    ("parallel", _build_from_directory, ParallelDrafter), ("hybrid", _build_hybrid, HybridDrafter))
 
 
 def register_builtin_kinds() -> None:

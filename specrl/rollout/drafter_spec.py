@@ -1,17 +1,17 @@
 """Drafter specs (`kind[:arg]`) and THE table of drafter kinds every layer reads.
 
-A drafter is named in configs and on the command line by a spec string: `none`, `ngram`, `suffix`,
-`eagle:PATH`, `eagle:default`, `mtp:PATH`, `draft-model:PATH`, `hybrid:LEARNED` (a learned drafter spec plus
-the sibling-suffix drafter, e.g. `hybrid:eagle:think`). `parse_drafter_spec` is the one parser of that string
-(a `DrafterSpec`, or one SpecRLError saying what is wrong and what is allowed). `DRAFTER_KINDS` maps each kind
-to a `DrafterKind`, the one place a kind's name is compared: whether it drafts at all (`none` does not), whether
-it takes an argument and whether that argument is another drafter spec (hybrid), whether it has weights
-(learned), whether the learner can train it online, the oldest drafter-directory format it reads, which vLLM
-speculative method it maps onto (None: the vLLM backend does not offer it) and which simulator drafter prices it;
-the drafters layer (`specrl.drafters`) completes every row with the function that builds the drafter and its
-class. Built-in and users' kinds are rows of the same table: `register_drafter_kind` adds one (through
-`specrl.drafters.register_drafter`); `kinds_offered` is the table of what each backend offers, read from the
-same rows, and `drafts(spec)` says whether a spec names a drafter.
+A drafter is named in configs and on the command line by a spec string: `none`, `ngram`, `suffix`, `eagle:PATH`,
+`eagle:default`, `mtp:PATH`, `parallel:PATH`, `draft-model:PATH`, `hybrid:LEARNED` (a learned drafter spec plus the
+sibling-suffix drafter, e.g. `hybrid:eagle:think`). `parse_drafter_spec` is the one parser of that string (a
+`DrafterSpec`, or one SpecRLError saying what is wrong and what is allowed). `DRAFTER_KINDS` maps each kind to a
+`DrafterKind`, the one place a kind's name is compared: whether it drafts at all (`none` does not), whether it takes
+an argument and whether that argument is another drafter spec (hybrid), whether it has weights (learned), whether
+the learner can train it online, the oldest drafter-directory format it reads, which vLLM speculative method it maps
+onto (None: the vLLM backend does not offer it) and which simulator drafter prices it; the drafters layer
+(`specrl.drafters`) completes every row with the function that builds the drafter and its class. Built-in and users'
+kinds are rows of the same table: `register_drafter_kind` adds one (through `specrl.drafters.register_drafter`);
+`kinds_offered` is the table of what each backend offers, read from the same rows, and `drafts(spec)` says whether a
+spec names a drafter.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("eagle", arg="PATH", example="eagle:default", learned=True, trainable=True, vllm="eagle3",
                 sim="eagle3", embedded=True, min_format_version=2),
     DrafterKind("mtp", arg="PATH", learned=True, trainable=True, sim="mtp", embedded=True, min_format_version=1),
+    # an EAGLE-3 layer drafting all k tokens in one forward from learned placeholders (drafters/kinds/parallel.py)
+    DrafterKind("parallel", arg="PATH", learned=True, min_format_version=2),
     DrafterKind("hybrid", arg="LEARNED", wraps=True),
 )}
 BACKEND_NAMES = ("native", "vllm")  # the backends whose offer the table records

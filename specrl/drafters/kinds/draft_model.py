@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from specrl.drafters.base import BindContext, DraftBatch, Drafter, Proposal, check_draft_vocab, full_vocab_logits
-from specrl.drafters.trainable import TrainableDrafter, soft_cross_entropy
+from specrl.drafters.trainable import TrainableDrafter
 from specrl.errors import SpecRLError
 
 
@@ -103,7 +103,7 @@ class DraftModelDrafter(Drafter, TrainableDrafter):
         valid = (pos <= lens[:, None] - 2) & (pos + 1 >= loss_from[:, None])
         hidden, _ = self.model.forward_hidden(tok)
         logits = self.model.logits(hidden[valid])
-        ce = soft_cross_entropy(logits, batch["top_idx"][valid], batch["top_p"][valid])
+        ce = self.distill_loss(logits, batch["top_idx"][valid], batch["top_p"][valid])
         stats = {"positions": int(valid.sum()), "top1": int((logits.argmax(-1) == batch["top1"][valid]).sum())}
         return ce.sum() / valid.sum().clamp_min(1), stats
 

@@ -41,7 +41,7 @@ from specrl.drafters.base import (
     is_full_vocab,
     target_to_draft,
 )
-from specrl.drafters.trainable import TrainableDrafter, soft_cross_entropy
+from specrl.drafters.trainable import TrainableDrafter
 from specrl.errors import SpecRLError
 from specrl.model.transformer import Attention, Block, KVCache, ModelArgs, RMSNorm
 
@@ -90,6 +90,7 @@ class EagleDrafter(nn.Module, Drafter, TrainableDrafter):
     training_methods = ("fuse_concat", "forward_train", "head")
     unrolls_steps = True
     CONFIG_FIELDS = ("hidden_size", "vocab_size", "layers", "draft_vocab_size", "intermediate_size")
+    builds_from_features = True
 
     def __init__(self, target, layers: tuple[int, ...] | list[int] | None = None,
                  draft_vocab: list[int] | Tensor | None = None, intermediate_size: int | None = None):
@@ -252,7 +253,7 @@ class EagleDrafter(nn.Module, Drafter, TrainableDrafter):
         for s, hidden in enumerate(steps, start=1):
             valid = (pos <= lens[:, None] - 2) & (pos >= s - 1) & (pos + 2 >= loss_from[:, None])
             logits = self.head(hidden[valid])
-            ce = soft_cross_entropy(logits, tgt_i[valid], tgt_p[valid])
+            ce = self.distill_loss(logits, tgt_i[valid], tgt_p[valid])
             w = TTT_STEP_WEIGHT ** (s - 1)
             total = total + w * ce.sum() / valid.sum().clamp_min(1)
             weight_sum += w

@@ -31,7 +31,7 @@ from specrl.drafters.base import (
     compact_slots,
     draft_layer_args,
 )
-from specrl.drafters.trainable import TrainableDrafter, soft_cross_entropy
+from specrl.drafters.trainable import TrainableDrafter
 from specrl.errors import SpecRLError
 from specrl.model.transformer import Block, KVCache, ModelArgs, RMSNorm
 
@@ -134,7 +134,7 @@ class MTPDrafter(nn.Module, Drafter, TrainableDrafter):
             tgt_p = torch.cat([batch["top_p"][:, j:], torch.zeros_like(batch["top_p"][:, :j])], 1)
             valid = (pos <= lens[:, None] - 1 - j) & (pos + j + 1 >= loss_from[:, None])
             logits = self.head(j - 1, h)
-            ce = soft_cross_entropy(logits, tgt_i, tgt_p)
+            ce = self.distill_loss(logits, tgt_i, tgt_p)
             total = total + (ce * valid).sum() / valid.sum().clamp_min(1)
             if j == 1:
                 top1 = torch.cat([batch["top1"][:, 1:], batch["top1"][:, -1:]], 1)

@@ -97,6 +97,22 @@ def extract_shard(target, rollouts: Path, out: Path, shard: ShardInfo, layers: t
     return info
 
 
+def current_features(out: Path, shards: list[ShardInfo], layers: tuple[int, ...], topk: int,
+                     fix: str) -> list[FeatureInfo]:
+    """The feature files of `shards` under `out`, each current for its shard and settings; a SpecRLError naming
+    the first that is missing or stale and `fix` (what makes it) otherwise. Nothing is extracted."""
+    infos = []
+    for s in shards:
+        p = feature_path(out, s.index)
+        cur = _current(p, s, topk, layers)
+        if cur is None:
+            what = "missing" if not p.exists() else (f"unreadable or made from another shard or settings (this build "
+                                                      f"reads top-K {topk}, layers {list(layers)})")
+            raise SpecRLError(f"{p} is {what}; run {fix} first")
+        infos.append(cur)
+    return infos
+
+
 def extract_features(target, rollouts: Path, out: Path, shards: list[ShardInfo], layers: tuple[int, ...],
                      topk: int, batch_size: int = 8, progress: bool = True, log=print) -> list[FeatureInfo]:
     """Features of every shard in `shards`, skipping those already extracted from the same shard and settings."""

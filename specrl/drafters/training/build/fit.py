@@ -1,16 +1,17 @@
-"""Stage 3 of `specrl draft build`: an EAGLE head trained on the feature shards, resumable from a checkpoint.
+"""Stage 3 of `specrl draft build`: a head (EAGLE, parallel) trained on the feature shards, resumable from a checkpoint.
 
-`examples_from_features` turns feature files (`features.py`) into the `training.Example`s that
-`training.batch_loss` consumes (target ids mapped to draft-vocabulary indices here, so the vocabulary is chosen
-after extraction: `select_draft_vocab` over the response tokens of the rollouts, `vocab_coverage` records how much
-of them it covers). `fit` is `training.train_drafter`'s loop (AdamW, warm-up then cosine decay, batches of similar
-length in a seeded order, gradient clipping, the same soft cross-entropy over `ttt_steps` of training-time test)
-made resumable: every `checkpoint_every` steps and at each epoch's end it saves the head, the optimizer, the step
-and the random state to one file, atomically; a killed training restarts from that step with the same batch order,
-so it ends where an uninterrupted one would. The checkpoint holds only tensors, numbers, strings, lists and dicts
-and is read with `torch.load(weights_only=True)`: a crafted file that would build any other object (and so could
-run code) is refused before anything in it runs. It also saves snapshots of the head at given steps (the scaling
-curve's points) and returns the tokens each had trained on.
+`examples_from_features` turns feature files (`features.py`) into the `training.Example`s that `training.batch_loss`
+consumes (target ids mapped to draft-vocabulary indices here, so the vocabulary is chosen after extraction:
+`select_draft_vocab` over the response tokens of the rollouts, `vocab_coverage` records how much of them it covers).
+`fit` is `training.train_drafter`'s loop (AdamW, warm-up then cosine decay, batches of similar length in a seeded
+order, gradient clipping, the head's own loss: EAGLE's over `ttt_steps` of training-time test, scored with the
+recipe's objective, soft cross-entropy or that plus the TV distance) made resumable: every `checkpoint_every` steps
+and at each epoch's end it saves the head, the optimizer, the step and the random state to one file, atomically; a
+killed training restarts from that step with the same batch order, so it ends where an uninterrupted one would. The
+checkpoint holds only tensors, numbers, strings, lists and dicts and is read with `torch.load(weights_only=True)`: a
+crafted file that would build any other object (and so could run code) is refused before anything in it runs. It
+also saves snapshots of the head at given steps (the scaling curve's points) and returns the tokens each had trained
+on.
 """
 
 from __future__ import annotations
@@ -117,17 +118,19 @@ def _load_checkpoint(ck: Path) -> dict:
 
 def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, batch_size: int, ttt_steps: int,
         seed: int = 0, checkpoint_every: int = 200, snapshot_steps: tuple[int, ...] = (), progress: bool = True,
-        log=print, stop_after: int | None = None, autocast: str = "float32") -> dict:
+        log=print, stop_after: int | None = None, autocast: str = "float32", objective=None) -> dict:
     """Train `drafter` on `examples` for `epochs`, checkpointing into `out`; resume from `out`'s checkpoint.
 
     `snapshot_steps`: global steps after which the head is saved to `out/snapshots/step-NNNNNN` (save_drafter).
     `stop_after`: stop (checkpointed) after this many steps of this call: a test's way to kill a training.
     `autocast` "bfloat16": the forward and backward matrix products in bf16 (torch.autocast; weights, optimizer
-    state and the loss stay float32), about 2x faster on CPUs with bf16 units; "float32": none.
+    state and the loss stay float32), about 2x faster on CPUs with bf16 units; "float32": none. `objective` (a
+    `specrl.drafters.trainable.Objective`, default soft cross-entropy) is what the head's loss scores with.
     Returns dict(steps, epochs, train_loss (mean of the last epoch's steps), loss_per_epoch, seconds,
     snapshots: [{step, tokens_seen, path}], resumed_from).
     """
     from specrl.drafters.storage.io import save_drafter
+    from specrl.drafters.trainable import Objective
 
     if not examples:
         raise SpecRLError("no training examples: the build's feature stage produced none")
@@ -140,7 +143,12 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
     total_steps = steps_per_epoch * epochs
     warmup = max(1, min(MAX_WARMUP_STEPS, total_steps // WARMUP_DIVISOR))
     setting = {"examples": len(examples), "epochs": epochs, "lr": lr, "batch_size": batch_size,
-               "ttt_steps": ttt_steps, "seed": seed, "draft_vocab_size": int(drafter.d2t.numel()), "autocast": autocast}
+               "ttt_steps": ttt_steps, "seed": seed, "draft_vocab_size": int(drafter.d2t.numel()), "autocast": autocast,
+               **drafter.checkpoint_setting()}
+    objective = Objective() if objective is None else objective
+    if objective != Objective():  # recorded when not the default, so checkpoints of soft cross-entropy still resume
+        setting["objective"] = objective.record()
+    before, drafter.objective = drafter.objective, objective
 
     def lr_at(step: int) -> float:
         if step < warmup:
@@ -178,7 +186,7 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
     if progress and step < total_steps:
         from tqdm import tqdm
 
-        bar = tqdm(total=total_steps, initial=step, desc="train eagle head", unit="step", smoothing=0.05)
+        bar = tqdm(total=total_steps, initial=step, desc=f"train {drafter.kind} head", unit="step", smoothing=0.05)
     device = next(drafter.parameters()).device
     drafter.train()
     done_here, order_of = 0, (-1, [])
@@ -217,6 +225,7 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
     if bar is not None:
         bar.close()
     drafter.eval()
+    drafter.objective = before
     seconds += time.perf_counter() - t0
     per_epoch = [sum(losses[a: a + steps_per_epoch]) / len(losses[a: a + steps_per_epoch])
                  for a in range(0, len(losses), steps_per_epoch)]

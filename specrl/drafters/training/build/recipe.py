@@ -3,11 +3,13 @@
 A recipe names the target model, the workload the drafter serves (task, difficulty, answer format, sampling
 temperature and length: the RL run's own, since on-policy rollouts at the workload's temperature and template are
 the data that matter most), how many prompts are rolled out and how they are sharded, and the training settings
-(drafter kind, draft vocabulary size, target top-K, training-time-test depth, epochs, learning rate). The shipped
-recipes are `specrl/drafters/training/build/recipes/*.json`; `Recipe.load` validates a file and names every wrong or
-unknown key.
+(drafter kind, draft vocabulary size, target top-K, training-time-test depth, the parallel head's `max_k`, the loss:
+"ce" or "ce+tv" with `tv_weight`, epochs, learning rate). The shipped recipes are
+`specrl/drafters/training/build/recipes/*.json`; `Recipe.load` validates a file and names every wrong or unknown
+key.
 `Recipe.hash()` identifies the rollout data a recipe produces (the fields that change the data), so a build
-directory refuses a recipe whose data would differ from the shards it holds.
+directory refuses a recipe whose data would differ from the shards it holds, and a build may read another build's
+data when their hashes agree (`--data-from`). `build_class` is the drafter class a recipe's kind trains.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specrl.drafters.trainable import Objective
 from specrl.errors import SpecRLError
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -43,10 +46,13 @@ class Recipe:
     shard_size: int = 64
     rollout_batch: int = 32
     rollout_dtype: str = "auto"
-    kind: str = "eagle"
+    kind: str = "eagle"  # a kind the build trains from the features stage (`build_class`): eagle, parallel
     draft_vocab_size: int = 8192
     target_topk: int = 32
-    ttt_steps: int = 3
+    ttt_steps: int = 3  # EAGLE's training-time-test depth
+    max_k: int = 7  # parallel: the most tokens one forward drafts (its last context entry + max_k - 1 placeholders)
+    loss: str = "ce"  # "ce" (soft cross-entropy against the target's top-K) or "ce+tv" (plus tv_weight * TV distance)
+    tv_weight: float = 1.0  # the TV term's weight under loss "ce+tv"
     epochs: int = 6
     lr: float = 1e-3
     batch_size: int = 8
@@ -83,7 +89,8 @@ class Recipe:
 
     def __post_init__(self):
         ints = {"prompts": 2, "heldout_prompts": 1, "shard_size": 1, "rollout_batch": 1, "max_new_tokens": 1,
-                "draft_vocab_size": 2, "target_topk": 1, "ttt_steps": 1, "epochs": 1, "batch_size": 1, "k": 1}
+                "draft_vocab_size": 2, "target_topk": 1, "ttt_steps": 1, "epochs": 1, "batch_size": 1, "k": 1,
+                "max_k": 1}
         for key, lo in ints.items():
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -98,11 +105,20 @@ class Recipe:
         if self.train_dtype not in ("float32", "bfloat16"):
             raise SpecRLError(f"recipe {self.name!r}: train_dtype must be float32 or bfloat16, got "
                               f"{self.train_dtype!r}")
+        try:
+            Objective(self.loss, self.tv_weight)
+        except SpecRLError as e:
+            raise SpecRLError(f"recipe {self.name!r}: {e}") from None
+        build_class(self.kind, where=f"recipe {self.name!r}")
         n_shards = -(-self.prompts // self.shard_size)
         for c in self.curve:
             if not isinstance(c, int) or not 1 <= c <= n_shards:
                 raise SpecRLError(f"recipe {self.name!r}: curve entries are shard counts in 1..{n_shards}, "
                                   f"got {c!r}")
+
+    @property
+    def objective(self) -> Objective:
+        return Objective(self.loss, self.tv_weight)
 
     @property
     def n_shards(self) -> int:
@@ -117,3 +133,17 @@ class Recipe:
         """sha256 of the fields that decide the rollout data (`DATA_FIELDS`)."""
         d = self.as_dict()
         return hashlib.sha256(json.dumps({k: d[k] for k in DATA_FIELDS}, sort_keys=True).encode()).hexdigest()
+
+
+def build_class(kind: str, where: str = "recipe"):
+    """The drafter class `specrl draft build` trains for `kind`: a kind of the table whose class learns from the
+    features stage's fused target layers (`TrainableDrafter.builds_from_features`); a SpecRLError naming them
+    otherwise."""
+    from specrl.rollout.drafter_spec import DRAFTER_KINDS
+
+    ok = {k.name: k.drafter_class for k in DRAFTER_KINDS.values()
+          if k.drafter_class is not None and getattr(k.drafter_class, "builds_from_features", False)}
+    if kind not in ok:
+        raise SpecRLError(f"{where}: kind {kind!r} is not one `specrl draft build` trains; it trains "
+                          f"{', '.join(sorted(ok))} (heads that learn from the features stage's fused target layers)")
+    return ok[kind]

@@ -5,13 +5,16 @@ Stages, each skipped when its output is already whole (so a killed build continu
    written as checked shards (`shards.py`) under `WORK/rollouts/`.
 2. `features` — the target's fused hidden states and top-K distributions per shard (`features.py`,
    `WORK/features/`).
-3. `train` — the draft vocabulary chosen by coverage of the response tokens, then the EAGLE head trained on the
-   features, resumable from its checkpoint (`fit.py`, `WORK/train/`; the head in `WORK/train/drafter/`).
+3. `train` — the draft vocabulary chosen by coverage of the response tokens, then the recipe's head (its kind:
+   EAGLE or parallel; its loss: soft cross-entropy or that plus the TV distance) trained on the features, resumable
+   from its checkpoint (`fit.py`, `WORK/train/`; the head in `WORK/train/drafter/`).
 4. `package` — the head in the shipped dtype with its manifest (`shipped.py`, `WORK/package/`).
 5. `eval` — held-out acceptance of the packaged head on the validation split (`heldout.py`,
    `WORK/eval/eval.json`), written into the package's manifest.
 Stages 4-5 and the scaling curve (the head's snapshots along its training, evaluated at k) live in `release.py`.
-The build directory records the recipe's data hash (`build.json`); a different recipe's data is refused. Each
+The build directory records the recipe's data hash (`build.json`); a different recipe's data is refused. A build
+linked to another build's directory (`link_data`, `--data-from`) whose data hash is the same reads that build's
+rollouts and features (`data_root`) instead of making its own, and only checks that they are whole. Each
 stage after the first writes `WORK/STAGE/stage.json` (its wall seconds, threads, what it made), merged into
 `build.json`'s `stage_seconds`.
 """
@@ -29,6 +32,7 @@ from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 
 BUILD_FILE = "build.json"
+DATA_FROM = "data_from"  # build.json's key: the build directory whose rollouts and features this build reads
 STAGES = ("rollouts", "features", "train", "package", "eval")
 STAGE_FILE = "stage.json"
 
@@ -56,8 +60,54 @@ def _save_state(work: Path, state: dict) -> None:
     write_text_atomic(work / BUILD_FILE, json.dumps(state, indent=1) + "\n")
 
 
+def link_data(recipe: Recipe, work: Path, data_from: Path) -> Path:
+    """Make build `work` read the rollouts and features of build `data_from` (recorded in WORK/build.json), which
+    must hold the data of a recipe with the same data fields (`DATA_FIELDS`, hence the same `Recipe.hash()`)."""
+    from specrl.drafters.training.build.recipe import DATA_FIELDS
+
+    src = Path(data_from).resolve()
+    f = src / BUILD_FILE
+    try:
+        other = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise SpecRLError(f"--data-from {src}: no {BUILD_FILE}; give the directory of a `specrl draft build` whose "
+                          "rollouts (and features) stages ran") from None
+    except json.JSONDecodeError:
+        raise SpecRLError(f"--data-from {src}: {f} is not valid JSON") from None
+    if not isinstance(other, dict) or other.get("data_hash") != recipe.hash():
+        theirs = other.get("recipe", {}) if isinstance(other, dict) else {}
+        mine = recipe.as_dict()
+        diff = [f"{k} {theirs.get(k)!r} (recipe {recipe.name!r}: {mine[k]!r})" for k in DATA_FIELDS
+                if theirs.get(k) != mine[k]]
+        raise SpecRLError(f"--data-from {src} holds the data of recipe {theirs.get('name')!r}, made with other data "
+                          f"settings than recipe {recipe.name!r} ({'; '.join(diff) or 'another data hash'}); a build "
+                          f"reuses only data of the same data fields ({', '.join(DATA_FIELDS)})")
+    if src == Path(work).resolve():
+        raise SpecRLError(f"--data-from {src} is the build directory itself; give another build's directory")
+    state = _claim(work, recipe)
+    state[DATA_FROM] = str(src)
+    _save_state(work, state)
+    return src
+
+
+def data_root(work: Path) -> Path:
+    """The build directory whose rollouts/ and features/ build `work` reads: its `link_data` source, or itself."""
+    f = Path(work) / BUILD_FILE
+    src = json.loads(f.read_text()).get(DATA_FROM) if f.exists() else None
+    return Path(src) if src else Path(work)
+
+
+def _linked(work: Path) -> Path | None:
+    root = data_root(work)
+    return None if root == Path(work) else root
+
+
 def run_rollouts(recipe: Recipe, work: Path, prompts: Callable, progress: bool = True) -> list:
-    """Stage 1: the rollouts, sharded under WORK/rollouts (resumes from whole shards)."""
+    """Stage 1: the rollouts, sharded under WORK/rollouts (resumes from whole shards); for a linked build, the
+    check that its source's shards are all there."""
+    if _linked(work) is not None:
+        _claim(work, recipe)
+        return whole_shards(recipe, work)
     from specrl.drafters.training.build.shards import collect_rollouts
     from specrl.model.loader import load_model
     from specrl.model.tokenizer import stop_token_ids
@@ -105,15 +155,17 @@ def whole_shards(recipe: Recipe, work: Path, upto: int | None = None, partial: b
 
     n = recipe.n_shards if upto is None else upto
     infos, missing = [], []
+    root = data_root(work)
     for i in range(n):
-        p = shard_path(work / "rollouts", i)
+        p = shard_path(root / "rollouts", i)
         if not p.exists():
             missing.append(i)
             continue
         infos.append(check_shard(p, min(recipe.shard_size, recipe.prompts - i * recipe.shard_size)))
     if missing and not partial:
-        raise SpecRLError(f"build {work}: rollout shards {missing[:5]}{'…' if len(missing) > 5 else ''} of "
-                          f"{n} are missing; run the rollouts stage first (`specrl draft build --stage rollouts`)")
+        raise SpecRLError(f"build {root}: rollout shards {missing[:5]}{'…' if len(missing) > 5 else ''} of "
+                          f"{n} are missing; run the rollouts stage first (`specrl draft build --stage rollouts"
+                          f"{f' --work {root}' if root != Path(work) else ''}`)")
     return infos
 
 
@@ -128,15 +180,20 @@ def _load_target(recipe: Recipe, target):
 
 
 def run_features(recipe: Recipe, work: Path, target=None, progress: bool = True, partial: bool = False) -> list:
-    """Stage 2: features of every rollout shard (with `partial`, of the shards present so far)."""
+    """Stage 2: features of every shard (with `partial`, of the shards present so far); for a linked build, the
+    check that its source's features are current for every shard (nothing is extracted into another build)."""
     import torch
 
     from specrl.drafters.kinds.eagle import default_layers
-    from specrl.drafters.training.build.features import extract_features
+    from specrl.drafters.training.build.features import current_features, extract_features
 
     _claim(work, recipe)
     infos = whole_shards(recipe, work, partial=partial)
     target, _, _ = _load_target(recipe, target)
+    src = _linked(work)
+    if src is not None:
+        return current_features(src / "features", infos, default_layers(target.args.num_layers), recipe.target_topk,
+                                f"build {src}'s features stage (`specrl draft build --stage features --work {src}`)")
     t0 = time.perf_counter()
     prev = stage_record(work, "features") or {}
     feats = extract_features(target, work / "rollouts", work / "features", infos,
@@ -162,36 +219,38 @@ def curve_steps(recipe: Recipe, steps_per_epoch: int) -> dict[int, int]:
 def train_head(recipe: Recipe, work: Path, target, infos: list, feats: list, out: Path,
                snapshot_marks: dict | None = None, progress: bool = True, stop_after: int | None = None,
                log=print) -> tuple:
-    """A fresh EAGLE head trained with the recipe's settings on the given shards of build `work` (`infos`, their
-    `feats`), into `out` (resumable from its checkpoint there): the draft vocabulary chosen by coverage of these
-    shards' responses, then `fit`. Returns (drafter, fit's result, the vocabulary's coverage)."""
+    """A fresh head of the recipe's kind trained with its settings on the given shards of build `work` (`infos`,
+    their `feats`, read from `data_root(work)`), into `out` (resumable from its checkpoint there): the draft
+    vocabulary chosen by coverage of these shards' responses, then `fit`. Returns (drafter, fit's result, the
+    vocabulary's coverage)."""
     import torch
 
-    from specrl.drafters.kinds.eagle import EagleDrafter
     from specrl.drafters.training.build.features import feature_path
     from specrl.drafters.training.build.fit import examples_from_features, fit, vocab_coverage
+    from specrl.drafters.training.build.recipe import build_class
     from specrl.drafters.training.build.shards import read_shard, shard_path
     from specrl.model.tokenizer import stop_token_ids
 
     stops = stop_token_ids(None, target.args)
-    responses = [r["response_ids"] for s in infos for r in read_shard(shard_path(work / "rollouts", s.index))]
+    root = data_root(work)
+    responses = [r["response_ids"] for s in infos for r in read_shard(shard_path(root / "rollouts", s.index))]
     vocab = select_draft_vocab(responses, recipe.draft_vocab_size, always=stops) \
         if recipe.draft_vocab_size < target.args.vocab_size else None
     torch.manual_seed(recipe.seed)  # the fresh head's initial weights
-    drafter = EagleDrafter(target, draft_vocab=vocab)
+    drafter = build_class(recipe.kind).from_recipe(target, recipe, draft_vocab=vocab)
     coverage = vocab_coverage(responses, [int(t) for t in drafter.d2t], sizes=(1024, 2048, 4096, 8192))
-    examples = examples_from_features([feature_path(work / "features", f.index) for f in feats],
+    examples = examples_from_features([feature_path(root / "features", f.index) for f in feats],
                                       drafter.target_to_draft())
     res = fit(drafter, examples, out, recipe.epochs, recipe.lr, recipe.batch_size, recipe.ttt_steps,
               seed=recipe.seed, snapshot_steps=tuple(snapshot_marks or ()), progress=progress, log=log,
-              stop_after=stop_after, autocast=recipe.train_dtype)
+              stop_after=stop_after, autocast=recipe.train_dtype, objective=recipe.objective)
     res["sequences"] = len(examples)
     return drafter, res, coverage
 
 
 def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, stop_after: int | None = None,
               log=print) -> dict:
-    """Stage 3: the draft vocabulary, then the EAGLE head trained on every shard's features (resumable)."""
+    """Stage 3: the draft vocabulary, then the recipe's head trained on every shard's features (resumable)."""
     import math
 
     import torch
