@@ -211,3 +211,14 @@ def test_a_cut_on_the_proposed_tokens_own_probability_is_caught():
     engine.cut.cut = lossy
     sp = SamplingParams(max_new_tokens=4, seed=777, temperature=1.0)
     assert speculative_pvalue(engine, target, sp, DIST_PROMPT) < FAMILY_ALPHA
+
+
+@pytest.mark.parametrize("cut", ["off", "row", "column"])
+def test_config_reaches_the_engine_through_the_backend_registry(cut):
+    from specrl.backends.registry import native_backend
+
+    cfg = validate_config({"speculative": {"drafter": "ngram", "confidence_cut": cut},
+                           "model": {"rollout_dtype": "float32", "max_seq_len": 64},
+                           "generation": {"max_new_tokens": 16, "max_batch_size": 4}})
+    engine = native_backend(cfg, tiny_model("llama", vocab_size=V, seed=5, num_layers=1))
+    assert (engine.cut is None) if cut == "off" else (engine.cut.mode == cut)
