@@ -72,6 +72,18 @@ def test_calibration_learns_per_confidence_bin_and_reports_reached_drafts():
     assert pred[0] == pytest.approx(float(c[0, 0] + c[1, 0]), rel=0.05)
 
 
+def test_calibration_is_per_draft_position():
+    """The same top probability at a deeper position is a different cell: a row that always accepts its first
+    draft and rejects its second teaches c ~ 1 at position 0 and c ~ 0 at position 1."""
+    cut = ConfidenceCut("row", 2, prior_rate=0.5, prior_weight=1.0, forget=1.0)
+    f = torch.full((1, 2), 0.55, dtype=torch.float64)
+    for _ in range(50):
+        cut.observe(f, torch.tensor([2]), torch.tensor([1]))
+    c = cut.calibrated(f)[0]
+    assert c[0] > 0.95 and c[1] < 0.05
+    assert cut.lengths(cut.calibrated(f), None, 0.3).tolist() == [1]
+
+
 def test_features_are_the_top_probability_or_one_for_one_hot_drafts():
     q = torch.tensor([[[0.7, 0.3], [0.4, 0.6]]])
     assert ConfidenceCut.features(q, 1, 2).tolist() == [[pytest.approx(0.7), pytest.approx(0.6)]]

@@ -3,9 +3,10 @@
 After the drafter has proposed k tokens per row, `ConfidenceCut` predicts each draft's chance of acceptance and
 keeps only the drafts whose expected accepted tokens pay for their verify rows. Row i's feature at position j is
 f_ij = max_v q_ij(v), the drafter's top probability there (1 for one-hot drafters, and for any drafter at T = 0,
-where q is one-hot: the prediction is then the bin's mean rate); a calibration table maps it to c_ij, the
-probability that draft j is accepted given that drafts 1..j-1 were (decayed counts per confidence bin, learned
-online from this engine's own verify outcomes). The marginal expected accepted tokens of draft j is
+where q is one-hot: the prediction is then the position's mean rate); a calibration table maps it to c_ij, the
+probability that draft j is accepted given that drafts 1..j-1 were (decayed counts per draft position and
+confidence bin, learned online from this engine's own verify outcomes: at the same top probability, a deeper draft
+is accepted less often). The marginal expected accepted tokens of draft j is
 m_ij = prod_{l<=j} c_il. Its price is tau = beta * G: beta the slope per draft of the step cost that auto k's cost
 model measures at this active batch size (`DraftLengthController.cost`, in plain steps), G the gain of the asked k
 (>= 1); before that model has measured the bucket (and always with a fixed k, which measures nothing) tau is
@@ -62,8 +63,8 @@ class ConfidenceCut:
         self.mode, self.k_max, self.bins = mode, k_max, bins
         self.threshold, self.forget = float(threshold), float(forget)
         self.prior_rate, self.prior_weight = float(prior_rate), float(prior_weight)
-        self.attempts = torch.zeros(bins, dtype=torch.float64)
-        self.accepts = torch.zeros(bins, dtype=torch.float64)
+        self.attempts = torch.zeros(k_max, bins, dtype=torch.float64)  # per draft position and confidence bin
+        self.accepts = torch.zeros(k_max, bins, dtype=torch.float64)
 
     # ---------------------------------------------------------------- prediction
     @staticmethod
@@ -74,13 +75,15 @@ class ConfidenceCut:
         return probs[:, :k].amax(-1).to(torch.float64).cpu()
 
     def _bin(self, f: Tensor) -> Tensor:
-        return (f.clamp(0.0, 1.0) * self.bins).long().clamp_max(self.bins - 1)
+        """[n, k] flat cell index (position * bins + confidence bin) of each draft."""
+        b = (f.clamp(0.0, 1.0) * self.bins).long().clamp_max(self.bins - 1)
+        return torch.arange(f.shape[1])[None, :] * self.bins + b
 
     def calibrated(self, f: Tensor) -> Tensor:
         """[n, k] predicted acceptance of each draft given the drafts before it were accepted."""
         w = self.prior_weight
         rate = (self.accepts + self.prior_rate * w) / (self.attempts + w)
-        return rate[self._bin(f)]
+        return rate.reshape(-1)[self._bin(f)]
 
     def price(self, controller, n: int, k: int) -> float:
         """tau: expected accepted tokens one more draft must bring (module docstring)."""
@@ -126,6 +129,6 @@ class ConfidenceCut:
         reached = (pos < kept.cpu()[:, None]) & (pos <= acc)
         won = reached & (pos < acc)
         b = self._bin(f)
-        self.attempts.mul_(self.forget).index_add_(0, b[reached], torch.ones(int(reached.sum()), dtype=torch.float64))
-        self.accepts.mul_(self.forget).index_add_(0, b[won], torch.ones(int(won.sum()), dtype=torch.float64))
+        for table, hit in ((self.attempts, reached), (self.accepts, won)):
+            table.mul_(self.forget).view(-1).index_add_(0, b[hit], torch.ones(int(hit.sum()), dtype=torch.float64))
         return (c * reached).sum(0), reached.sum(0).to(torch.float64), won.sum(0).to(torch.float64)
