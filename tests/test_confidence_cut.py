@@ -234,3 +234,18 @@ def test_config_reaches_the_engine_through_the_backend_registry(cut):
                            "generation": {"max_new_tokens": 16, "max_batch_size": 4}})
     engine = native_backend(cfg, tiny_model("llama", vocab_size=V, seed=5, num_layers=1))
     assert (engine.cut is None) if cut == "off" else (engine.cut.mode == cut)
+
+
+def test_calibration_and_verify_rows_survive_merging_metrics():
+    from specrl.rollout.generation_metrics import SpecMetrics, merge_metrics
+
+    m = SpecMetrics(3)
+    m.record_spec(2, torch.tensor([2, 0]), torch.tensor([3, 1]), 0.1, 0.2, num_drafts=torch.tensor([2, 1]))
+    m.record_confidence(*(torch.tensor(x, dtype=torch.float64) for x in ([1.5, 0.8], [2.0, 1.0], [1.0, 1.0])))
+    d = m.as_dict()
+    assert d["verify_rows"] == 6 and d["confidence_calibration"]["predicted"][:2] == [0.75, 0.8]
+    assert d["confidence_calibration"]["realised"][:3] == [0.5, 1.0, None]
+    merged = merge_metrics([d, d])
+    assert merged["verify_rows"] == 12
+    assert merged["confidence_calibration"]["attempts"] == [4.0, 2.0, 0.0]
+    assert merged["confidence_calibration"]["predicted"][:2] == [0.75, 0.8]
