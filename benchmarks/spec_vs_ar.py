@@ -8,6 +8,10 @@ assumes a verify forward over k+1 tokens per sequence costs one AR step; on a CP
 16 rows costs ~1.5x one row), so the script also measures v = verify seconds per speculative step ÷ AR seconds
 per step and prints the hardware ideal AL/(v + k·c) and the engine efficiency measured/hardware-ideal, which
 isolates what the engine loses (bookkeeping, sampling, drafter state) from what the hardware charges.
+--confidence-cuts off,row,column runs each k once per cut (`RolloutEngine(confidence_cut=...)`: each row verifies
+only the drafts its calibrated draft confidence pays for); `rows/tok` is the target's decode rows (verify rows,
+padding included, plus one per sequence of a plain step) per generated token, and each cut's row is followed by its
+predicted vs realised acceptance per position.
 Prefill costs the same in both arms and dilutes the speedup of short answers, so `dec` is the speedup in
 decode tokens per second (total minus prefill time), the quantity the ideal formulas describe; `eng_eff` uses it.
 Each point submits max(--min-requests, B) requests to an engine of max_batch_size B (continuous batching), so
@@ -80,6 +84,7 @@ def main() -> None:
     ap.add_argument("--drafters", default="ngram,suffix")
     ap.add_argument("--batch-sizes", default="1,4,16,32")
     ap.add_argument("--ks", default="1,2,3,4,5,6,7,auto")
+    ap.add_argument("--confidence-cuts", default="off", help="comma list of off,row,column: each k runs per cut")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--group", type=int, default=4, help="samples per prompt (siblings for the suffix drafter)")
@@ -117,8 +122,9 @@ def main() -> None:
     ks = [k if k == "auto" else int(k) for k in a.ks.split(",")]
     rows = []
     print(f"T={a.temperature} new_tokens<={a.new_tokens} group={a.group} threads={a.threads} verify={a.verify}")
-    print(f"{'drafter':>16} {'B':>3} {'k':>5} {'speedup':>8} {'AL':>5} {'c':>6} {'ideal':>6} {'eff':>5} {'k_mean':>6} "
-          f"{'v':>5} {'hw_ideal':>8} {'dec':>6} {'eng_eff':>7} {'occ':>6} {'eng_occ':>7}")
+    print(f"{'drafter':>16} {'B':>3} {'k':>5} {'cut':>6} {'speedup':>8} {'AL':>5} {'c':>6} {'ideal':>6} {'eff':>5} "
+          f"{'k_mean':>6} {'v':>5} {'hw_ideal':>8} {'dec':>6} {'eng_eff':>7} {'occ':>6} {'eng_occ':>7} "
+          f"{'rows/tok':>8} {'tok/s':>7}")
     for spec in a.drafters.split(","):
         for b in [int(x) for x in a.batch_sizes.split(",")]:
             n_req = max(a.min_requests, b)
@@ -128,12 +134,12 @@ def main() -> None:
             ids += [base[0]] * (n_req - len(ids))
             ar = RolloutEngine(model, max_batch_size=b, max_seq_len=a.max_seq_len)
             ar.generate(ids, SamplingParams(max_new_tokens=4))  # warm up
-            for k in ks:
+            for k, cut in [(k, cut) for k in ks for cut in a.confidence_cuts.split(",")]:
                 drafter = resolve_drafter(spec, model)
                 eng = RolloutEngine(model, max_batch_size=b, max_seq_len=a.max_seq_len, drafter=drafter,
-                                    num_draft_tokens=k,
-                                    verify=a.verify)
+                                    num_draft_tokens=k, verify=a.verify, confidence_cut=cut)
                 ar_tps, sd_tps, al, c_list, kmean, v_list, dec, occ, eng_occ = [], [], [], [], [], [], [], [], []
+                rows_tok, cal = [], None
                 for r in range(a.repeats):
                     sp_r = SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens, stop_token_ids=stops,
                                           seed=r)
@@ -146,6 +152,9 @@ def main() -> None:
                     sd_tps.append(m["tokens_per_second"])
                     al.append(m["acceptance_length"])
                     kmean.append(m["num_draft_tokens_mean"])
+                    rows_tok.append((m["verify_rows"] + m["sequence_steps"] - m["verify_steps"]) /
+                                    (m["generated_tokens"] - m["num_sequences"]))  # the prefill emits one each
+                    cal = m["confidence_calibration"]
                     t_ar_step = m_ar["ar_seconds"] / max(1, m_ar["ar_steps"])
                     dec.append((m["generated_tokens"] / (m["total_seconds"] - m["prefill_seconds"]))
                                / (m_ar["generated_tokens"] / (m_ar["total_seconds"] - m_ar["prefill_seconds"])))
@@ -163,16 +172,21 @@ def main() -> None:
                 v = median(v_list) if v_list else 1.0
                 hw_ideal = AL / (v + kk * c) if kk else 1.0
                 dspeed = median(dec)
-                row = dict(drafter=spec, batch_size=b, k=k, speedup=speed, acceptance_length=AL, c=c, ideal=ideal,
+                row = dict(drafter=spec, batch_size=b, k=k, confidence_cut=cut, rows_per_token=median(rows_tok),
+                           calibration=cal, speedup=speed, acceptance_length=AL, c=c, ideal=ideal,
                            efficiency=speed / ideal, k_mean=kk, verify_cost=v, hw_ideal=hw_ideal,
                            decode_speedup=dspeed, engine_efficiency=dspeed / hw_ideal,
                            ar_tok_s=median(ar_tps), spec_tok_s=median(sd_tps), occupancy_speedup=median(occ),
                            engine_efficiency_occupancy=median(eng_occ))
                 rows.append(row)
-                print(f"{spec[:16]:>16} {b:>3} {k!s:>5} {speed:>7.2f}x {AL:>5.2f} {c:>6.3f} {ideal:>6.2f} "
+                print(f"{spec[:16]:>16} {b:>3} {k!s:>5} {cut:>6} {speed:>7.2f}x {AL:>5.2f} {c:>6.3f} {ideal:>6.2f} "
                       f"{speed / ideal:>5.2f} {kk:>6.2f} {v:>5.2f} {hw_ideal:>8.2f} {dspeed:>5.2f}x "
-                      f"{dspeed / hw_ideal:>7.2f} {median(occ):>5.2f}x {median(eng_occ):>7.2f}",
-                      flush=True)
+                      f"{dspeed / hw_ideal:>7.2f} {median(occ):>5.2f}x {median(eng_occ):>7.2f} "
+                      f"{median(rows_tok):>8.3f} {median(sd_tps):>7.1f}", flush=True)
+                if cut != "off":
+                    pairs = [f"{p:.2f}/{r:.2f}" for p, r in zip(cal["predicted"], cal["realised"], strict=True)
+                             if p is not None]
+                    print(f"{'':>16} predicted/realised acceptance per position: {' '.join(pairs)}", flush=True)
                 if getattr(drafter, "rows", 0):  # hybrid: how often the suffix continuation was taken
                     print(f"{'':>16} suffix proposals in {drafter.suffix_rows / drafter.rows:.0%} of drafted rows",
                           flush=True)

@@ -39,6 +39,8 @@ CHI_SQUARE_CASES = {
     "tests/test_drafter_eagle_mtp.py::test_exact_distribution": 20,
     "tests/test_verify_power.py::test_verify_matches_exact_outcome_distribution": 9,
     "tests/test_seq_budget.py::test_rejection_with_budgets_keeps_the_exact_distribution": 2,
+    "tests/test_spec_proof.py::test_exact_distribution_with_confidence_cut": 16,
+    "tests/test_confidence_cut.py::test_rejection_with_the_cut_keeps_the_exact_distribution": 3,
 }
 N_CHI_SQUARE = sum(CHI_SQUARE_CASES.values())
 FAMILY_ALPHA = 1e-3  # the suite's false-alarm probability (over all chi-square cases together)

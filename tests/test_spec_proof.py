@@ -122,6 +122,23 @@ def test_bonus_path_exact_distribution(target, kind, mode):
     assert pvalue > FAMILY_ALPHA
 
 
+@pytest.mark.parametrize("cut", ["row", "column"])
+@pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
+@pytest.mark.parametrize("kind", ["draft-model", "draft-model-subset", "eagle", "mtp"])
+def test_exact_distribution_with_confidence_cut(target, kind, mode, cut):
+    """The engine's own confidence cut (default table and price, learned online) on the drafters that give q:
+    rows verify fewer drafts than the step's k where their calibrated acceptance does not pay, and the output
+    distribution stays exact (tests/test_confidence_cut.py forces a spread of lengths and shows a lossy cut fails)."""
+    sp = SamplingParams(max_new_tokens=4, seed=2468, **SETTINGS["T0.7"])
+    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=48, drafter=make_small_drafter(kind, target),
+                           num_draft_tokens=2, verify=mode, confidence_cut=cut)
+    seen, generate = [], engine.generate
+    engine.generate = lambda *a: seen.append(generate(*a)) or seen[-1]
+    assert speculative_pvalue(engine, target, sp, DIST_PROMPT) > FAMILY_ALPHA
+    m = seen[0].metrics
+    assert m["draft_tokens"] < 2 * m["verify_steps"], "no draft was cut: the test did not exercise the cut"
+
+
 @pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
 def test_hybrid_drafter_exact_with_both_kinds_of_rows(target, mode):
     """The hybrid's rows mix one-hot suffix proposals and sampled EAGLE proposals (with their q) in one step; the
@@ -162,12 +179,14 @@ def make64(kind):
     return make_drafter(kind)
 
 
+@pytest.mark.parametrize("cut", ["off", "row"])
 @pytest.mark.parametrize("k", [1, 3, "auto"])
 @pytest.mark.parametrize("kind", ["ngram", "suffix", "draft-model", "draft-model-subset"])
-def test_greedy_identical_to_ar(target64, kind, k):
+def test_greedy_identical_to_ar(target64, kind, k, cut):
     sp = SamplingParams(temperature=0, max_new_tokens=40)
     ar = RolloutEngine(target64, max_batch_size=3, max_seq_len=64).generate(PROMPTS, sp)
-    eng = RolloutEngine(target64, max_batch_size=3, max_seq_len=64, drafter=make64(kind), num_draft_tokens=k)
+    eng = RolloutEngine(target64, max_batch_size=3, max_seq_len=64, drafter=make64(kind), num_draft_tokens=k,
+                        confidence_cut=cut)
     sd = eng.generate(PROMPTS, sp)
     assert [o.token_ids for o in sd] == [o.token_ids for o in ar]
 

@@ -86,7 +86,7 @@ def native_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
                          max_seq_len=cfg.model.max_seq_len,
                          drafter=default_drafter.resolve_drafter(sc.drafter, rollout_model) if sc.enabled else None,
                          num_draft_tokens=sc.num_draft_tokens if sc.enabled else 0, verify=sc.verify,
-                         per_sequence_k=sc.per_sequence_k)
+                         per_sequence_k=sc.per_sequence_k, confidence_cut=sc.confidence_cut)
 
 
 def vllm_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:

@@ -127,6 +127,9 @@ class TrainConfig(_Section):
             if self.speculative.enabled and self.speculative.per_sequence_k:
                 raise ValueError("speculative.per_sequence_k=true is native-only (vLLM drafts the same k for every "
                                  "sequence); set speculative.per_sequence_k=false or rollout.backend=native")
+            if self.speculative.enabled and self.speculative.confidence_cut != "off":
+                raise ValueError("speculative.confidence_cut is native-only (vLLM verifies every drafted token); set "
+                                 "speculative.confidence_cut=off or rollout.backend=native")
             if ro.vllm.max_model_len is not None and ro.vllm.max_model_len < self.model.max_seq_len:
                 raise ValueError(f"rollout.vllm.max_model_len ({ro.vllm.max_model_len}) is below model.max_seq_len "
                                  f"({self.model.max_seq_len}); raise it or leave it null")

@@ -175,6 +175,19 @@ class SpeculativeConfig(_Section):
     (specrl.rollout.spec_decode.seq_budget); off by default (docs/speculative_benchmarks.md has the side-by-side
     figures)."""
 
+    confidence_cut: Literal["off", "row", "column"] = "off"
+    """Native engine: after drafting, each row verifies only the drafts whose calibrated acceptance (from the
+    drafter's own q) pays for their verify rows at the active batch size, priced by auto k's cost model
+    (specrl.rollout.spec_decode.confidence). row: per row; column: per padded verify column; off by default."""
+
+    @field_validator("confidence_cut", mode="before")
+    @classmethod
+    def _confidence_cut(cls, v: Any) -> str:
+        if v not in ("off", "row", "column"):
+            raise ValueError(f"must be one of off, row, column (drafts cut by the drafter's confidence: off; per row; "
+                             f"per padded verify column), got {v!r}")
+        return v
+
     @field_validator("per_sequence_k", mode="before")
     @classmethod
     def _per_sequence_k(cls, v: Any) -> bool:

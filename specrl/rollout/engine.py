@@ -12,6 +12,8 @@ forward and hand the decision to `specrl.rollout.spec_decode.verify` — the sin
 vocabulary-wide work only where it is needed (argmax alone for greedy batches, log-probs at emitted positions).
 With `per_sequence_k`, each row keeps only its own budget k_i <= k of the step's drafts
 (`specrl.rollout.spec_decode.seq_budget`, from that sequence's past acceptance), and the drafter is asked for max_i k_i.
+With `confidence_cut`, each row then verifies only the drafts its calibrated draft confidence pays for
+(`specrl.rollout.spec_decode.confidence`).
 An optional `between_steps` callable runs between engine steps and may load newer weights (in-flight updates);
 every emitted token records the policy version that produced it. The books of each request (its `Sequence`: what
 it emitted, with which log-probs and versions, why it finished) are `specrl.rollout.sequences`'.
@@ -53,6 +55,7 @@ from specrl.rollout.sampling import (
 )
 from specrl.rollout.sequences import Sequence, context_length, make_sequences, outputs, param_tensors, trim
 from specrl.rollout.spec_decode.adaptive import DraftLengthController
+from specrl.rollout.spec_decode.confidence import ConfidenceCut, check_cut
 from specrl.rollout.spec_decode.seq_budget import SequenceDraftBudget
 from specrl.rollout.spec_decode.verify import VERIFY_MODES, VerifyResult, check_draft_ids, verify
 
@@ -65,12 +68,14 @@ class RolloutEngine:
     drafter on CPU run their linear layers on prepacked oneDNN weights (`specrl.model.packed`: bitwise the same
     outputs, faster at decode); float32 models are left as they are, and so is a model with packed=False (a
     model another engine packed stays packed: packing is a property of the model's modules). `per_sequence_k`
-    (default off) caps each sequence's drafts by its own recent acceptance (`specrl.rollout.spec_decode.seq_budget`).
+    (default off) caps each sequence's drafts by its own recent acceptance (`specrl.rollout.spec_decode.seq_budget`);
+    `confidence_cut` ("off", "row", "column") cuts each row's drafts by the drafter's own calibrated confidence.
     """
 
     def __init__(self, model, max_batch_size: int = 32, max_seq_len: int = 2048, drafter=None,
                  num_draft_tokens: int | str = 3, verify: str = "rejection", k_max: int = 7,
-                 prefill_chunk_tokens: int = 4096, packed: bool = True, per_sequence_k: bool = False):
+                 prefill_chunk_tokens: int = 4096, packed: bool = True, per_sequence_k: bool = False,
+                 confidence_cut: str = "off"):
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise SpecRLError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -89,6 +94,7 @@ class RolloutEngine:
         if not isinstance(per_sequence_k, bool):
             raise SpecRLError(f"per_sequence_k must be true or false (per-sequence draft budgets on or off), got "
                               f"{per_sequence_k!r}")
+        check_cut(confidence_cut)
         self.model = model
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
@@ -122,6 +128,7 @@ class RolloutEngine:
         self.controller = DraftLengthController(k_max, num_draft_tokens) if drafter is not None else None
         self.per_sequence_k = per_sequence_k
         self.budget = SequenceDraftBudget(max_batch_size) if per_sequence_k and drafter is not None else None
+        self.cut = ConfidenceCut(confidence_cut, k_max) if confidence_cut != "off" and drafter is not None else None
         self.capabilities = BackendCapabilities("native", VERIFY_MODES, kinds_offered("native"), k_max,
                                                 exact_seeds=True, in_flight_updates=True)
         self.policy_version = 0
@@ -329,6 +336,9 @@ class RolloutEngine:
         if budgets is not None:  # row i's drafts past k_i are padding from here on
             cap = budgets.clamp_max(ids.shape[1])
             nd = cap if nd is None else torch.minimum(nd, cap)
+        if self.cut is not None:  # then each row's drafts past what its confidence pays for
+            kept, feats = self.cut.cut(proposal.probs, nd, n, ids.shape[1], self.controller)
+            nd = kept.to(ids.device)
         proposal = trim(proposal if ids is proposal.tokens and nd is proposal.num_drafts
                          else Proposal(ids, proposal.probs, nd, proposal.from_history))
         kv = proposal.tokens.shape[1]  # verified columns: k, or the longest real draft of a ragged proposal
@@ -357,6 +367,9 @@ class RolloutEngine:
         t3 = time.perf_counter()
         metrics.record_spec(kv, res.num_accepted, emitted, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1,
                             num_drafts=proposal.num_drafts, from_history=proposal.from_history)
+        if self.cut is not None:  # predicted vs realised acceptance per position, before the table learns this step
+            real = torch.full((n,), kv) if proposal.num_drafts is None else proposal.num_drafts
+            metrics.record_confidence(*self.cut.observe(feats[:, :kv], real, res.num_accepted))
         self.controller.observe_draft(n, k, (t1 - t0) + (t3 - t2) - self.drafter.catch_up_seconds)
         # the controller learns what choosing k cost and yielded (a ragged proposal's trimming included)
         self.controller.observe_target(n, k + 1, context_length(active), t2 - t1, emitted=int(emitted.sum()))

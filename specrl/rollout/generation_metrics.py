@@ -48,10 +48,17 @@ class SpecMetrics:
     history_accepted: int = 0  # of accepted_tokens, those from history
     history_tokens: int = 0  # tokens the history index held at the end of the call (summed over engines)
     history_entries: int = 0  # its n-gram entries
+    verify_rows: int = 0  # rows of the verify forwards: n x (verified columns + 1) per step, padding included
+    confidence_predicted_at: list = field(default_factory=list)  # per position: sum of predicted acceptance ...
+    confidence_attempted_at: list = field(default_factory=list)  # ... over drafts the verifier reached
+    confidence_accepted_at: list = field(default_factory=list)  # ... and how many of them it accepted
 
     def __post_init__(self):
         self.drafted_at = [0] * self.k_max
         self.accepted_at = [0] * self.k_max
+        self.confidence_predicted_at = [0.0] * self.k_max
+        self.confidence_attempted_at = [0.0] * self.k_max
+        self.confidence_accepted_at = [0.0] * self.k_max
 
     def record_ar(self, n: int, seconds: float) -> None:
         self.ar_steps += 1
@@ -79,6 +86,7 @@ class SpecMetrics:
             self.history_accepted += int(num_accepted[h].sum())
         self.spec_steps += 1
         self.verify_steps += n
+        self.verify_rows += n * (k + 1)
         self.draft_tokens += n * k if num_drafts is None else int(num_drafts.sum())
         self.accepted_tokens += int(num_accepted.sum())
         real_k = torch.full_like(num_accepted, k) if num_drafts is None else num_drafts
@@ -92,6 +100,21 @@ class SpecMetrics:
         for i in range(k):
             self.drafted_at[i] += n if num_drafts is None else int((num_drafts > i).sum())
             self.accepted_at[i] += int((num_accepted > i).sum())
+
+    def record_confidence(self, predicted: Tensor, attempted: Tensor, accepted: Tensor) -> None:
+        """A confidence cut's calibration check for one step: per position, the summed predicted acceptance of the
+        drafts the verifier reached, how many it reached and how many it accepted."""
+        for i in range(int(predicted.numel())):
+            self.confidence_predicted_at[i] += float(predicted[i])
+            self.confidence_attempted_at[i] += float(attempted[i])
+            self.confidence_accepted_at[i] += float(accepted[i])
+
+    def calibration(self) -> dict:
+        """Per position: mean predicted vs realised acceptance of reached drafts (None where none was reached)."""
+        att = self.confidence_attempted_at
+        return {"predicted": [p / a if a else None for p, a in zip(self.confidence_predicted_at, att, strict=True)],
+                "realised": [r / a if a else None for r, a in zip(self.confidence_accepted_at, att, strict=True)],
+                "attempts": list(att)}
 
     def as_dict(self) -> dict:
         total = max(self.total_seconds, 1e-9)
@@ -121,6 +144,9 @@ class SpecMetrics:
             "accepted_per_position": list(self.accepted_at),
             "sequence_steps": self._seq_steps,
             "batch_trace": [list(r) for r in self.batch_trace],
+            "verify_rows": self.verify_rows,
+            "verify_rows_per_token": self.verify_rows / self.generated_tokens if self.generated_tokens else 0.0,
+            "confidence_calibration": self.calibration(),
             **{key: getattr(self, key) for key in _HISTORY},
         }
 
@@ -137,6 +163,12 @@ class SpecMetrics:
         m.k_histogram = {int(k): v for k, v in d["k_histogram"].items()}
         m.drafted_at, m.accepted_at = drafted, accepted
         m.batch_trace = [list(r) for r in d.get("batch_trace", [])]
+        cal = d.get("confidence_calibration")
+        if cal is not None:  # sums back from the means
+            att = list(cal["attempts"])
+            m.confidence_attempted_at = att
+            m.confidence_predicted_at = [(p or 0.0) * a for p, a in zip(cal["predicted"], att, strict=True)]
+            m.confidence_accepted_at = [(r or 0.0) * a for r, a in zip(cal["realised"], att, strict=True)]
         return m
 
 
@@ -154,10 +186,10 @@ def phase_rates(trace: list[list]) -> dict[int, tuple[int, float]]:
 
 _SUMMED = ("prompt_tokens", "generated_tokens", "ar_steps", "spec_steps", "verify_steps", "draft_tokens",
            "accepted_tokens", "draft_seconds", "verify_seconds", "ar_seconds", "prefill_seconds", "total_seconds",
-           "history_rows", "history_drafted", "history_accepted", "bonus_tokens")
+           "history_rows", "history_drafted", "history_accepted", "bonus_tokens", "verify_rows")
 _HELD = ("history_tokens", "history_entries")  # sizes at a call's end: merged calls report the largest
 _HISTORY = ("history_rows", "history_drafted", "history_accepted", *_HELD)
-_OPTIONAL = (*_HISTORY, "bonus_tokens")  # counters an older export may lack
+_OPTIONAL = (*_HISTORY, "bonus_tokens", "verify_rows")  # counters an older export may lack
 
 
 def merge_metrics(parts: list[dict], wall_seconds: float | None = None) -> dict:
@@ -180,6 +212,9 @@ def merge_metrics(parts: list[dict], wall_seconds: float | None = None) -> dict:
         for i in range(m.k_max):
             out.drafted_at[i] += m.drafted_at[i]
             out.accepted_at[i] += m.accepted_at[i]
+            out.confidence_predicted_at[i] += m.confidence_predicted_at[i]
+            out.confidence_attempted_at[i] += m.confidence_attempted_at[i]
+            out.confidence_accepted_at[i] += m.confidence_accepted_at[i]
     out.batch_trace = ms[0].batch_trace
     if wall_seconds is not None:
         out.total_seconds = wall_seconds
