@@ -1,7 +1,8 @@
-"""vLLM's DFlash layout (`specrl.drafters.export_dflash`) and the refusal of a parallel head, without starting vLLM.
+"""vLLM's DFlash layout (`specrl.drafters.storage.export_dflash`) and the refusal of a parallel head, without
+starting vLLM.
 
 The layout is checked shape by shape for a head config; a parallel head's state dict (an EAGLE-3 layer plus one
-learned [embedding; feature] placeholder per draft depth, as `specrl.drafters.parallel` documents it) is refused
+learned [embedding; feature] placeholder per draft depth, as `specrl.drafters.kinds.parallel` documents it) is refused
 with every mismatch named; a state dict already in DFlash's layout passes the same check, so the refusal is the
 head's shape and not the checker. Where vLLM is installed, its DFlash model source is read for the facts the
 refusal rests on.
@@ -10,8 +11,8 @@ refusal rests on.
 import pytest
 import torch
 
-from specrl.drafters.eagle import EagleDrafter
-from specrl.drafters.export_dflash import (
+from specrl.drafters.kinds.eagle import EagleDrafter
+from specrl.drafters.storage.export_dflash import (
     ARCHITECTURE,
     check_dflash_export,
     dflash_config,
