@@ -254,6 +254,27 @@ def test_the_separate_scaling_curve_trains_on_the_first_n_shards_resumes_and_rea
         run_separate_curve(Recipe(**{**recipe.as_dict(), "curve": (2,)}), tmp_path, source, model, progress=False)
 
 
+def test_a_partial_separate_curve_uses_only_the_shards_with_features_and_needs_no_built_head(tmp_path):
+    """While the data is still being made (`draft curve --separate --partial`): only the counts whose first N
+    shards have rollouts and current features are trained and evaluated, nothing is extracted, and the build's own
+    head is neither needed nor evaluated; with no count within the present shards it says how many there are."""
+    from specrl.drafters.training.build.curve import run_separate_curve
+    from specrl.drafters.training.build.features import feature_path
+    from specrl.drafters.training.build.stages import run_features
+
+    model, recipe = tiny_build(tmp_path)
+    source = lambda tok: ([], [[1, 30, 7, 9]])  # noqa: E731
+    with pytest.raises(SpecRLError, match="the first 0 shards have rollouts and features"):
+        run_separate_curve(recipe, tmp_path, source, model, k=2, progress=False, log=lambda *_: None, partial=True)
+    run_features(recipe, tmp_path, model, progress=False)
+    feature_path(tmp_path / "features", 1).unlink()  # shard 1's features not made yet
+    rows = run_separate_curve(recipe, tmp_path, source, model, k=2, progress=False, log=lambda *_: None,
+                              partial=True)
+    assert [r["shards"] for r in rows] == [1] and rows[0]["train"]["sequences"] == 3
+    assert not feature_path(tmp_path / "features", 1).exists()  # nothing was extracted
+    assert 1 <= rows[0]["acceptance_length"] <= 3
+
+
 def torch_equal(x, y):
     import torch
 

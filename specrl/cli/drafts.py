@@ -149,6 +149,11 @@ def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(N
                 separate: bool = typer.Option(False, "--separate", help="train a fresh head on the first N shards "
                                               "for each N in the recipe's curve (resumable, WORK/curve/) and "
                                               "evaluate each, instead of the one training's snapshots"),
+                partial: bool = typer.Option(False, "--partial", help="with --separate, while the data is still "
+                                             "being made: only the counts whose shards have rollouts and features, "
+                                             "without the build's own head"),
+                data_from: Path = typer.Option(None, help="read the rollouts and features of this other build of "
+                                               "the same data fields (as `draft build --data-from`)"),
                 threads: str = typer.Option("auto", help=THREADS_HELP)):
     """The scaling curve: held-out AL at k of the head's snapshots along its training (WORK/eval/curve.json), or
     with --separate of separate trainings on the first N shards (WORK/eval/curve_separate.json)."""
@@ -161,9 +166,17 @@ def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(N
     try:
         r, source = _recipe_prompts(recipe)
         w = work or Path("builds") / r.name
+        if partial and not separate:
+            raise SpecRLError("--partial applies to --separate (separate trainings on the first N shards)")
+        if data_from is not None:
+            from specrl.drafters.training.build.stages import link_data
+
+            link_data(r, w, data_from)
         if separate:
-            rows = run_separate_curve(r, w, source, k=k, n_prompts=prompts, log=typer.echo)
-            if len(rows) < len({n for n in r.curve if n < r.n_shards}) + 1:
+            rows = run_separate_curve(r, w, source, k=k, n_prompts=prompts, log=typer.echo, partial=partial)
+            if not rows:
+                fail(SpecRLError("no point of the curve was finished; run the same command again"))
+            if not partial and len(rows) < len({n for n in r.curve if n < r.n_shards}) + 1:
                 fail(SpecRLError(f"the curve is not complete ({len(rows)} points); run the same command again"))
             snap = w / "eval" / "curve.json"
             plot = plot or Path("docs/img/drafter_scaling_separate.png")

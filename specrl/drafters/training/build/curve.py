@@ -18,7 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specrl.drafters.training.build.recipe import Recipe
-from specrl.drafters.training.build.stages import _claim, _load_target, stage_record, train_head, whole_shards
+from specrl.drafters.training.build.stages import (
+    _claim,
+    _load_target,
+    data_root,
+    stage_record,
+    train_head,
+    whole_shards,
+)
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 
@@ -41,9 +48,11 @@ def _read_rows(f: Path) -> list[dict]:
 
 def run_separate_curve(recipe: Recipe, work: Path, prompts: Callable, target=None, k: int | None = None,
                        n_prompts: int | None = None, max_new_tokens: int | None = None, progress: bool = True,
-                       stop_after: int | None = None, log=print) -> list[dict]:
+                       stop_after: int | None = None, log=print, partial: bool = False) -> list[dict]:
     """Train on the first N shards for each N in recipe.curve (below all shards), evaluate each head and the build's
-    full head at k on the held-out prompts; returns the rows (also in WORK/eval/curve_separate.json), by N."""
+    full head at k on the held-out prompts; returns the rows (also in WORK/eval/curve_separate.json), by N. With
+    `partial`, while the data is still being made: only the counts N whose first N shards have rollouts and
+    features already, and not the build's own head."""
     from specrl.drafters.storage.io import load_drafter, save_drafter
     from specrl.drafters.training.build.heldout import evaluate_drafter
     from specrl.drafters.training.build.release import _heldout
@@ -51,7 +60,7 @@ def run_separate_curve(recipe: Recipe, work: Path, prompts: Callable, target=Non
 
     _claim(work, recipe)
     full = stage_record(work, "train")
-    if not full or not full.get("finished"):
+    if not partial and (not full or not full.get("finished")):
         raise SpecRLError(f"build {work}: the build's own head is not trained yet; run `specrl draft build` (its "
                           "train stage) first: the curve's last point is that head")
     counts = sorted({n for n in recipe.curve if n < recipe.n_shards})
@@ -59,8 +68,16 @@ def run_separate_curve(recipe: Recipe, work: Path, prompts: Callable, target=Non
         raise SpecRLError(f"recipe {recipe.name!r}: its curve field lists no shard count below the build's "
                           f"{recipe.n_shards} shards; give counts such as [3, 6, 11, 22]")
     target, tokenizer, stops = _load_target(recipe, target)
-    infos = whole_shards(recipe, work)
-    feats = run_features(recipe, work, target, progress=progress)  # a no-op when every feature file is current
+    if partial:
+        infos, feats = _present(recipe, work, target)
+        counts = [n for n in counts if n <= len(feats)]
+        if not counts:
+            raise SpecRLError(f"build {work}: the first {len(feats)} shards have rollouts and features; the recipe's "
+                              f"curve {list(recipe.curve)} has no count within them (run the rollouts and features "
+                              "stages further, or give a smaller count in the recipe's curve)")
+    else:
+        infos = whole_shards(recipe, work)
+        feats = run_features(recipe, work, target, progress=progress)  # a no-op when every feature is current
     held = _heldout(recipe, prompts, tokenizer, n_prompts)
     k = k or recipe.k
     length = max_new_tokens or recipe.max_new_tokens
@@ -70,7 +87,7 @@ def run_separate_curve(recipe: Recipe, work: Path, prompts: Callable, target=Non
     others = [r for r in kept if r.get("setting") != setting]  # other settings' points stay in the file
     rows = [r for r in kept if r.get("setting") == setting]
     done = {r["shards"] for r in rows}
-    for n in [*counts, recipe.n_shards]:
+    for n in counts if partial else [*counts, recipe.n_shards]:
         if n in done:
             log(f"[specrl] curve: {n} shards already evaluated, read back from {out_file}")
             continue
@@ -105,6 +122,25 @@ def run_separate_curve(recipe: Recipe, work: Path, prompts: Callable, target=Non
         (work / "eval").mkdir(parents=True, exist_ok=True)
         write_text_atomic(out_file, json.dumps(others + rows, indent=1) + "\n")
     return rows
+
+
+def _present(recipe: Recipe, work: Path, target) -> tuple[list, list]:
+    """The longest run of shards 0..m-1 whose rollouts are whole and whose feature files are current (made from
+    those shards with the recipe's settings), as (rollout infos, feature infos); nothing is extracted."""
+    from specrl.drafters.kinds.eagle import default_layers
+    from specrl.drafters.training.build.features import current_features
+
+    root = data_root(work)
+    infos = whole_shards(recipe, work, partial=True)
+    infos = [s for i, s in enumerate(infos) if s.index == i]  # the unbroken prefix
+    layers = default_layers(target.args.num_layers)
+    feats = []
+    for s in infos:
+        try:
+            feats += current_features(root / "features", [s], layers, recipe.target_topk, fix="")
+        except SpecRLError:
+            break
+    return infos[: len(feats)], feats
 
 
 def plot_separate_curve(rows: list[dict], out: Path, title: str, snapshots: list[dict] | None = None) -> Path:
