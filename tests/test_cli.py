@@ -102,3 +102,10 @@ def test_check_backend_builds_through_the_registry(tmp_path, monkeypatch):
     assert cfg.generation.max_batch_size == 16 and cfg.generation.max_new_tokens == 2
     r = runner.invoke(app, ["check-backend", "--backend", "sglang", "--model", str(ck)])
     assert r.exit_code == 2 and "--backend must be one of native, vllm, got 'sglang'" in r.output
+
+
+def test_draft_curve_partial_needs_separate(tmp_path):
+    """`draft curve --partial` applies only to --separate: refused with exit 2 naming both flags, before any work."""
+    r = runner.invoke(app, ["draft", "curve", "--recipe", "think", "--work", str(tmp_path / "w"), "--partial"])
+    assert r.exit_code == 2 and "--partial" in r.output and "--separate" in r.output
+    assert not (tmp_path / "w").exists()
