@@ -1,4 +1,5 @@
-"""`run.min_steps`: the per-step work sized to the processor class from measured costs (no timing in the tests)."""
+"""`run.min_steps`: the per-step work sized to this machine from measured units and a start-up probe (no timing in the
+tests: the probe is an input)."""
 
 import json
 
@@ -6,77 +7,95 @@ import pytest
 
 from specrl.errors import SpecRLError
 from specrl.run import sizing
-from specrl.run.sizing import COSTS, LADDER, apply_sizing, predict_seconds, size_run
+from specrl.run.sizing import COSTS, LADDER, REFERENCE, apply_sizing, predict_seconds, size_run
 from specrl.trainer.config_check import validate_config
 
-
-def test_each_measured_class_fits_six_steps_in_ten_minutes_and_the_slowest_is_cut_most():
-    got = {c: size_run(c, 10, 6, 512, 16) for c in COSTS}
-    for c, d in got.items():
-        assert d["fits"] and d["predicted_seconds"] <= 600 * sizing.MARGIN, c
-        assert d["cost_class"] == c
-    assert not got["AMX"]["sized"] and got["AMX"]["max_new_tokens"] == 512 and got["AMX"]["val_size"] == 16
-    assert got["AVX512-BF16"]["sized"] and got["AVX512-BF16"]["max_new_tokens"] < 512
-    assert got["AVX2"]["rung"] > got["AVX512-BF16"]["rung"] > got["AMX"]["rung"] == 0
-    assert got["AVX2"]["max_new_tokens"] >= 256  # still long reasoning on the slowest class
+AMX = COSTS["AMX"]
 
 
-def test_the_chosen_rung_is_the_largest_that_fits():
-    d = size_run("AVX2", 10, 6, 512, 16)
-    cost = COSTS["AVX2"]
-    for ft, fv in LADDER[: d["rung"]]:
-        assert predict_seconds(cost, ft, fv, 6) > 600 * sizing.MARGIN
-    ft, fv = LADDER[d["rung"]]
-    assert d["predicted_seconds"] == pytest.approx(predict_seconds(cost, ft, fv, 6))
+def _step_for(rung_fits: int, steps: int = 6, minutes: float = 10, base: float = 1.0) -> float:
+    """A probe step (seconds) at which rung `rung_fits` is the first that fits: just under its plan."""
+    ft, fv = LADDER[rung_fits]
+    return minutes * 60 * sizing.MARGIN / predict_seconds(AMX, 1.0, base * ft, base * fv, steps) * 0.99
+
+
+def test_a_slower_machine_gets_less_work_and_the_rung_is_the_largest_that_fits():
+    fast, slow = _step_for(0), _step_for(4)
+    d_fast = size_run("AMX", 10, 6, 256, 16, fast)
+    d_slow = size_run("AMX", 10, 6, 256, 16, slow)
+    assert not d_fast["sized"] and d_fast["rung"] == 0 and d_fast["max_new_tokens"] == 256 and d_fast["fits"]
+    assert d_slow["sized"] and d_slow["rung"] == 4 and d_slow["fits"] and d_slow["step_seconds"] == slow
+    ft, fv = LADDER[4]
+    assert (d_slow["max_new_tokens"], d_slow["val_size"]) == (round(256 * ft), round(16 * fv))
+    for f, v in LADDER[:4]:
+        assert predict_seconds(AMX, slow, f, v, 6) > 600 * sizing.MARGIN
+    assert d_slow["predicted_seconds"] == pytest.approx(predict_seconds(AMX, slow, ft, fv, 6))
+    assert d_slow["predicted_seconds"] <= 600 * sizing.MARGIN
+    rungs = [size_run("AMX", 10, 6, 256, 16, _step_for(0) * m)["rung"] for m in (1, 1.5, 2, 3, 4)]
+    assert rungs == sorted(rungs) and rungs[0] == 0 and rungs[-1] > 0
+
+
+def test_units_follow_the_configured_work_relative_to_the_reference():
+    s = _step_for(0)
+    a = size_run("AMX", 10, 6, REFERENCE["max_new_tokens"], REFERENCE["val_size"], s)
+    b = size_run("AMX", 10, 6, 2 * REFERENCE["max_new_tokens"], 2 * REFERENCE["val_size"], s)
+    assert a["rung"] == 0 and b["rung"] > 0  # twice the work does not fit where the reference just did
 
 
 def test_prediction_scales_generation_but_not_training_with_the_cap():
     c = sizing.ClassCost(100.0, 0.5, 40.0, "x")
-    assert predict_seconds(c, 1.0, 1.0, 1) == pytest.approx(2 * 40 + 100)
-    assert predict_seconds(c, 0.5, 1.0, 1) == pytest.approx(2 * 20 + 75)
-    assert predict_seconds(c, 1.0, 0.5, 2) == pytest.approx(2 * 20 + 200)
+    assert predict_seconds(c, 1.0, 1.0, 1.0, 1) == pytest.approx(2 * 40 + 100)
+    assert predict_seconds(c, 1.0, 0.5, 1.0, 1) == pytest.approx(2 * 20 + 75)
+    assert predict_seconds(c, 1.0, 1.0, 0.5, 2) == pytest.approx(2 * 20 + 200)
+    assert predict_seconds(c, 0.1, 1.0, 1.0, 1) == pytest.approx(0.1 * (2 * 40 + 100))
 
 
-def test_unknown_class_uses_the_slowest_and_cuda_is_not_sized():
-    d = size_run("aarch64", 10, 6, 512, 16)
-    assert d["cost_class"] == sizing.SLOWEST and "no costs measured for aarch64" in d["reason"]
-    g = size_run("AMX", 10, 6, 512, 16, device="cuda")
-    assert g["sized"] is False and g["max_new_tokens"] == 512 and g["val_size"] == 16
+def test_a_class_without_units_uses_the_closest_and_cuda_is_not_sized():
+    d = size_run("AVX2", 10, 6, 256, 16, _step_for(2))
+    assert d["cost_class"] == "AMX" and d["rung"] == 2 and "no units measured on AVX2" in d["reason"]
+    g = size_run("AMX", 10, 6, 256, 16, None, device="cuda")
+    assert g["sized"] is False and g["max_new_tokens"] == 256 and g["val_size"] == 16
 
 
 def test_a_budget_too_small_for_any_rung_says_so():
-    d = size_run("AVX2", 1, 6, 512, 16)
+    d = size_run("AMX", 1, 6, 256, 16, _step_for(0))
     assert d["fits"] is False and d["rung"] == len(LADDER) - 1 and "fewer steps will run" in d["reason"]
 
 
 def test_bad_inputs_are_clear_errors():
     with pytest.raises(SpecRLError, match="min_steps >= 1"):
-        size_run("AMX", 10, 0, 512, 16)
+        size_run("AMX", 10, 0, 256, 16, 0.1)
     with pytest.raises(SpecRLError, match="positive budget"):
-        size_run("AMX", 0, 6, 512, 16)
+        size_run("AMX", 0, 6, 256, 16, 0.1)
+    for bad in (None, 0.0, -1.0):
+        with pytest.raises(SpecRLError, match=r"plain decode step.*> 0.*" + repr(bad).replace(".", r"\.")):
+            size_run("AMX", 10, 6, 256, 16, bad)
 
 
 def _cfg(**run):
-    return validate_config({"run": {"time_budget_minutes": 10, **run}, "generation": {"max_new_tokens": 512},
+    return validate_config({"run": {"time_budget_minutes": 10, **run}, "generation": {"max_new_tokens": 256},
                             "task": {"val_size": 16}})
 
 
-def test_apply_sizing_changes_only_the_sized_fields_and_needs_a_budget():
+def test_apply_sizing_probes_once_changes_only_the_sized_fields_and_needs_a_budget():
     cfg = _cfg(min_steps=6)
-    sized, d = apply_sizing(cfg, "AVX2")
+    calls = []
+    sized, d = apply_sizing(cfg, "AMX", probe=lambda c: calls.append(c) or _step_for(3))
+    assert calls == [cfg] and d["rung"] == 3 and d["sized"]
     assert (sized.generation.max_new_tokens, sized.task.val_size) == (d["max_new_tokens"], d["val_size"])
     assert sized.grpo == cfg.grpo and sized.run == cfg.run and sized.speculative == cfg.speculative
-    assert apply_sizing(_cfg(), "AVX2") == (_cfg(), None)
+    assert apply_sizing(_cfg(), "AMX", probe=lambda c: calls.append(c) or 1.0) == (_cfg(), None)
+    assert len(calls) == 1  # no min_steps: no probe
     with pytest.raises(SpecRLError, match="run.min_steps sizes the per-step work"):
-        apply_sizing(validate_config({"run": {"min_steps": 6}}), "AVX2")
+        apply_sizing(validate_config({"run": {"min_steps": 6}}), "AMX", probe=lambda c: 1.0)
 
 
 def test_sizing_json_round_trip_and_report_line(tmp_path):
-    d = size_run("AVX2", 10, 6, 512, 16)
+    d = size_run("AMX", 10, 6, 256, 16, _step_for(4))
     sizing.write_sizing(tmp_path, d)
     assert sizing.read_sizing(tmp_path) == json.loads(json.dumps(d))
     text = sizing.line(d)
-    assert text.startswith("sizing: per-step work sized to the processor: ") and "the same in both arms" in text
+    assert text.startswith("sizing: per-step work sized to this machine: ") and "the same in both arms" in text
     sizing.write_sizing(tmp_path, None)
     assert sizing.read_sizing(tmp_path) is None
 
@@ -117,16 +136,20 @@ def test_a_sized_compare_says_what_was_sized_in_its_report(tmp_path, monkeypatch
     from tests.tiny import make_tiny_checkpoint
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_dir_mod, "hardware_fields", lambda cfg: {"processor_class": "AVX2"})
+    from specrl.run import speed_probe
+
+    monkeypatch.setattr(run_dir_mod, "hardware_fields", lambda cfg: {"processor_class": "AMX"})
     tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
     d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
     d["generation"]["max_new_tokens"] = 16
     d["task"]["val_size"] = 4
-    d["run"].update(steps=1, checkpoint_every=0, time_budget_minutes=3.7, min_steps=6)  # rung 0 does not fit
+    d["run"].update(steps=1, checkpoint_every=0, time_budget_minutes=3.7, min_steps=6)
+    step = _step_for(2, minutes=3.7, base=16 / REFERENCE["max_new_tokens"])  # ~ rung 2 fits (val_size differs)
+    monkeypatch.setattr(speed_probe, "decode_step_seconds", lambda cfg: step)
     r = CliRunner().invoke(app, ["run", "--config", str(write_cfg(tmp_path / "s.yaml", d))])
     assert r.exit_code == 0, r.output
     out = tmp_path / "runs" / "t"
-    expect = size_run("AVX2", 3.7, 6, 16, 4)
+    expect = size_run("AMX", 3.7, 6, 16, 4, step)
     assert expect["sized"] and expect["fits"]
     assert json.loads((out / "sizing.json").read_text()) == json.loads(json.dumps(expect))
     assert json.loads((out / "compare.json").read_text())["sizing"]["max_new_tokens"] == expect["max_new_tokens"]
@@ -134,5 +157,23 @@ def test_a_sized_compare_says_what_was_sized_in_its_report(tmp_path, monkeypatch
         c = yaml.safe_load((out / arm / "config.yaml").read_text())
         assert c["generation"]["max_new_tokens"] == expect["max_new_tokens"] < 16
         assert c["task"]["val_size"] == expect["val_size"]
-    assert any(line.startswith("- sizing: per-step work sized to the processor: ")
+    assert any(line.startswith("- sizing: per-step work sized to this machine: ")
                for line in (out / "report.md").read_text().splitlines())
+
+
+def test_the_probe_times_plain_decode_steps_of_the_runs_policy_and_restores_threads(tmp_path):
+    import torch
+
+    from specrl.run.speed_probe import decode_step_seconds
+    from tests.tiny import make_tiny_checkpoint
+
+    tiny = make_tiny_checkpoint(tmp_path / "ckpt", seed=0)
+    cfg = validate_config({"model": {"name": str(tiny), "rollout_dtype": "float32", "max_seq_len": 256},
+                           "generation": {"max_batch_size": 4}, "run": {"threads": 1, "device": "cpu"}})
+    before = torch.get_num_threads()
+    s = decode_step_seconds(cfg, steps=4, warmup=2)
+    assert isinstance(s, float) and 0 < s < 60
+    assert torch.get_num_threads() == before
+    with pytest.raises(SpecRLError, match="run.threads"):
+        decode_step_seconds(validate_config({"model": {"name": str(tiny), "rollout_dtype": "float32"},
+                                             "run": {"threads": 4096, "device": "cpu"}}))

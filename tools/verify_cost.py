@@ -91,6 +91,7 @@ def _main() -> None:
     from specrl.device import processor_class, resolve_dtype
     from specrl.rollout.engine import RolloutEngine
     from specrl.rollout.sampling import SamplingParams
+    from specrl.rollout.sequences import make_sequences
 
     dtype = resolve_dtype(a.dtype, "cpu", "--dtype")
     model, _ = load_model("smollm2-135m", dtype=getattr(torch, dtype))
@@ -105,7 +106,8 @@ def _main() -> None:
         for mode in ("rejection", "seed_exact"):
             eng = RolloutEngine(model, max_batch_size=b, max_seq_len=a.ctx + 256, verify=mode, packed=not a.unpacked)
             sp = SamplingParams(temperature=a.temperature, top_p=a.top_p)
-            seqs = eng._validate([[1 + (i * 7 + j) % 1000 for j in range(a.ctx)] for i in range(b)], sp)
+            seqs = make_sequences([[1 + (i * 7 + j) % 1000 for j in range(a.ctx)] for i in range(b)], sp, vocab,
+                                  eng.max_seq_len)
             for s in seqs:
                 s.out.append(5)
             batch = eng._draft_batch(seqs)

@@ -23,6 +23,7 @@ from specrl.config.schema import TrainConfig, apply_override
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 from specrl.run.sizing import apply_sizing, write_sizing
+from specrl.run.sizing import line as sizing_line
 from specrl.trainer.config_check import load_config, validate_config
 
 LOCK_FILE = ".specrl.lock"
@@ -218,6 +219,8 @@ def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], res
         return cfg, run_dir
     cfg = resolve_hardware(_resolve_config(config_path, sets))  # config.yaml records what auto resolved to
     cfg, sized = apply_sizing(cfg, hardware_fields(cfg)["processor_class"])  # run.min_steps: work sized to the CPU
+    if sized is not None:
+        print(f"[specrl] {sizing_line(sized)}", flush=True)
     print(f"[specrl] device {cfg.run.device} ({hardware_fields(cfg)['processor_class']}): rollouts in "
           f"{cfg.model.rollout_dtype}, training in {cfg.policy.precision}", flush=True)
     run_dir = Path(out) if out else Path(cfg.run.out_dir) / cfg.run.name

@@ -1,17 +1,18 @@
-"""Per-step work sized to the processor class, so a time-budgeted compare runs at least `run.min_steps` steps.
+"""Per-step work sized to this machine's measured speed, so a time-budgeted compare runs at least `run.min_steps` steps.
 
-`make run` has a fixed wall-clock budget (`run.time_budget_minutes`), and a 2-core CPU of the slowest class measured
-(AVX2-only, fp32) ran one pair of the main job's steps in 108 s, so the full work fitted one step there. With
-`run.min_steps` set, `size_run` picks, before anything is loaded, the largest rung of `LADDER` (fractions of the
-config's `generation.max_new_tokens` and `task.val_size`) whose predicted time fits the budget: two validations of
-both arms (step 0 and the end) plus `min_steps` pairs of steps, predicted from the pair time, generation share and
-validation time measured on that class with the reference work of `examples/default.yaml` (`COSTS`; the figures
-and where they were measured are in docs/results.md). A pair's generation share R scales with the response cap,
-the rest of the step does not: pair(f) = pair · (R · f + 1 − R); a greedy validation is generation only and scales
-with the cap and the question count. The prediction is a plan, not a promise: the run's budget check still stops
-before a step that would end past the budget. Both arms run the same sized config, so neither is handicapped.
-A class with no measured costs is sized with the slowest class's; a CUDA device is not sized. The result
-(`sizing.json` beside the run's config, and compare.json's `sizing`) says what was sized, from what, and why.
+`make run` has a fixed wall-clock budget (`run.time_budget_minutes`). With `run.min_steps` set, `size_run` picks the
+largest rung of `LADDER` (fractions of the config's `generation.max_new_tokens` and `task.val_size`) whose predicted
+time fits the budget: two validations of both arms (step 0 and the end) plus `min_steps` pairs of steps. Seconds
+per class do not predict a step: two 2-core machines of one class ran the same plain decode step 2.5x apart (a
+shared host's memory bandwidth). So the prediction is in units of this machine's plain decode step, measured at
+start-up (`specrl.run.speed_probe`): the pair of steps, its generation share R and the validations of the main job
+at the reference work, each measured on a class as seconds and divided by the probe's step on the same machine
+(`COSTS`; the runs are in docs/results.md). A pair's generation scales with the response cap and the rest of the
+step is held fixed (a bound: training shrinks too): pair(f) = pair * (R * f + 1 - R); a greedy validation is
+generation only and scales with the cap and the question count. A class without its own measured units uses the
+closest measured class's. The plan is not a promise: the run's budget check still stops before a step that would
+end past the budget. Both arms run the same sized config, so neither is handicapped. A CUDA device is not sized.
+The result (`sizing.json` beside the run's config, and compare.json's `sizing`) says what was sized, from what, why.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specrl.errors import SpecRLError
 
@@ -28,43 +29,45 @@ MARGIN = 0.95  # plan within 95% of the budget (the run still stops before a ste
 
 @dataclass(frozen=True)
 class ClassCost:
-    """One pair of the main job's steps (autoregressive + speculative) on a 2-core CPU of a class, at the reference
-    work (512 new tokens, 16 validation questions), and its validation of both arms."""
+    """The main job at the reference work (`REFERENCE`) on a 2-core CPU of a class, in plain decode steps of the
+    start-up probe on the same machine: one pair of steps (autoregressive + speculative), its generation share, and
+    the validation of both arms."""
 
-    pair_seconds: float
+    pair_steps: float
     gen_share: float
-    validation_seconds: float
+    validation_steps: float
     source: str
 
 
-REFERENCE = {"max_new_tokens": 512, "val_size": 16}
-# AVX2: a fresh-clone `make run` (one step: the slowest pair 108 s, 121 s kept for the final validation, R 0.69).
-# AVX512-BF16 and AMX: docs/results.md's `make run` rows (slowest pair 77 s; mean pair 35.31 + 27.15 s, R 0.69);
-# their validations were not timed apart, so they take AVX2's ratio of validation to pair time (121 / 108).
-_VAL_RATIO = 121.0 / 108.0
+REFERENCE = {"max_new_tokens": 256, "val_size": 16}
+# AMX: 4 pairs of the main job's steps at the reference work took 101.9 s on average (autoregressive generation
+# share 0.657) and a validation of both arms 117.6 s; the probe's plain step on the same machine, quiet, 68.9 ms.
 COSTS: dict[str, ClassCost] = {
-    "AVX2": ClassCost(108.0, 0.69, 121.0, "make run on a 2-core AVX2-only AMD EPYC, fp32"),
-    "AVX512-BF16": ClassCost(77.0, 0.57, 77.0 * _VAL_RATIO,
-                             "make run on a 2-core AMD EPYC with AVX512-BF16, bf16 (docs/results.md, e754791)"),
-    "AMX": ClassCost(62.46, 0.69, 62.46 * _VAL_RATIO,
-                     "make run on a 2-core Intel Xeon with AMX, bf16 (docs/results.md, first run)"),
+    "AMX": ClassCost(101.9 / 0.0689, 0.657, 117.6 / 0.0689,
+                     "the main job at 256 new tokens and 16 validation questions on a 2-core Intel Xeon with AMX, "
+                     "bf16 (docs/results.md)"),
 }
-SLOWEST = "AVX2"
+# The other classes have no measured units yet; they take the closest measured class's (the probe carries their
+# speed: bf16 or fp32 decode, memory bandwidth); `size_run` says so in its reason.
+CLOSEST = {"AVX512-BF16": "AMX", "AVX2": "AMX"}
 # (fraction of generation.max_new_tokens, fraction of task.val_size), most work first
-LADDER: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.875, 1.0), (0.75, 0.75), (0.625, 0.75), (0.625, 0.5),
+LADDER: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.875, 1.0), (0.75, 1.0), (0.75, 0.5), (0.625, 0.5),
                                            (0.5, 0.5), (0.375, 0.5))
 
 
-def predict_seconds(cost: ClassCost, token_fraction: float, val_fraction: float, steps: int) -> float:
-    """Two validations of both arms plus `steps` pairs of steps, at the given fractions of the reference work."""
-    pair = cost.pair_seconds * (cost.gen_share * token_fraction + 1.0 - cost.gen_share)
-    return 2 * cost.validation_seconds * token_fraction * val_fraction + steps * pair
+def predict_seconds(cost: ClassCost, step_seconds: float, token_fraction: float, val_fraction: float,
+                    steps: int) -> float:
+    """Two validations of both arms plus `steps` pairs of steps, at the given fractions of the reference work, on a
+    machine whose plain decode step takes `step_seconds`."""
+    pair = cost.pair_steps * (cost.gen_share * token_fraction + 1.0 - cost.gen_share)
+    return step_seconds * (2 * cost.validation_steps * token_fraction * val_fraction + steps * pair)
 
 
 def size_run(processor: str, budget_minutes: float, min_steps: int, max_new_tokens: int, val_size: int,
-             device: str = "cpu") -> dict[str, Any]:
-    """The sizing decision (a JSON-able dict): the chosen `max_new_tokens` and `val_size`, the class and costs it
-    used, the predicted seconds, and `reason`. Pure: the same inputs give the same answer on any machine."""
+             step_seconds: float | None, device: str = "cpu") -> dict[str, Any]:
+    """The sizing decision (a JSON-able dict): the chosen `max_new_tokens` and `val_size`, the class, units and
+    probe it used, the predicted seconds, and `reason`. Pure: the same inputs give the same answer on any machine.
+    `step_seconds` is the probe's plain decode step on this machine (None only where nothing is sized: CUDA)."""
     if min_steps < 1 or budget_minutes <= 0 or max_new_tokens < 1 or val_size < 0:
         raise SpecRLError(f"sizing needs min_steps >= 1, a positive budget, max_new_tokens >= 1 and val_size >= 0, "
                           f"got {min_steps}, {budget_minutes}, {max_new_tokens}, {val_size}")
@@ -73,42 +76,52 @@ def size_run(processor: str, budget_minutes: float, min_steps: int, max_new_toke
                                                                                   "val_size": val_size}}
     if device.startswith("cuda"):
         return {**out, "sized": False, "max_new_tokens": max_new_tokens, "val_size": val_size,
-                "reason": "not sized: the costs are measured on CPUs only"}
-    cls = processor if processor in COSTS else SLOWEST
+                "reason": "not sized: the units are measured on CPUs only"}
+    if step_seconds is None or not step_seconds > 0:
+        raise SpecRLError(f"sizing needs this machine's plain decode step in seconds (> 0), got {step_seconds!r}")
+    cls = processor if processor in COSTS else CLOSEST.get(processor, "AMX")
     cost = COSTS[cls]
     base_tok = max_new_tokens / REFERENCE["max_new_tokens"]
     base_val = val_size / REFERENCE["val_size"]
     plan = budget_minutes * 60.0 * MARGIN
-    out.update(cost_class=cls, cost=asdict(cost), margin=MARGIN)
+    out.update(cost_class=cls, cost=asdict(cost), margin=MARGIN, step_seconds=step_seconds)
     for i, (ft, fv) in enumerate(LADDER):
         tokens, vals = max(1, round(max_new_tokens * ft)), round(val_size * fv)
-        secs = predict_seconds(cost, base_tok * ft, base_val * fv, min_steps)
+        secs = predict_seconds(cost, step_seconds, base_tok * ft, base_val * fv, min_steps)
         if secs <= plan or i == len(LADDER) - 1:
             fits = secs <= plan
+            on = f"a plain decode step of {step_seconds * 1e3:.0f} ms measured here, in {cls} units"
             why = (f"{min_steps} steps per arm plus two validations of both arms are predicted to take {secs:.0f} s "
-                   f"on {cls} ({cost.source}) at {tokens} new tokens and {vals} validation questions, within "
-                   f"{MARGIN:.0%} of the {budget_minutes:g}-minute budget" if fits else
-                   f"even the smallest rung ({tokens} new tokens, {vals} questions) is predicted at {secs:.0f} s, "
-                   f"past {MARGIN:.0%} of the {budget_minutes:g}-minute budget: fewer steps will run")
+                   f"({on}) at {tokens} new tokens and {vals} validation questions, within {MARGIN:.0%} of the "
+                   f"{budget_minutes:g}-minute budget" if fits else
+                   f"even the smallest rung ({tokens} new tokens, {vals} questions) is predicted at {secs:.0f} s "
+                   f"({on}), past {MARGIN:.0%} of the {budget_minutes:g}-minute budget: fewer steps will run")
             if i == 0:
                 why = "full work: " + why
-            elif cls != processor:
-                why += f" (no costs measured for {processor}: sized as the slowest class measured)"
+            if cls != processor:
+                why += f" (no units measured on {processor}: {cls}'s are used)"
             return {**out, "sized": i > 0, "fits": fits, "rung": i, "max_new_tokens": tokens, "val_size": vals,
                     "predicted_seconds": secs, "reason": why}
     raise AssertionError("unreachable: the last rung always returns")
 
 
-def apply_sizing(cfg: Any, processor: str) -> tuple[Any, dict[str, Any] | None]:
-    """(the config with the sized work, the decision) where `run.min_steps` is set; (cfg, None) otherwise."""
+def apply_sizing(cfg: Any, processor: str,
+                 probe: Callable[[Any], float] | None = None) -> tuple[Any, dict[str, Any] | None]:
+    """(the config with the sized work, the decision) where `run.min_steps` is set; (cfg, None) otherwise. `probe`
+    measures this machine's plain decode step for `cfg` (default `specrl.run.speed_probe.decode_step_seconds`)."""
     r = cfg.run
     if getattr(r, "min_steps", None) is None:
         return cfg, None
     if r.time_budget_minutes is None:
         raise SpecRLError("run.min_steps sizes the per-step work to fit run.time_budget_minutes, which is not set; "
                           "set a budget or run.min_steps=null")
+    step = None
+    if not r.device.startswith("cuda"):
+        if probe is None:
+            from specrl.run.speed_probe import decode_step_seconds as probe
+        step = probe(cfg)
     d = size_run(processor, r.time_budget_minutes, r.min_steps, cfg.generation.max_new_tokens, cfg.task.val_size,
-                 r.device)
+                 step, r.device)
     data = cfg.model_dump(mode="json")
     data["generation"]["max_new_tokens"] = d["max_new_tokens"]
     data["task"]["val_size"] = d["val_size"]
@@ -134,7 +147,7 @@ def line(decision: dict[str, Any]) -> str:
     if not decision.get("sized"):
         what = f"per-step work as configured ({c['max_new_tokens']} new tokens, {c['val_size']} validation questions)"
     else:
-        what = (f"per-step work sized to the processor: {decision['max_new_tokens']} new tokens (configured "
+        what = (f"per-step work sized to this machine: {decision['max_new_tokens']} new tokens (configured "
                 f"{c['max_new_tokens']}) and {decision['val_size']} validation questions (configured {c['val_size']}),"
                 " the same in both arms")
     return f"sizing: {what}; {decision['reason']}"
