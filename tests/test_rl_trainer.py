@@ -80,9 +80,11 @@ def test_grpo_update_raises_logprob_of_rewarded_sample(tiny):
     t.stage_prepare()
     r = t.stage_gen(idx)
     r.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
-    before = t.learner.stage_logprob(r)
+    before = t.learner.collate(r)
+    t.learner.stage_logprob(before)
     t.learner.stage_train(before)
-    after = t.learner.stage_logprob(r)
+    after = t.learner.collate(r)
+    t.learner.stage_logprob(after)
     seq = lambda b, i: float((b.old_logp[i] * b.mask[i]).sum())  # noqa: E731
     assert seq(after, 0) > seq(before, 0)
     assert seq(after, 7) > seq(before, 7)
@@ -346,7 +348,8 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     t = online_trainer(tiny, monkeypatch, drafter__refresh_steps=3)
     idx = t.stage_data()
     t.stage_prepare()
-    batch = t.learner.stage_logprob(t.stage_gen(idx), capture=True)
+    batch = t.learner.collate(t.stage_gen(idx))
+    t.learner.stage_logprob(batch, capture=True)
     t.learner.stage_train(batch)
     policy = {k: v.clone() for k, v in t.policy.state_dict().items()}
     drafter = {k: v.clone() for k, v in t.drafter.state_dict().items()}
