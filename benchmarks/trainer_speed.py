@@ -114,7 +114,9 @@ def main() -> None:
     def ours(share: bool = True):
         learner.share_prefixes = share
         t = time.perf_counter()
-        batch = learner.collate(roll) if a.one_update else learner.stage_logprob(roll)
+        batch = learner.collate(roll)
+        if not a.one_update:
+            learner.stage_logprob(batch)
         t1 = time.perf_counter()
         learner.stage_train(batch)
         return t1 - t, time.perf_counter() - t1, batch

@@ -170,8 +170,10 @@ def test_is_ratio_against_the_generating_version(tiny):
     assert r.policy_version == 0
     learner = Learner(cfg, b, max_policy_lag=1)
     learner.step_count = 1  # B is version 1: the rollouts are one version behind
-    batch = learner.stage_logprob(r)
-    from specrl.algorithms.batch import micro, response_logprobs
+    batch = learner.collate(r)
+    learner.stage_logprob(batch)
+    from specrl.algorithms.batch import micro
+    from specrl.trainer.scoring import response_logprobs
 
     ref_a = torch.zeros_like(batch.gen_logp)
     with torch.no_grad():

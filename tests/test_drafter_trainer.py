@@ -63,7 +63,8 @@ def test_the_drafter_clips_its_own_gradient_norm(tiny, monkeypatch):
     larger; without the clip the hook would see the unclipped norm (as it does under a loose limit)."""
     t = online_trainer(tiny, monkeypatch, grpo__mini_batches=2)
     r = rollouts(t)
-    batch = t.learner.stage_logprob(r, capture=True)
+    batch = t.learner.collate(r)
+    t.learner.stage_logprob(batch, capture=True)
     policy_gn = t.learner.stage_train(batch)["grad_norm"]
     cap = 0.05
     dt = DrafterTrainer(t.drafter, spec="eagle:x", learning_rate=1e-2, lr_factor=lambda s: 1.0, max_grad_norm=cap)

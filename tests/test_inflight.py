@@ -142,7 +142,8 @@ def test_is_ratios_use_the_per_token_behaviour_logprobs(two_versions):
     cfg, a, b, r = two_versions
     learner = Learner(cfg, b, max_policy_lag=1)
     learner.step_count = 1
-    batch = learner.stage_logprob(r)
+    batch = learner.collate(r)
+    learner.stage_logprob(batch)
     m = batch.mask
     behaviour = torch.zeros_like(batch.gen_logp)
     with torch.no_grad():

@@ -155,7 +155,7 @@ def test_a_time_budget_ends_the_compare_early_as_a_finished_run(tiny, tmp_path, 
     assert r.exit_code == 0, r.output
     run_dir = tmp_path / "runs" / "t"
     note = "stopped by run.time_budget_minutes=1e-06 after step 1 of 3"
-    assert note in (run_dir / "report.md").read_text().splitlines()[2]
+    assert note in (run_dir / "report.md").read_text()
     assert note in r.output
     for arm in ("speculative", "autoregressive"):
         a = run_dir / arm

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,9 +81,11 @@ def test_grpo_update_raises_logprob_of_rewarded_sample(tiny):
     t.stage_prepare()
     r = t.stage_gen(idx)
     r.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
-    before = t.learner.stage_logprob(r)
+    before = t.learner.collate(r)
+    t.learner.stage_logprob(before)
     t.learner.stage_train(before)
-    after = t.learner.stage_logprob(r)
+    after = t.learner.collate(r)
+    t.learner.stage_logprob(after)
     seq = lambda b, i: float((b.old_logp[i] * b.mask[i]).sum())  # noqa: E731
     assert seq(after, 0) > seq(before, 0)
     assert seq(after, 7) > seq(before, 7)
@@ -346,7 +349,8 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     t = online_trainer(tiny, monkeypatch, drafter__refresh_steps=3)
     idx = t.stage_data()
     t.stage_prepare()
-    batch = t.learner.stage_logprob(t.stage_gen(idx), capture=True)
+    batch = t.learner.collate(t.stage_gen(idx))
+    t.learner.stage_logprob(batch, capture=True)
     t.learner.stage_train(batch)
     policy = {k: v.clone() for k, v in t.policy.state_dict().items()}
     drafter = {k: v.clone() for k, v in t.drafter.state_dict().items()}
@@ -376,7 +380,8 @@ def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):
     assert [r["draft_refreshed"] for r in recs] == [False, True]
     assert [r["draft_updates"] for r in recs] == [1, 4]
     assert [r["acceptance_length_reference"] for r in recs] == [2.0, 2.0]
-    assert len(lines) == 1 and "step 2: drafter stale (acceptance length 1.50 < 0.85 x reference 2.00)" in lines[0]
+    (stale,) = lines  # one event line, naming the step, the acceptance length, the fraction and the reference
+    assert re.search(r"step 2\b.*stale.*1\.50.*0\.85.*2\.00", stale), stale
     # the refreshed drafter reaches the engine through the ordinary prepare/weight-sync path
     t.stage_prepare()
     engine_state = t.backend.drafter.state_dict()
@@ -414,10 +419,10 @@ def test_collapse_warning(tiny, monkeypatch):
 
     rec1 = t.step()
     assert rec1["drafter_collapsed"] is False and not lines
-    with pytest.warns(DrafterCollapseWarning, match=r"step 2: acceptance length <= 1.05 for 2 consecutive steps.*"
-                                                    r"'ngram' finds almost nothing.*autoregressive speed"):
+    with pytest.warns(DrafterCollapseWarning, match=r"step 2\b.*<= 1\.05.*\b2 consecutive.*'ngram'"):
         rec2 = t.step()
-    assert rec2["drafter_collapsed"] is True and len(lines) == 1 and "autoregressive speed" in lines[0]
+    (collapsed,) = lines  # one event line, naming the step, the bound and the drafter kind
+    assert rec2["drafter_collapsed"] is True and re.search(r"step 2\b.*1\.05.*'ngram'", collapsed), collapsed
     assert t.step()["drafter_collapsed"] is True and len(lines) == 1  # warned once per streak
     assert t.step()["drafter_collapsed"] is False  # AL recovered
 
@@ -475,7 +480,8 @@ def test_frozen_vs_online_benchmark(tiny, tmp_path):
     assert set(table) == {"hardware", "frozen", "online"} and table["hardware"]["processor_class"]
     assert all(table[a]["steps"] == 2 and table[a]["acceptance_length_last_third"] >= 1.0 for a in ("frozen", "online"))
     md = (out / "acceptance_frozen_vs_online.md").read_text()
-    assert "| frozen | 2 |" in md and md.splitlines()[2].startswith("hardware: processor ")
+    assert "| frozen | 2 |" in md
+    assert any(x.startswith("hardware:") and table["hardware"]["processor_class"] in x for x in md.splitlines())
     init = load_file(ddir / "model.safetensors")
     for arm, should_change in (("frozen", False), ("online", True)):
         final = load_file(out / arm / "drafter_final" / "model.safetensors")

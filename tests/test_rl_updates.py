@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from specrl.algorithms.batch import micro, response_logprobs, update_plan
+from specrl.algorithms.batch import micro, update_plan
 from specrl.algorithms.rollouts import Rollouts
 from specrl.drafters.training import trainer as drafter_trainer_mod
 from specrl.errors import SpecRLError
@@ -14,6 +14,7 @@ from specrl.rollout.generation_metrics import SpecMetrics
 from specrl.trainer.config_check import validate_config
 from specrl.trainer.learner import Learner
 from specrl.trainer.producer import EXTRA_REQUEST_BASE, fill_groups
+from specrl.trainer.scoring import response_logprobs
 from specrl.trainer.sync_trainer import GRPOTrainer
 from tests.test_rl_trainer import cfg_dict, fake_acceptance, online_trainer
 from tests.tiny import make_tiny_checkpoint
@@ -51,9 +52,11 @@ def test_one_update_folds_logprob_into_train(tiny, monkeypatch, over):
     step (logprob forward, then train) it replaces."""
     a, b = trainer(tiny, **over), trainer(tiny, **over)
     r = rollouts(a)
-    b.learner.stage_train(b.learner.stage_logprob(r))  # the two-stage reference
+    batch = b.learner.collate(r)
+    b.learner.stage_logprob(batch)
+    b.learner.stage_train(batch)  # the two-stage reference
     calls = []
-    monkeypatch.setattr(Learner, "stage_logprob", lambda self, r: calls.append(r))
+    monkeypatch.setattr(Learner, "stage_logprob", lambda self, batch, capture=None: calls.append(batch))
     rec, batch = a.learner.learn_batch(r, SECONDS)
     assert calls == [] and rec["logprob_skipped"] is True and rec["optimizer_steps"] == 1
     assert rec["stage_seconds"]["logprob"] < rec["stage_seconds"]["train"]  # collation only
@@ -70,9 +73,10 @@ def test_one_update_with_online_drafter_matches_two_stages(tiny, monkeypatch):
     a = online_trainer(tiny, monkeypatch)
     b = online_trainer(tiny, monkeypatch)
     r = rollouts(a)
-    two = b.learner.stage_logprob(r, capture=True)
+    two = b.learner.collate(r)
+    b.learner.stage_logprob(two, capture=True)
     b.learner.stage_train(two)
-    assert b.learner.train_drafter(two, None)["draft_updates"] == 1
+    assert b.learner.train_drafter(two.plan, None)["draft_updates"] == 1
     rec, batch = a.learner.learn_batch(r, SECONDS)
     captures = a.learner.drafter_trainer.captures  # the drafter trainer keeps them; the batch holds no drafter state
     assert rec["logprob_skipped"] and rec["draft_updates"] == 1 and len(captures) == 2
@@ -223,7 +227,9 @@ def test_no_gradients_held_between_steps(tiny):
     """Each optimizer step frees the gradients it applied: between steps the learner holds weights and AdamW state,
     not a third copy of the policy's size."""
     t = trainer(tiny, grpo__mini_batches=2)
-    t.learner.stage_train(t.learner.stage_logprob(rollouts(t, rewarded=True)))
+    batch = t.learner.collate(rollouts(t, rewarded=True))
+    t.learner.stage_logprob(batch)
+    t.learner.stage_train(batch)
     assert all(p.grad is None for p in t.policy.parameters())
     assert all(len(s) > 0 for s in t.learner.optimizer.state.values())  # the update did happen
 

@@ -9,8 +9,9 @@ help; and a learner step with it must land on the weights of a learner step with
 import pytest
 import torch
 
-from specrl.algorithms.batch import response_logprobs, response_span, shared_prefix_hidden
+from specrl.algorithms.batch import response_span
 from specrl.model.transformer import tiny_model
+from specrl.trainer.scoring import response_logprobs, shared_prefix_hidden
 
 
 def grpo_rows(groups: list[tuple[list[int], int]], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -77,7 +77,7 @@ def test_writer_adds_schema_version(tmp_path):
     w.write(StepRecord.from_json(SYNC_LINE))
     w.write(_async_line())  # a mapping with the required fields is accepted too
     w.close()
-    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [x["schema_version"] for x in lines] == [SCHEMA_VERSION] * 2
-    assert {k: v for k, v in lines[0].items() if k != "schema_version"} == SYNC_LINE
+    first, second = (json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert [x["schema_version"] for x in (first, second)] == [SCHEMA_VERSION] * 2
+    assert {k: v for k, v in first.items() if k != "schema_version"} == SYNC_LINE
     assert [r.step for r in read_records(tmp_path / "metrics.jsonl")] == [2, 3]

@@ -23,10 +23,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(argv: list[str] | None = None) -> dict:
     import torch
 
-    from specrl.algorithms.batch import response_logprobs
     from specrl.algorithms.grpo import token_mult_prob_error
     from specrl.device import processor_class
     from specrl.trainer.config_check import load_config
+    from specrl.trainer.scoring import response_logprobs
     from specrl.trainer.sync_trainer import GRPOTrainer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

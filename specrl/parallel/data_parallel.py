@@ -160,11 +160,11 @@ class ShardedLearner(Learner):
         dist.all_reduce(t)
         return float(t) / self.world_size
 
-    def train_drafter(self, batch: Batch, al: float | None) -> dict[str, Any]:
+    def train_drafter(self, plan: list[list[list[int]]], al: float | None) -> dict[str, Any]:
         """The drafter's mirror of the policy's embedding / LM head is refreshed first, so the drafter reads the
         weights one process would read (the policy's after this step's optimizer steps)."""
         self._refresh_mirror()
-        return super().train_drafter(batch, al)
+        return super().train_drafter(plan, al)
 
     def learn_batch(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
         rec, batch = super().learn_batch(r, seconds)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specrl.algorithms.batch import Batch, collate, micro, response_logprobs, update_plan
+from specrl.algorithms.batch import Batch, collate, micro
 from specrl.algorithms.grpo import group_signal, token_mult_prob_error
 from specrl.algorithms.losses import clip_range, get_loss, loss_normalizer, scales_by_std
 from specrl.algorithms.rollouts import Rollouts
@@ -52,6 +52,7 @@ from specrl.observability.metrics import STAGES
 from specrl.observability.step_record import StepRecord
 from specrl.trainer.optim import apply_config_hyperparams, build_optimizer, build_scheduler, lr_schedule
 from specrl.trainer.protocol import LearnerProtocol
+from specrl.trainer.scoring import response_logprobs
 from specrl.trainer.weight_check import DrafterNonFiniteError, NonFiniteError, check_weights
 
 __all__ = ["Batch", "DrafterNonFiniteError", "Learner", "NonFiniteError", "check_weights",
@@ -138,69 +139,66 @@ class Learner(LearnerProtocol):
 
     # ------------------------------------------------------------------ stages
     def collate(self, r: Rollouts) -> Batch:
+        """The step's `Batch` on the policy's device, with its update plan (`specrl.algorithms.batch.collate`)."""
         g = self.cfg.grpo
-        batch = collate(r, g.num_generations, scales_by_std(g.loss_type, g.normalize_rewards)).to(self.device)
-        batch.plan = update_plan(len(r.prompts), g.mini_batches, self.cfg.policy.train_micro_batch_size)
-        return batch
+        return collate(r, g.num_generations, scales_by_std(g.loss_type, g.normalize_rewards), g.mini_batches,
+                       self.cfg.policy.train_micro_batch_size, self.device)
 
     @property
     def skips_logprob(self) -> bool:
         """One optimizer step per batch: the proximal log-probs come from the train forward itself."""
         return self.cfg.grpo.optimizer_steps == 1
 
-    @torch.no_grad()
-    def _proximal(self, batch: Batch, idx: list[int], toks: Tensor, m: Tensor, lp: Tensor, captured: dict,
-                  where: str, capture: bool) -> None:
-        """Record micro-batch `idx`'s proximal log-probs `lp` (detached), its reference log-probs and, with
-        `capture`, the drafter's inputs; `lp` and `captured` come from the current weights' forward (logprob
-        stage or fused train)."""
-        if not bool(torch.isfinite(lp[m]).all()):
-            raise NonFiniteError(f"step {self.step_count + 1}: the policy produced non-finite logits in the {where}")
-        w = lp.shape[1]
-        batch.old_logp[idx, :w] = lp.detach()
-        if batch.ref_logp is not None:
-            with self._autocast():
-                batch.ref_logp[idx, :w] = response_logprobs(self.ref, toks, m, self.cfg.generation.temperature,
-                                                            share_prefixes=self.share_prefixes,
-                                                            **self._sampler_filter)[0]
-        if capture:
-            self.drafter_trainer.keep(toks, m, captured)
-
     @property
     def _sampler_filter(self) -> dict[str, Any]:
         """The sampler's top-p / top-k: the trainer scores tokens under the distribution they were sampled from."""
         return {"top_p": self.cfg.generation.top_p, "top_k": self.cfg.generation.top_k}
-
-    def _start_proximal(self, batch: Batch) -> None:
-        batch.old_logp = torch.zeros_like(batch.gen_logp)
-        batch.ref_logp = torch.zeros_like(batch.gen_logp) if self.ref is not None else None
-        self.drafter_trainer.start_step()
 
     def _capture(self, capture: bool | None) -> bool:
         """This forward keeps the drafter's inputs: `capture`, or (None) what the drafter trainer wants on a step
         without acceptance-length evidence (every_step: yes; on_stale: no)."""
         return self.drafter_trainer.wants_capture(None) if capture is None else capture
 
-    def _capture_args(self, capture: bool) -> dict[str, Any]:
-        """response_logprobs' capture arguments: the drafter's layers and the top-K distribution, or nothing."""
+    def _forward(self, batch: Batch, idx: list[int], keep: bool, proximal: str | None) -> tuple[Tensor, Tensor]:
+        """Micro-batch `idx` through the policy (`specrl.trainer.scoring`): its response log-probs (with gradient
+        under grad mode) and mask. With `proximal` (the stage's name) these log-probs are the proximal ones:
+        recorded in the batch (detached) with the reference's, and the drafter trainer keeps the forward's
+        captures with `keep`."""
+        toks, m = micro(batch, idx)
         dt = self.drafter_trainer
-        return {"capture": dt.capture_layers, "top": dt.top} if capture else {}
+        with self._autocast():
+            lp, captured = response_logprobs(self.policy, toks, m, self.cfg.generation.temperature,
+                                             share_prefixes=self.share_prefixes, **self._sampler_filter,
+                                             **({"capture": dt.capture_layers, "top": dt.top} if keep else {}))
+        if proximal is None:
+            return lp, m
+        with torch.no_grad():
+            if batch.old_logp is None:  # the step's first proximal forward: its tensors, the drafter's captures
+                batch.old_logp = torch.zeros_like(batch.gen_logp)
+                batch.ref_logp = torch.zeros_like(batch.gen_logp) if self.ref is not None else None
+                dt.start_step()
+            if not bool(torch.isfinite(lp[m]).all()):
+                raise NonFiniteError(f"step {self.step_count + 1}: the policy produced non-finite logits in the "
+                                     f"{proximal}")
+            w = lp.shape[1]
+            batch.old_logp[idx, :w] = lp.detach()
+            if batch.ref_logp is not None:
+                with self._autocast():
+                    batch.ref_logp[idx, :w] = response_logprobs(self.ref, toks, m, self.cfg.generation.temperature,
+                                                                share_prefixes=self.share_prefixes,
+                                                                **self._sampler_filter)[0]
+            if keep:
+                dt.keep(toks, m, captured)
+        return lp, m
 
     @torch.no_grad()
-    def stage_logprob(self, r: Rollouts, capture: bool | None = None) -> Batch:
-        """Collate; the proximal (current) policy's and the reference's log-probabilities in a no-grad forward;
-        the drafter's inputs with `capture` (None: `_capture`)."""
-        batch = self.collate(r)
+    def stage_logprob(self, batch: Batch, capture: bool | None = None) -> None:
+        """The proximal (current) policy's and the reference's log-probabilities of a collated batch in a no-grad
+        forward, into the batch (`old_logp`, `ref_logp`); the drafter's inputs with `capture` (None: `_capture`)."""
         capture = self._capture(capture)
-        self._start_proximal(batch)
+        batch.old_logp = None  # recomputed here
         for idx in batch.micro_batches:
-            toks, m = micro(batch, idx)
-            with self._autocast():
-                lp, captured = response_logprobs(self.policy, toks, m, self.cfg.generation.temperature,
-                                                 share_prefixes=self.share_prefixes, **self._capture_args(capture),
-                                                 **self._sampler_filter)
-            self._proximal(batch, idx, toks, m, lp, captured, "logprob stage", capture)
-        return batch
+            self._forward(batch, idx, capture, "logprob stage")
 
     def stage_train(self, batch: Batch, capture: bool | None = None) -> dict[str, Any]:
         """`grpo.num_iterations` passes over the batch's mini-batches, one clipped AdamW step of the policy each
@@ -208,20 +206,51 @@ class Learner(LearnerProtocol):
         batch) the train forward supplies it, and keeps the drafter's inputs with `capture` (None: `_capture`)."""
         g = self.cfg.grpo
         capture = self._capture(capture)
-        fused = batch.old_logp is None
-        if fused:
-            if g.optimizer_steps != 1:
-                raise SpecRLError(f"the batch has no proximal log-probs but takes {g.optimizer_steps} optimizer "
-                                  "steps (grpo.num_iterations x grpo.mini_batches); run stage_logprob first")
-            self._start_proximal(batch)
+        fused = batch.old_logp is None  # the train forward supplies the proximal log-probs
+        if fused and g.optimizer_steps != 1:
+            raise SpecRLError(f"the batch has no proximal log-probs but takes {g.optimizer_steps} optimizer "
+                              "steps (grpo.num_iterations x grpo.mini_batches); run stage_logprob first")
         stats = dict.fromkeys(_SUMS, 0.0)
         stats["is_max"] = 0.0
         lr = self.optimizer.param_groups[0]["lr"]
+        clip_low, clip_high = clip_range(g.loss_type, g.clip_low, g.clip_high)
         n_steps = 0
         for _ in range(g.num_iterations):
             for mini in batch.plan:
                 n_steps += 1
-                self._optimizer_step(batch, mini, fused and capture, fused, stats, n_steps)
+                of = f" (optimizer step {n_steps} of {g.optimizer_steps}; earlier ones were applied)" \
+                    if n_steps > 1 else ""
+                self.optimizer.zero_grad(set_to_none=True)
+                mask = batch.mask if len(batch.plan) == 1 else batch.mask[[i for idx in mini for i in idx]]
+                norm = self._global_normalizer(loss_normalizer(self.loss.normalizer, mask,
+                                                               self.cfg.generation.max_new_tokens))
+                for idx in mini:
+                    logp, m = self._forward(batch, idx, fused and capture, "train forward" if fused else None)
+                    w = m.shape[1]
+                    out = self.loss(
+                        logp, batch.old_logp[idx, :w], batch.advantages[idx], m, normalizer=norm,
+                        clip_low=clip_low, clip_high=clip_high,
+                        ref_logp=None if batch.ref_logp is None else batch.ref_logp[idx, :w], kl_coef=g.kl_coef,
+                        behavior_logp=batch.gen_logp[idx, :w] if g.importance_sampling_correction else None,
+                        is_cap=g.importance_sampling_cap)
+                    if not torch.isfinite(out.loss):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        raise NonFiniteError(f"step {self.step_count + 1}: non-finite GRPO loss "
+                                             f"({out.loss.item()}); update skipped{of}")
+                    out.loss.backward()
+                    for key, v in (("tokens", out.num_tokens), ("clipped", out.clipped_tokens), ("kl", out.kl_sum),
+                                   ("ratio", out.ratio_sum), ("loss", float(out.loss.detach())),
+                                   ("is_sum", out.is_weight_sum), ("is_clipped", out.is_clipped_tokens)):
+                        stats[key] += v
+                    stats["is_max"] = max(stats["is_max"], out.is_weight_max)
+                params = [p for p in self.policy.parameters() if p.requires_grad]
+                gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.policy.max_grad_norm)
+                if not torch.isfinite(gn):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise NonFiniteError(f"step {self.step_count + 1}: non-finite gradient norm; update skipped{of}")
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)  # no gradients held between steps (the policy's size)
+                stats["grad_norm"] += float(gn)
         self.scheduler.step()
         ntok = max(stats["tokens"], 1.0)
         is_on = g.importance_sampling_correction
@@ -233,53 +262,12 @@ class Learner(LearnerProtocol):
                 "is_ratio_max": stats["is_max"] if is_on else None,
                 "is_clipped_fraction": stats["is_clipped"] / ntok if is_on else None}
 
-    def _optimizer_step(self, batch: Batch, mini: list[list[int]], keep: bool, fused: bool, stats: dict,
-                        k: int) -> None:
-        """One AdamW step of the policy on mini-batch `mini`; its forward keeps the drafter's inputs with `keep`."""
-        g, temp = self.cfg.grpo, self.cfg.generation.temperature
-        step_no = self.step_count + 1
-        of = f" (optimizer step {k} of {g.optimizer_steps}; earlier ones were applied)" if k > 1 else ""
-        self.optimizer.zero_grad(set_to_none=True)
-        mask = batch.mask if len(batch.plan) == 1 else batch.mask[[i for idx in mini for i in idx]]
-        norm = self._global_normalizer(loss_normalizer(self.loss.normalizer, mask, self.cfg.generation.max_new_tokens))
-        clip_low, clip_high = clip_range(g.loss_type, g.clip_low, g.clip_high)
-        for idx in mini:
-            toks, m = micro(batch, idx)
-            w = m.shape[1]
-            with self._autocast():
-                logp, captured = response_logprobs(self.policy, toks, m, temp, share_prefixes=self.share_prefixes,
-                                                   **self._capture_args(keep), **self._sampler_filter)
-            if fused:
-                self._proximal(batch, idx, toks, m, logp, captured, "train forward", keep)
-            out = self.loss(
-                logp, batch.old_logp[idx, :w], batch.advantages[idx], m, normalizer=norm, clip_low=clip_low,
-                clip_high=clip_high, ref_logp=None if batch.ref_logp is None else batch.ref_logp[idx, :w],
-                kl_coef=g.kl_coef, behavior_logp=batch.gen_logp[idx, :w] if g.importance_sampling_correction
-                else None, is_cap=g.importance_sampling_cap)
-            if not torch.isfinite(out.loss):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteError(f"step {step_no}: non-finite GRPO loss ({out.loss.item()}); update skipped{of}")
-            out.loss.backward()
-            for key, v in (("tokens", out.num_tokens), ("clipped", out.clipped_tokens), ("kl", out.kl_sum),
-                           ("ratio", out.ratio_sum), ("loss", float(out.loss.detach())),
-                           ("is_sum", out.is_weight_sum), ("is_clipped", out.is_clipped_tokens)):
-                stats[key] += v
-            stats["is_max"] = max(stats["is_max"], out.is_weight_max)
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.policy.max_grad_norm)
-        if not torch.isfinite(gn):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"step {step_no}: non-finite gradient norm; update skipped{of}")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)  # no gradients held between steps (the policy's size again)
-        stats["grad_norm"] += float(gn)
-
-    def train_drafter(self, batch: Batch, al: float | None) -> dict[str, Any]:
+    def train_drafter(self, plan: list[list[list[int]]], al: float | None) -> dict[str, Any]:
         """The drafter trainer's part of this step, after the policy's optimizer steps (`stage_train`): its online
-        updates on the step's captures, the staleness loop and the collapse check; the record's drafter fields.
-        The policy holds no gradients between optimizer steps, so any it holds afterwards came from the drafter."""
-        out = self.drafter_trainer.after_policy_update(batch.plan, self.cfg.grpo.num_iterations, al,
-                                                       self.step_count + 1)
+        updates on the step's captures (micro-batch c of `plan`, the batch's plan, is capture c), the staleness loop
+        and the collapse check; the record's drafter fields. The policy holds no gradients between optimizer steps,
+        so any it holds afterwards came from the drafter."""
+        out = self.drafter_trainer.after_policy_update(plan, self.cfg.grpo.num_iterations, al, self.step_count + 1)
         if any(p.grad is not None for p in self.policy.parameters()):
             raise RuntimeError("the drafter's update produced policy gradients; the drafter loss must be detached "
                                "from the policy")
@@ -308,10 +296,12 @@ class Learner(LearnerProtocol):
         capture = self.drafter_trainer.wants_capture(al)  # this step's policy forward keeps the drafter's inputs
         t3 = time.perf_counter()
         skipped = self.skips_logprob
-        batch = self.collate(r) if skipped else self.stage_logprob(r, capture)
+        batch = self.collate(r)
+        if not skipped:
+            self.stage_logprob(batch, capture)
         t4 = time.perf_counter()
         train = self.stage_train(batch, capture)
-        drafter = self.train_drafter(batch, al)
+        drafter = self.train_drafter(batch.plan, al)
         release_free_memory()  # the step's temporaries back to the kernel (charged to train)
         t5 = time.perf_counter()
         times = {**seconds, "logprob": t4 - t3, "train": t5 - t4}

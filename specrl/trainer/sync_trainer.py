@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specrl.algorithms.batch import Batch, response_logprobs
+from specrl.algorithms.batch import Batch
 from specrl.algorithms.rollouts import Rollouts
 from specrl.backends.registry import build_backend, check_backend
 from specrl.config.hardware import resolve_hardware
@@ -33,6 +33,7 @@ from specrl.observability.step_record import StepRecord
 from specrl.rollout.protocol import RolloutBackend
 from specrl.trainer.learner import Learner
 from specrl.trainer.producer import RolloutProducer
+from specrl.trainer.scoring import response_logprobs
 from specrl.trainer.weight_check import NonFiniteError
 from specrl.trainer.weight_sync import LocalWeightSync, WeightSync
 
