@@ -62,7 +62,8 @@ def hits(path: Path) -> list[tuple[int, str]]:
                     break
             if any(_line_subscript(n) for n in ast.walk(node.test)):
                 out.append((node.lineno, "line"))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("raises", "warns"):
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("raises", "warns")):
             for kw in node.keywords:
                 t = _text(kw.value) if kw.arg == "match" else None
                 if t is not None and _words(t, regex=True) >= MIN_WORDS:

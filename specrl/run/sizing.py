@@ -18,9 +18,10 @@ The result (`sizing.json` beside the run's config, and compare.json's `sizing`) 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specrl.errors import SpecRLError
 
