@@ -28,9 +28,8 @@ from specrl.errors import SpecRLError
 DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
 PRECISIONS = ("auto", "fp32", "bf16-mixed")
-# measured on a 2-core AMD EPYC without bf16 units: F.linear [32, 576] x [576, 1536], one thread
-AVX2_BF16_SLOWDOWN = ("~6.6x slower than float32 for matrix products (measured: 6.5 ms vs 0.98 ms per "
-                      "decode-shape linear)")
+# The measured slowdown and its processor are in docs/benchmarks.md ("bf16 on AVX2-only CPUs").
+AVX2_BF16_SLOWDOWN = "several times slower than float32 for matrix products (docs/benchmarks.md)"
 
 
 class SlowPrecisionWarning(UserWarning):
