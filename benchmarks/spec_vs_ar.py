@@ -30,8 +30,12 @@ measured verify and draft costs.
 --dtype auto is bf16 on CPUs with bf16 units and float32 elsewhere; the first line and --json's `"hardware"` (with
 `"rows"`) name the processor class, cores, threads and dtype.
 
+`--plot PATH` draws, per drafter, k and cut, the measured decode speed-up (`dec`) and its decode bound (`hw_ideal`,
+AL/(v + k·c) from the same run's measured AL, v and c) against the batch size in one figure, titled with the
+processor class; `--from-json FILE --plot PATH` redraws it from an earlier `--json` without measuring.
+
     .venv/bin/python benchmarks/spec_vs_ar.py --drafters ngram,suffix,eagle:DIR --batch-sizes 1,4,16,32 \
-        --ks 1,2,3,4,5,6,7,auto [--temperature 1.0] [--new-tokens 96] [--threads 1] [--json out.json]
+        --ks 1,2,3,4,5,6,7,auto [--temperature 1.0] [--new-tokens 96] [--threads 1] [--json out.json] [--plot out.png]
 """
 
 from __future__ import annotations
@@ -79,6 +83,40 @@ def occupancy_matched(ar_log: list[tuple], sd_log: list[tuple]) -> tuple[float, 
     return occ, occ / hw
 
 
+def plot_bound(rows: list[dict], hardware: dict, path: str) -> None:
+    """The measured decode speed-up and the decode bound AL/(v + k·c) per batch size, one colour per drafter/k/cut."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        lines[(r["drafter"], str(r["k"]), r.get("confidence_cut", "off"))].append(r)
+    if not lines:
+        raise SystemExit("--plot: no rows to draw (the run measured nothing, or the JSON has no \"rows\")")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, ((spec, k, cut), rs) in enumerate(lines.items()):
+        rs = sorted(rs, key=lambda r: r["batch_size"])
+        b = [r["batch_size"] for r in rs]
+        name = f"{spec} k={k}" + (f" cut={cut}" if cut != "off" else "")
+        colour = f"C{i % 10}"
+        ax.plot(b, [r["decode_speedup"] for r in rs], "o-", color=colour, label=f"{name}: measured")
+        ax.plot(b, [r["hw_ideal"] for r in rs], "s--", color=colour, alpha=0.7, label=f"{name}: bound AL/(v+k·c)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("active batch size B (sequences)")
+    ax.set_ylabel("decode speed-up over autoregressive")
+    ax.set_title(f"decode speed-up and its bound; processor {hardware.get('processor_class', '?')}, "
+                 f"{hardware.get('threads', '?')} threads", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"[bench] plot -> {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--drafters", default="ngram,suffix")
@@ -102,7 +140,17 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--dtype", default="auto", choices=DTYPES,
                     help="model dtype (auto: bf16 where the CPU has bf16 units, else float32)")
+    ap.add_argument("--plot", default=None, help="draw the measured decode speed-up beside its bound to this file")
+    ap.add_argument("--from-json", default=None, help="with --plot: redraw from this --json output, measuring nothing")
     a = ap.parse_args()
+    if a.from_json:
+        if not a.plot:
+            raise SystemExit("--from-json only redraws a plot: add --plot PATH")
+        doc = json.loads(Path(a.from_json).read_text())
+        if "rows" not in doc or "hardware" not in doc:
+            raise SystemExit(f"{a.from_json}: not a spec_vs_ar.py --json output (it needs \"rows\" and \"hardware\")")
+        plot_bound(doc["rows"], doc["hardware"], a.plot)
+        return
     torch.set_num_threads(a.threads)
     a.dtype = dtype_name(a.dtype)
     hw = run_header({"model": a.dtype}, a.threads)
@@ -193,6 +241,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"hardware": hw, "rows": rows}, f, indent=1)
+    if a.plot:
+        plot_bound(rows, hw, a.plot)
 
 
 if __name__ == "__main__":
