@@ -159,6 +159,34 @@ def test_sampling_over_the_draft_vocabulary_draws_what_full_vocabulary_sampling_
     assert len(set(tok.tolist())) > 5  # the rows drew many different tokens
 
 
+@pytest.mark.parametrize("temperature, top_p, top_k", [(0.8, 1.0, 0), (1.0, 0.8, 0), (0.7, 1.0, 5), (0.0, 1.0, 0)])
+def test_drawing_k_positions_at_once_draws_what_k_single_draws_draw(temperature, top_p, top_k):
+    # the parallel head draws its k drafts in one call (a tensor of offsets), EAGLE writes q into one [n, k, V]
+    # buffer: tokens and q must be bit-identical to k calls with one offset each
+    from specrl.rollout.drafter import DraftBatch
+
+    n, k, vocab = 6, 4, 97
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randperm(vocab, generator=g)[:40].sort().values
+    logits = torch.randn(n, k, 40, generator=g) * 3
+    batch = DraftBatch(tokens=[[1]] * n, positions=torch.arange(n) * 7 + 3, seeds=torch.arange(n) + 11,
+                       request_ids=torch.arange(n), group_ids=[0] * n, temperature=torch.full((n,), temperature),
+                       top_p=torch.full((n,), top_p), top_k=torch.full((n,), top_k, dtype=torch.long))
+    one = [batch.sample_subset(logits[:, i], ids, vocab, i) for i in range(k)]
+    tok, q = batch.sample_subset(logits, ids, vocab, torch.arange(k))
+    assert torch.equal(tok, torch.stack([t for t, _ in one], 1)) and torch.equal(q, torch.stack([p for _, p in one], 1))
+    full = torch.randn(n, k, vocab, generator=g)
+    one = [batch.sample(full[:, i], i) for i in range(k)]
+    tok, q = batch.sample(full, torch.arange(k))
+    assert torch.equal(tok, torch.stack([t for t, _ in one], 1)) and torch.equal(q, torch.stack([p for _, p in one], 1))
+    buf = torch.zeros(n, k, vocab)
+    for i in range(k):
+        t, p = batch.sample_subset(logits[:, i], ids, vocab, i, out=buf[:, i])
+        ref_t, ref_q = batch.sample_subset(logits[:, i], ids, vocab, i)
+        assert p.data_ptr() == buf[:, i].data_ptr() and torch.equal(t, ref_t) and torch.equal(buf[:, i], ref_q)
+    assert len(set(tok.flatten().tolist())) > 1 or temperature == 0.0
+
+
 # ---------------------------------------------------------------- exact distribution
 @pytest.fixture(scope="module")
 def small_target():

@@ -47,28 +47,44 @@ class DraftBatch:
     def size(self) -> int:
         return len(self.tokens)
 
-    def noise(self, offset: int) -> Tensor:
-        """The uniforms a sampling drafter uses for the token at positions + offset.
+    def noise(self, offset: int | Tensor) -> Tensor:
+        """The uniforms a sampling drafter uses for the token at positions + offset: [n], or [n, j] for a
+        tensor of j offsets (a drafter that draws j positions at once).
 
         In seed_exact mode this is the policy's own sampling noise (so a good drafter reproduces the
         policy's token); in rejection mode it is an independent stream.
         """
         stream = STREAM_SAMPLE if self.verify_mode == "seed_exact" else STREAM_DRAFT
+        if isinstance(offset, Tensor):
+            return uniform(self.seeds[:, None], self.request_ids[:, None], self.positions[:, None] + offset[None, :],
+                           stream)
         return uniform(self.seeds, self.request_ids, self.positions + offset, stream)
 
-    def sample(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor]:
-        """Process drafter logits [n, V] with each request's T/top-p/top-k and draw one token each."""
-        q = probs_from_logits(logits, self.temperature, self.top_p, self.top_k)
+    def _params(self, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's T/top-p/top-k, spread over the positions of logits [n, j, V] drawn at once."""
+        if logits.dim() == 2:
+            return self.temperature, self.top_p, self.top_k
+        j = logits.shape[1]
+        return tuple(t[:, None].expand(-1, j) for t in (self.temperature, self.top_p, self.top_k))
+
+    def sample(self, logits: Tensor, offset: int | Tensor) -> tuple[Tensor, Tensor]:
+        """Process drafter logits [n, V] with each request's T/top-p/top-k and draw one token each; or logits
+        [n, j, V] at the j offsets of a tensor `offset`, one token per row and position (the same draws as j
+        calls with one offset each)."""
+        q = probs_from_logits(logits, *self._params(logits))
         return sample_inverse_cdf(q, self.noise(offset)), q
 
-    def sample_subset(self, logits: Tensor, ids: Tensor, vocab_size: int, offset: int) -> tuple[Tensor, Tensor]:
-        """`sample` for logits [n, Vd] over a subset of the vocabulary, `ids` [Vd] its target ids in ascending
-        order: T/top-p/top-k, the softmax and the inverse CDF run over the Vd entries only (the full distribution
-        is zero elsewhere, so its CDF in id order has the same steps, and a uniform picks the same token), and
-        the returned q [n, vocab_size] is that distribution scattered into the full vocabulary, zero outside."""
-        qd = probs_from_logits(logits, self.temperature, self.top_p, self.top_k)
+    def sample_subset(self, logits: Tensor, ids: Tensor, vocab_size: int, offset: int | Tensor,
+                      out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`sample` for logits [n, Vd] (or [n, j, Vd]) over a subset of the vocabulary, `ids` [Vd] its target
+        ids in ascending order: T/top-p/top-k, the softmax and the inverse CDF run over the Vd entries only (the
+        full distribution is zero elsewhere, so its CDF in id order has the same steps, and a uniform picks the
+        same token), and the returned q [n, (j,) vocab_size] is that distribution scattered into the full
+        vocabulary, zero outside. `out`, a zero-filled float32 tensor of q's shape (a view of a drafter's [n, k, V]
+        proposal buffer), receives q instead of a new tensor, so k draws need no stacking copy."""
+        qd = probs_from_logits(logits, *self._params(logits))
         tok = ids[sample_inverse_cdf(qd, self.noise(offset))]
-        q = qd.new_zeros((*qd.shape[:-1], vocab_size))
+        q = qd.new_zeros((*qd.shape[:-1], vocab_size)) if out is None else out
         q[..., ids] = qd
         return tok, q
 

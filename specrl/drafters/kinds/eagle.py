@@ -182,17 +182,18 @@ class EagleDrafter(nn.Module, Drafter, TrainableDrafter):
     def full_logits(self, hidden: Tensor) -> Tensor:
         return self.to_full_vocab(self.head(hidden))
 
-    def _sample(self, batch: DraftBatch, hidden: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+    def _sample(self, batch: DraftBatch, hidden: Tensor, offset: int, out: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
         """Draw the draft token at positions + offset from output hidden states [n, H]: over the draft vocabulary
         only (its ids in ascending order, so a uniform picks the token full-vocabulary sampling would), with q
-        scattered into the full vocabulary for the verifier."""
+        scattered into the full vocabulary for the verifier (into `out`, a zeroed [n, V] view, when given)."""
         if self.full_vocab:
             return batch.sample(self.full_logits(hidden), offset)
         key = (self.d2t.device, self.d2t._version, self.d2t.data_ptr())  # a loaded state may replace d2t
         if self._id_order is None or self._id_order[0] != key:
             self._id_order = (key, *self.d2t.sort())
         _, ids, order = self._id_order
-        return batch.sample_subset(self.head(hidden)[..., order], ids, self.target_args.vocab_size, offset)
+        return batch.sample_subset(self.head(hidden)[..., order], ids, self.target_args.vocab_size, offset, out)
 
     def target_to_draft(self) -> Tensor | None:
         """Each target id's draft-vocabulary index (-1 outside it); None when drafting over the full vocabulary."""
@@ -363,14 +364,16 @@ class EagleDrafter(nn.Module, Drafter, TrainableDrafter):
             raise RuntimeError("EagleDrafter state is out of step with the engine (missed a hook call)")
         o = self._catch_up(batch.tokens, n)
         pos = (batch.positions - 1)[:, None]
+        # q of every draft straight into the proposal's [n, k, V] (no stacking copy; full-vocabulary heads stack)
+        buf = None if self.full_vocab else torch.zeros(n, k, self.target_args.vocab_size, device=o.device)
         toks, qs = [], []
         for i in range(k):
-            tok, q = self._sample(batch, o, i)
+            tok, q = self._sample(batch, o, i, None if buf is None else buf[:, i])
             toks.append(tok)
             qs.append(q)
             if i + 1 < k:
                 o = self._entries(o[:, None], tok[:, None], pos + i, 0)[:, 0]
-        return Proposal(torch.stack(toks, 1), torch.stack(qs, 1))
+        return Proposal(torch.stack(toks, 1), torch.stack(qs, 1) if buf is None else buf)
 
     def on_verified(self, batch: DraftBatch, proposal: Proposal | None, num_emitted: Tensor,
                     captured: dict | None) -> None:

@@ -201,15 +201,16 @@ class ParallelDrafter(EagleDrafter):
                 "later. Rebuild it with `specrl draft build` (a recipe with kind parallel)")
 
     # ---------------------------------------------------------------- Drafter protocol
-    def _draw(self, batch: DraftBatch, reduced: Tensor, offset: int) -> tuple[Tensor, Tensor]:
-        """EAGLE's `_sample` from reduced-vocabulary logits [n, Vd] already computed."""
+    def _draw(self, batch: DraftBatch, reduced: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+        """EAGLE's `_sample` from reduced-vocabulary logits [n, k, Vd] already computed, all k positions in one
+        draw (each position's token and q as EAGLE draws them one at a time)."""
         if self.full_vocab:
-            return batch.sample(reduced.float(), offset)
+            return batch.sample(reduced.float(), offsets)
         key = (self.d2t.device, self.d2t._version, self.d2t.data_ptr())
         if self._id_order is None or self._id_order[0] != key:
             self._id_order = (key, *self.d2t.sort())
         _, ids, order = self._id_order
-        return batch.sample_subset(reduced[..., order], ids, self.target_args.vocab_size, offset)
+        return batch.sample_subset(reduced[..., order], ids, self.target_args.vocab_size, offsets)
 
     def propose(self, batch: DraftBatch, k: int) -> Proposal:
         if not 1 <= k <= self.max_k:
@@ -227,5 +228,5 @@ class ParallelDrafter(EagleDrafter):
             x = torch.cat([x, self._placeholder_input(last, 0, k - 1)], dim=1)
         pos = (batch.positions - 2)[:, None] + torch.arange(k)[None, :]
         reduced = self.head(cached_block(self.block, self.rope, x, pos.to(self.device), self.cache.slots(0, n), 0))
-        toks, qs = zip(*(self._draw(batch, reduced[:, i], i) for i in range(k)), strict=True)
-        return Proposal(torch.stack(toks, 1), torch.stack(qs, 1))
+        toks, qs = self._draw(batch, reduced, torch.arange(k, device=batch.positions.device))
+        return Proposal(toks, qs)
