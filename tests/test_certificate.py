@@ -10,6 +10,7 @@ import yaml
 
 from specrl.backends.probe import tokens_needed
 from specrl.errors import SpecRLError
+from specrl.run.certificate import UNUSED
 from tests.test_rl_trainer import cfg_dict
 from tests.tiny import make_tiny_checkpoint
 
@@ -40,9 +41,10 @@ def test_a_speculative_run_writes_a_passing_certificate(tmp_path, capsys):
     # the run's own k policy (fixed k = 2 on an engine with k_max = 7): every verify step drafted 2
     assert set(cert["draft_lengths"]) == {"2"} and set(cert["k_histogram"]) <= {"0", "2"}
     status = {q["position"]: q["status"] for q in cert["positions"]}
-    assert [status[f"draft {j}"] for j in range(3, 8)] == ["not used by the run"] * 5
-    assert status["no draft"] == "not used by the run"
+    assert [status[f"draft {j}"] for j in range(3, 8)] == [UNUSED] * 5
+    assert status["no draft"] == UNUSED
     tokens = {q["position"]: q["tokens"] for q in cert["positions"]}
+    assert [tokens[f"draft {j}"] for j in range(3, 8)] == [0] * 5 and tokens["no draft"] == 0
     assert tokens["plain"] == p["continuations"]  # fixed k: no plain steps, only each prefill's first token
     assert sum(q["tokens"] for q in cert["positions"]) == cert["num_tokens"] and cert["run_depths"] == [1, 2]
     for q in cert["positions"]:
@@ -160,8 +162,8 @@ def test_the_budget_comes_from_the_run_and_each_position_says_what_it_tested():
             {"position": "bonus", "tokens": 0, "tested": False}, {"position": "no draft", "tokens": 0,
                                                                  "tested": False}]
     status = [r["status"] for r in mark_usage(rows, u["depths"])]
-    assert status == ["tested", "not tested", "not tested", "not used by the run", "not tested",
-                      "not used by the run"]
+    assert status == ["tested", "not tested", "not tested", UNUSED, "not tested",
+                      UNUSED]
 
 
 def test_the_certificate_budget_is_a_config_setting():
