@@ -3,6 +3,7 @@ is lost or trained twice (also when a rollout worker is killed), resume after th
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -142,10 +143,14 @@ def test_async_lag1_overlaps_and_records(tiny, tmp_path, local_ray):
     events = [json.loads(line) for line in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
     assert {e["kind"] for e in events} >= {"gen", "refit", "train", "logprob", "publish"}
     assert {e["lane"] for e in events} == {"worker 0", "learner"}
-    from specrl.observability.run_report import write_report
+    from specrl.observability.run_report import async_summary, write_report
 
     report = write_report(tmp_path / "run", recs).read_text()
-    assert "## Async pipeline" in report and "trajectory age, mean / max (policy versions) | " in report
+    a = async_summary(recs)
+    assert a is not None and a["trajectory_age_max"] == max(r["trajectory_age_max"] for r in recs)
+    assert a["dropped_stale_groups"] == sum(r["dropped_stale_groups"] for r in recs)
+    assert "## Async pipeline" in report
+    assert re.search(rf"\| trajectory age\b.* / {a['trajectory_age_max']} \|", report)
     assert (tmp_path / "run" / "timeline.png").exists()
 
 
@@ -326,9 +331,9 @@ def test_async_signal_finishes_the_step_checkpoints_and_resumes(tiny, tmp_path):
                 faults={"signal_at_step": (2, "TERM", 1)})
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert any("raylet" in c for c in seen) and any("RolloutWorker" in c for c in seen)  # the check sees them
-    assert "SIGTERM: finishing the current step" in proc.stderr
-    assert f"SIGTERM received: stopped after step 2 of 4, checkpoint {run / 'checkpoints' / 'step_000002'}" \
-        in proc.stderr.replace("\n", "")
+    assert re.search(r"SIGTERM: finishing", proc.stderr)
+    ck2 = re.escape(str(run / "checkpoints" / "step_000002"))
+    assert re.search(rf"SIGTERM received.*step 2 of 4\b.*checkpoint {ck2}", proc.stderr.replace("\n", ""))
     assert f"specrl train --resume {run}" in proc.stderr.replace("\n", "")
     _no_ray_left(tag)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000002"]
@@ -354,7 +359,7 @@ def test_async_second_signal_aborts_at_once(tiny, tmp_path):
                 faults={"signal_at_step": (2, "INT", 2)})
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr.replace("\n", "")
-    assert "second SIGINT: aborted at once after 1 of 3 steps" in err
+    assert re.search(r"second SIGINT: aborted.*\b1 of 3 steps", err)
     assert f"the last is checkpoint {run / 'checkpoints' / 'step_000001'}" in err
     assert f"specrl train --resume {run}" in err
     _no_ray_left(tag)

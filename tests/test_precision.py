@@ -1,5 +1,6 @@
 """Device and precision resolved from the hardware: `auto` rules, explicit values, warnings, records."""
 
+import re
 import warnings
 
 import pytest
@@ -132,7 +133,8 @@ def test_a_run_saved_with_the_vllm_settings_under_rollout_resumes(tmp_path, caps
     (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
     cfg, _ = setup_run(None, [], str(run_dir), None)
     release_run(run_dir)
-    assert "moved rollout.dtype, rollout.sampling_fix, rollout.probe_samples to rollout.vllm" in capsys.readouterr().err
+    moved = re.search(r"moved (.+) to rollout\.vllm", capsys.readouterr().err)
+    assert moved and moved[1].split(", ") == ["rollout.dtype", "rollout.sampling_fix", "rollout.probe_samples"]
     assert cfg.rollout.vllm.dtype == "float32" and cfg.rollout.vllm.probe_samples == 64
     assert "vllm" in yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]
     with pytest.raises(SpecRLError, match=r"rollout\.vllm\.dtype"):  # a user's own file: the error, not a move

@@ -8,6 +8,7 @@ writes (checkpoint on a full disk, stale build directories) and SIGINT/SIGTERM d
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,7 +184,7 @@ def test_generate_rejects_nonfinite_temperature(tiny, tmp_path):
     prompts.write_text(json.dumps({"prompt_token_ids": [1, 2, 3]}) + "\n")
     r = runner.invoke(_cli(), ["generate", "--model", str(tiny), "--prompts", str(prompts), "--out",
                                str(tmp_path / "o.jsonl"), "--temperature", "nan", "--max-seq-len", "64"])
-    assert r.exit_code == 2 and "--temperature must be a finite number, got nan" in r.output
+    assert r.exit_code == 2 and re.search(r"--temperature.*finite.*\bnan\b", r.output)
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -309,7 +310,7 @@ def test_simulate_gen_gpu_fraction_in_sync_mode_and_out_of_range():
     r = runner.invoke(app, ["--preset", "paper-8b-rl-think", "--mode", "sync", "--gen-gpu-fraction", "0.5"])
     assert r.exit_code == 2 and "--gen-gpu-fraction splits GPUs" in r.output and "--mode async" in r.output
     r = runner.invoke(app, ["--preset", "paper-8b-rl-think", "--mode", "async", "--gen-gpu-fraction", "1.5"])
-    assert r.exit_code == 2 and "--gen-gpu-fraction must be in (0, 1)" in r.output
+    assert r.exit_code == 2 and re.search(r"--gen-gpu-fraction.*\(0, 1\)", r.output)
 
 
 # ----------------------------------------------------------------------------- (3) tracebacks before, errors now
@@ -319,9 +320,9 @@ def test_simulate_sweep_bad_ks_names_the_flag(tmp_path):
     from specrl.sim.commands import app
 
     r = runner.invoke(app, ["sweep", "--preset", "paper-8b-rl-think", "--ks", "a,b", "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "--ks must be comma-separated integers, e.g. 1,2,3; got 'a,b'" in r.output
+    assert r.exit_code == 2 and re.search(r"--ks.*integers.*'a,b'", r.output)
     r = runner.invoke(app, ["sweep", "--preset", "paper-8b-rl-think", "--als", "x", "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "--als must be comma-separated numbers" in r.output
+    assert r.exit_code == 2 and re.search(r"--als.*numbers", r.output)
 
 
 def test_simulate_from_run_accepts_the_run_directory_and_refuses_non_utf8(tmp_path):
@@ -335,7 +336,7 @@ def test_simulate_from_run_accepts_the_run_directory_and_refuses_non_utf8(tmp_pa
     (run / "metrics.jsonl").write_bytes(b'{"step": 1, "note": "\xff"}\n')
     assert metrics_file(run) == run / "metrics.jsonl"
     r = runner.invoke(app, ["--from-run", str(run)])
-    assert r.exit_code == 2 and "is not UTF-8 text (byte 0xff" in r.output, r.output
+    assert r.exit_code == 2 and re.search(r"metrics.jsonl.*UTF-8.*0xff", r.output), r.output
 
 
 def test_non_utf8_prompts_file(tmp_path):
@@ -357,7 +358,7 @@ def test_generate_out_is_checked_before_generation(tiny, tmp_path, monkeypatch):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt_token_ids": [1, 2, 3]}) + "\n")
     r = runner.invoke(_cli(), ["generate", "--model", str(tiny), "--prompts", str(prompts), "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "is a directory; pass a file path such as" in r.output, r.output
+    assert r.exit_code == 2 and re.search(r"--out.*directory.*out\.jsonl", r.output), r.output
     (tmp_path / "f").write_text("x")
     r = runner.invoke(_cli(), ["generate", "--model", str(tiny), "--prompts", str(prompts), "--out",
                                str(tmp_path / "f" / "o.jsonl")])
@@ -492,7 +493,7 @@ def test_stale_default_drafter_build_dirs_are_removed(tmp_path, monkeypatch, cap
         (d / "model.safetensors").write_bytes(b"partial")
     assert remove_stale_builds(final) == [dead]
     assert not dead.exists() and live.exists()
-    assert "left by an interrupted build" in capfd.readouterr().err
+    assert re.search(rf"removed {re.escape(str(dead))}.*interrupted", capfd.readouterr().err)
 
 
 @pytest.fixture(scope="module")

@@ -123,8 +123,15 @@ def test_number_format_reward():
 def test_prompt_formatter_uses_chat_template():
     tok = FakeTokenizer()
     fmt = PromptFormatter(tok, system_prompt="SYS", instruction="Be brief.")
+    seen = []
+    real = tok.apply_chat_template
+    tok.apply_chat_template = lambda messages, **k: seen.append((messages, k)) or real(messages, **k)
     text = fmt.text("What is 1+1?")
-    assert text == "<|system|>SYS\n<|user|>What is 1+1?\nBe brief.\n<|assistant|>"
+    assert seen == [([{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 1+1?\nBe brief."}],
+                     {"add_generation_prompt": True, "tokenize": False})]
+    assert text == real(*seen[0][0:1], **seen[0][1])  # the template's own rendering, with the assistant turn opened
+    assert text.endswith("<|assistant|>")
+    del tok.apply_chat_template
     assert PromptFormatter(tok, None, "").text("Q") == "<|user|>Q\n<|assistant|>"
     assert fmt.decode(fmt.encode("Q")) == fmt.text("Q")
     tok.chat_template = None

@@ -2,6 +2,7 @@
 online drafter's training cost and the two-run CPU fit."""
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -274,7 +275,8 @@ def test_sync_run_is_simulated_on_its_recorded_torch_threads_per_step(tmp_path):
     # --threads overrides the record, and says so; a run without the record is noted too
     over = predict_run(two, cpu_profile=prof, prompt_tokens=60, threads=1)
     assert {r["stage"]: r["predicted"] for r in over["rows"]}["train"] == pytest.approx(train["1"])
-    assert any("overrides the run's recorded torch_threads [2]" in n for n in over["notes"])
+    assert over["threads"]["generation"] == 1
+    assert any(re.search(r"--threads 1\b.*torch_threads \[2\]", n) for n in over["notes"])
     bare, _ = _run(tmp_path, "bare")
     assert any("did not record torch_threads" in n for n in predict_run(bare, cpu_profile=prof)["notes"])
     res = runner.invoke(app, ["--from-run", str(two), "--cpu-profile", prof, "--threads", "1"])
