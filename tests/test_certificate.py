@@ -124,11 +124,11 @@ def test_the_plan_grows_as_one_over_w_squared_and_a_budget_caps_it():
     assert rich["limited_by"] == "target_w" and rich["tokens"] == a["tokens"] and rich["reaches_target"]
     assert plan(2, 4, 0.10, budget_seconds=0.01, tokens_per_second=100)["tokens"] >= 200  # the smallest size
     assert plan(2, 500, 0.5)["continuations"] == 500  # one continuation per prompt at least
-    with pytest.raises(SpecRLError, match=r"budget must be > 0 seconds"):
+    with pytest.raises(SpecRLError, match=r"budget.*> 0 seconds.*\b0$"):
         plan(7, 4, 0.10, budget_seconds=0, tokens_per_second=100)
     with pytest.raises(SpecRLError, match=r"tokens/s > 0, got 0"):
         plan(7, 4, 0.10, budget_seconds=10, tokens_per_second=0)
-    with pytest.raises(SpecRLError, match=r"Cohen's w in \(0, 1\], got 0"):
+    with pytest.raises(SpecRLError, match=r"bias.*\(0, 1\]"):
         plan(7, 4, 0.0)
 
 
@@ -153,7 +153,7 @@ def test_the_budget_comes_from_the_run_and_each_position_says_what_it_tested():
     capped = plan(7, 4, 0.10, budget_tokens=1000)
     assert capped["limited_by"] == "budget" and capped["budget_tokens"] == 1000 and not capped["reaches_target"]
     assert capped["tokens"] == plan(7, 4, 0.10, budget_seconds=10, tokens_per_second=100)["tokens"]
-    with pytest.raises(SpecRLError, match=r"token budget must be > 0"):
+    with pytest.raises(SpecRLError, match=r"token budget.*> 0"):
         plan(7, 4, 0.10, budget_tokens=0)
     rows = [{"position": "plain", "tokens": 900, "tested": True}, {"position": "draft 1", "tokens": 80,
                                                                   "tested": False},
@@ -172,7 +172,7 @@ def test_the_certificate_budget_is_a_config_setting():
     assert load_config(None, []).run.certificate.budget_seconds == "auto"
     c = load_config(None, ["run.certificate.budget_seconds=45", "run.certificate.target_w=0.2"]).run.certificate
     assert (c.budget_seconds, c.target_w) == (45.0, 0.2)
-    with pytest.raises(SpecRLError, match=r"run\.certificate\.budget_seconds: must be a number of seconds > 0"):
+    with pytest.raises(SpecRLError, match=r"budget_seconds:.*seconds > 0"):
         load_config(None, ["run.certificate.budget_seconds=-1"])
     with pytest.raises(SpecRLError, match=r"run\.certificate\.target_w"):
         load_config(None, ["run.certificate.target_w=1.5"])

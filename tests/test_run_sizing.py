@@ -87,7 +87,7 @@ def test_apply_sizing_probes_once_changes_only_the_sized_fields_and_needs_a_budg
     assert sized.grpo == cfg.grpo and sized.run == cfg.run and sized.speculative == cfg.speculative
     assert apply_sizing(_cfg(), "AMX", probe=lambda c: calls.append(c) or 1.0) == (_cfg(), None)
     assert len(calls) == 1  # no min_steps: no probe
-    with pytest.raises(SpecRLError, match="run.min_steps sizes the per-step work"):
+    with pytest.raises(SpecRLError, match=r"min_steps.*time_budget_minutes.*not set"):
         apply_sizing(validate_config({"run": {"min_steps": 6}}), "AMX", probe=lambda c: 1.0)
 
 

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from specrl import RolloutEngine
-from specrl.drafters import DraftModelDrafter, NGramDrafter, make_drafter
+from specrl.drafters import EMBEDDED_NAMES, DraftModelDrafter, NGramDrafter, make_drafter
 from specrl.drafters.storage.shipped import shipped_dir
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
@@ -19,17 +19,17 @@ def target():
 
 @pytest.mark.parametrize("k", [-1, 8, 2.5, "three"])
 def test_bad_num_draft_tokens(target, k):
-    with pytest.raises(SpecRLError, match=r"num_draft_tokens must be an integer in 0\.\.7 \(k_max\) or 'auto'"):
+    with pytest.raises(SpecRLError, match=r"num_draft_tokens.*0\.\.7.*'auto'"):
         RolloutEngine(target, max_seq_len=64, drafter=NGramDrafter(), num_draft_tokens=k)
 
 
 def test_unknown_verify_mode(target):
-    with pytest.raises(SpecRLError, match=r"verify='exact' is unknown; use one of \['rejection', 'seed_exact'\]"):
+    with pytest.raises(SpecRLError, match=r"verify='exact'.*\['rejection', 'seed_exact'\]"):
         RolloutEngine(target, max_seq_len=64, drafter=NGramDrafter(), verify="exact")
 
 
 def test_draft_model_vocab_mismatch(target):
-    with pytest.raises(SpecRLError, match="draft model vocab size 32 differs from the target's 64"):
+    with pytest.raises(SpecRLError, match=r"vocab size 32\b.*\b64\b"):
         RolloutEngine(target, max_seq_len=64, drafter=DraftModelDrafter(tiny_model("llama", vocab_size=32)))
 
 
@@ -44,7 +44,7 @@ def test_unknown_drafter_spec_and_missing_paths(target, tmp_path):
 
 def test_default_drafter_of_another_model_says_how_to_build_one(target, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
-    with pytest.raises(SpecRLError, match=r"embedded smollm2-135m.*specrl draft init --model PATH --drafter eagle"):
+    with pytest.raises(SpecRLError, match=r"smollm2-135m.*draft init.*eagle"):
         make_drafter("eagle:default", target)
     assert not (tmp_path / "drafters").exists()  # nothing was built for the wrong model
 
@@ -86,7 +86,7 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
     n = len(calls)  # eagle:think and eagle:default ship in the package: verified and used, never built
     assert dd.ensure_default_drafter("eagle", "think", progress=False) == shipped_dir("think") and len(calls) == n
     assert dd.ensure_default_drafter("eagle", progress=False) == shipped_dir("default") and len(calls) == n
-    with pytest.raises(SpecRLError, match="not an embedded drafter name"):
+    with pytest.raises(SpecRLError, match=rf"'thinking'.*allowed: {', '.join(EMBEDDED_NAMES)}"):
         dd.default_drafter_dir("eagle", "thinking")
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, think.name])  # no temporary dirs
     with pytest.raises(SpecRLError, match="no default 'ngram' drafter"):
@@ -157,7 +157,7 @@ def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     embedded = SimpleNamespace(args=ModelArgs(vocab_size=49152))
-    with pytest.raises(SpecRLError, match=r"not built yet.*specrl prepare --drafter mtp"):
+    with pytest.raises(SpecRLError, match=r"not built.*--drafter mtp"):
         make_drafter("mtp:default", embedded)
     assert not (tmp_path / "drafters").exists()
     built = []
@@ -168,7 +168,7 @@ def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_
 
     with pytest.raises(SpecRLError, match="stop here"):
         make_drafter("mtp:default", embedded, build_default=build_default)
-    with pytest.raises(SpecRLError, match=r"mtp:think.*not built yet.*specrl prepare --drafter mtp:think"):
+    with pytest.raises(SpecRLError, match=r"not built.*--drafter mtp:think"):
         make_drafter("mtp:think", embedded)
     with pytest.raises(SpecRLError, match="stop here"):
         make_drafter("mtp:think", embedded, build_default=build_default)
