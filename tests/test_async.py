@@ -42,19 +42,18 @@ def test_async_bad_input(tiny, tmp_path):
     with pytest.raises(SpecRLError, match="pipeline.max_trajectory_age_steps=1 .* grpo.importance_sampling_correction"):
         validate_config(bad)
     many = validate_config(async_cfg(tiny, lag=0, workers=64))
-    with pytest.raises(SpecRLError, match="64 rollout workers x 1 threads \\+ 1 learner threads need 65 CPUs"):
+    with pytest.raises(SpecRLError, match=r"\b64 rollout.*\b65 CPUs"):
         make_trainer(many, tmp_path / "a")
     nowhere = validate_config(async_cfg(tiny, lag=0, pipeline__ray_address="127.0.0.1:1"))
-    with pytest.raises(SpecRLError, match="pipeline.ray_address='127.0.0.1:1': cannot connect"):
+    with pytest.raises(SpecRLError, match=r"ray_address='127.*1:1'.*connect"):
         make_trainer(nowhere, tmp_path / "b")
     assert not ray.is_initialized()
     exact = validate_config(async_cfg(tiny, lag=0))
     from specrl.run.loop import sync_trainer
 
-    with pytest.raises(SpecRLError, match="pipeline.mode='async' runs on Ray"):
+    with pytest.raises(SpecRLError, match=r"mode='async' runs on Ray"):
         sync_trainer(exact, tmp_path / "c")
-    with pytest.raises(SpecRLError, match=r"a compare \(`specrl run`, `specrl train --compare`\) runs the sync "
-                       r"pipeline twice, got pipeline.mode='async'; set pipeline.mode=sync, or run this config alone"):
+    with pytest.raises(SpecRLError, match=r"compare.*mode='async'.*mode=sync"):
         cfgf = tmp_path / "c.yaml"
         cfgf.write_text(yaml.safe_dump(async_cfg(tiny, lag=0)))
         train_main(str(cfgf), [], None, str(tmp_path / "cmp"), True)
@@ -260,7 +259,7 @@ def test_worker_that_cannot_build_its_backend_is_a_clear_error(tiny, tmp_path, l
     from specrl.cluster.async_trainer import AsyncGRPOTrainer
 
     cfg = validate_config(async_cfg(tiny, lag=0, speculative__drafter="eagle:/nonexistent"))
-    with pytest.raises(SpecRLError, match="rollout worker 0: drafter directory /nonexistent does not exist"):
+    with pytest.raises(SpecRLError, match=r"rollout worker 0:.*/nonexistent"):
         AsyncGRPOTrainer(cfg, tmp_path / "run")
 
 
@@ -402,11 +401,11 @@ def test_async_checkpoint_state_is_written_by_the_learner_actor(tiny, tmp_path, 
         load_dcp(ck.parts[DCP_PART], full.policy, None, [opt])
         assert moments and all(torch.equal(opt.state[p][name], moments[i, name])
                                for i, p in enumerate(full.policy.parameters()) for name in opt.state[p])
-        with pytest.raises(SpecRLError, match=f"holds no checkpoint part '{DCP_PART}'.*each part is written once"):
+        with pytest.raises(SpecRLError, match=f"no checkpoint part '{DCP_PART}'"):
             parts[DCP_PART].write_dir(tmp_path / "again")
         parts = a.state_parts()
         a.step()
-        with pytest.raises(SpecRLError, match=f"'{DCP_PART}' was taken after step 1 but the learner is at step 2"):
+        with pytest.raises(SpecRLError, match=f"'{DCP_PART}'.*step 1\\b.*step 2\\b"):
             parts[DCP_PART].write_dir(tmp_path / "late")
         assert not (tmp_path / "again").exists() and not (tmp_path / "late").exists()
     finally:
@@ -426,8 +425,7 @@ def test_async_learner_probes_the_weights_before_a_checkpoint(tiny, tmp_path, lo
                   grpo__val_every=0, run__steps=2)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
     run = tmp_path / "run"
-    with pytest.raises(SpecRLError, match=r"step 1: after the update the policy gives non-finite (gradients|logits)"
-                                          r".*blew the weights up.*last good checkpoint is none"):
+    with pytest.raises(SpecRLError, match=r"step 1:.*non-finite.*none"):
         train_main(str(tmp_path / "c.yaml"), [], None, str(run), False, make_trainer=make_trainer)
     assert not list((run / "checkpoints").glob("step_*"))
 
