@@ -128,8 +128,9 @@ def test_the_plan_grows_as_one_over_w_squared_and_a_budget_caps_it():
         plan(7, 4, 0.10, budget_seconds=0, tokens_per_second=100)
     with pytest.raises(SpecRLError, match=r"tokens/s > 0, got 0"):
         plan(7, 4, 0.10, budget_seconds=10, tokens_per_second=0)
-    with pytest.raises(SpecRLError, match=r"bias.*\(0, 1\]"):
+    with pytest.raises(SpecRLError, match=r"bias.*\(0, 1\]") as e:
         plan(7, 4, 0.0)
+    assert str(e.value).endswith("got 0.0")
 
 
 def test_the_budget_comes_from_the_run_and_each_position_says_what_it_tested():

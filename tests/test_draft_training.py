@@ -71,8 +71,9 @@ def test_single_sequence_is_too_little(target):
 
 
 def test_too_short_sequence(target):
-    with pytest.raises(SpecRLError, match=r"sequence 1\b.*\b2 tokens"):
+    with pytest.raises(SpecRLError, match=r"sequence 1\b.*\b2 tokens") as e:
         train_drafter(EagleDrafter(target), target, [[1, 2, 3, 4], [1, 2]], progress=False)
+    assert "at least 3" in str(e.value)
 
 
 def test_unknown_drafter_kind(target):

@@ -121,8 +121,9 @@ def test_the_suffix_draft_is_gated_by_the_empirical_probability_of_its_tokens():
     same = [ctx + [9, 10, 11], [0] + ctx + [9, 10, 11]]
     m = d.continuations(_suffix_batch([*same, list(ctx)]), 3)[2]
     assert m.tokens == [9, 10, 11] and m.probs == [1.0, 1.0, 1.0]
-    with pytest.raises(SpecRLError, match=r"min_prob.*got 1\.5"):
+    with pytest.raises(SpecRLError, match=r"min_prob.*got 1\.5") as e:
         SuffixDrafter(min_prob=1.5)
+    assert "[0, 1]" in str(e.value)
 
 
 def test_the_hybrid_takes_a_history_draft_only_where_it_is_expected_to_beat_the_learned_one():

@@ -104,8 +104,9 @@ def test_load_into_the_wrong_layer_name_is_caught(setup, monkeypatch):
         real(model, {**state, a: state[b], b: state[a]}, where)
 
     _patch_load_state_into(monkeypatch, swapped)
-    with pytest.raises(RefitError, match=r"\b2 tensor.*down_proj.*down_proj"):
+    with pytest.raises(RefitError, match=r"\b2 tensor.*down_proj.*down_proj") as e:
         sync.push(1, _perturbed(policy, 1), drafter)
+    assert all(f"model.layers.{i}.mlp.down_proj.weight" in str(e.value) for i in (0, 1))
 
 
 def test_old_version_reported_as_new_is_caught(setup, monkeypatch):

@@ -151,8 +151,9 @@ def test_nonfinite_weights_after_an_update_are_never_checkpointed(tiny, tmp_path
 
     monkeypatch.setattr(Learner, "stage_train", poisoned)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
-    with pytest.raises(SpecRLError, match=r"'norm\.weight'.*NaN/inf.*step_000001"):
+    with pytest.raises(SpecRLError, match=r"'norm\.weight'.*NaN/inf.*step_000001") as e:
         train_main(str(cfg), [], None, str(tmp_path / "run"), False)
+    assert "step 2:" in str(e.value)
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
 
 
@@ -262,8 +263,9 @@ def test_engine_does_not_truncate_float_token_ids(tiny):
 
     model, _ = load_model(tiny, dtype=torch.float32)
     engine = RolloutEngine(model, max_batch_size=2, max_seq_len=64)
-    with pytest.raises(SpecRLError, match=r"prompt 0:.*2\.7"):
+    with pytest.raises(SpecRLError, match=r"prompt 0:.*2\.7") as e:
         engine.generate([[1, 2.7]], SamplingParams(max_new_tokens=2))
+    assert "#1" in str(e.value)
     with pytest.raises(SpecRLError, match=r"prompt 1:.*integers.*\bint\b"):
         engine.generate([[1, 2], 5], SamplingParams(max_new_tokens=2))
 

@@ -364,8 +364,9 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     assert all(p.grad is None for p in t.drafter.parameters())
     with torch.no_grad():
         t.drafter.fc.weight.fill_(float("nan"))
-    with pytest.raises(NonFiniteError, match=r"non-finite.*refresh update 1"):
+    with pytest.raises(NonFiniteError, match=r"non-finite.*refresh update 1") as e:
         dt.refresh(dt.captures, 1)
+    assert "step 1:" in str(e.value)
 
 
 def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):

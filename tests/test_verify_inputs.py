@@ -5,6 +5,8 @@ checks before its verify forward, so a drafter's bad id is a clear error there t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -33,8 +35,9 @@ def test_draft_ids_outside_the_vocabulary_are_refused_in_every_mode(case, bad):
     r = make_rows(8, K, onehot=case != "rejection-q", seed=11)
     x = r.x.clone()
     x[5, 1] = bad
-    with pytest.raises(SpecRLError, match=rf"row 5 .*id {bad}\b.*0\.\.{V - 1}"):
+    with pytest.raises(SpecRLError, match=rf"row 5 .*id {bad}\b.*0\.\.{V - 1}") as e:
         _call(case, x, rows=r)
+    assert "position 1" in str(e.value)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -78,8 +81,9 @@ def test_greedy_path_without_v_still_refuses_negative_ids_and_a_wrong_vocab_size
     x = r.x.clone()
     x[2, 0] = -3
     args = (r.u_sample, r.u_accept, r.u_residual, None, r.p.argmax(-1))
-    with pytest.raises(SpecRLError, match=r"row 2 .*id -3\b"):
+    with pytest.raises(SpecRLError, match=r"row 2 .*id -3\b") as e:
         verify("rejection", None, x, None, *args)
+    assert "position 0" in str(e.value) and "0 or more" in str(e.value)
     with pytest.raises(SpecRLError, match=rf"vocab_size=7 but .* has V={V}"):
         verify("rejection", r.p, r.x, None, *args[:4], vocab_size=7)
 
@@ -115,5 +119,6 @@ def test_engine_takes_int32_drafts_and_refuses_out_of_range_ones_clearly(mode, t
         eng.generate(prompts, sp)
     bad = RolloutEngine(target, max_batch_size=2, max_seq_len=32, drafter=_Fixed(target, 64, torch.long),
                         num_draft_tokens=2, verify=mode)
-    with pytest.raises(SpecRLError, match=r"id 64\b.*0\.\.63"):
+    with pytest.raises(SpecRLError, match=r"id 64\b.*0\.\.63") as e:
         bad.generate(prompts, sp)
+    assert re.search(r"\brow 0\b.*\(V=64\)", str(e.value))

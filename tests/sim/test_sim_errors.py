@@ -41,8 +41,9 @@ def test_acceptance_length_outside_range(al):
 
 
 def test_rates_outside_unit_interval():
-    with pytest.raises(SpecRLError, match=r"acceptance rates.*\[0, 1\]"):
+    with pytest.raises(SpecRLError, match=r"acceptance rates.*\[0, 1\]") as e:
         simulate(replace(get_preset("paper-8b-rl-think"), acceptance_rates=(0.9, 1.2), k=2))
+    assert "got [1.2]" in str(e.value)
     _cli_error(["--acceptance-rates", "0.8,-0.1"], "[0, 1]")
     _cli_error(["--acceptance-rates", "0.8,abc"], "comma-separated")
     _cli_error(["--acceptance-rates", "0.8,0.7", "--k", "3"], "exceeds the 2 per-position")
