@@ -3,6 +3,7 @@ is lost or trained twice (also when a rollout worker is killed), resume after th
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -41,19 +42,18 @@ def test_async_bad_input(tiny, tmp_path):
     with pytest.raises(SpecRLError, match="pipeline.max_trajectory_age_steps=1 .* grpo.importance_sampling_correction"):
         validate_config(bad)
     many = validate_config(async_cfg(tiny, lag=0, workers=64))
-    with pytest.raises(SpecRLError, match="64 rollout workers x 1 threads \\+ 1 learner threads need 65 CPUs"):
+    with pytest.raises(SpecRLError, match=r"\b64 rollout.*\b65 CPUs"):
         make_trainer(many, tmp_path / "a")
     nowhere = validate_config(async_cfg(tiny, lag=0, pipeline__ray_address="127.0.0.1:1"))
-    with pytest.raises(SpecRLError, match="pipeline.ray_address='127.0.0.1:1': cannot connect"):
+    with pytest.raises(SpecRLError, match=r"ray_address='127.*1:1'.*connect"):
         make_trainer(nowhere, tmp_path / "b")
     assert not ray.is_initialized()
     exact = validate_config(async_cfg(tiny, lag=0))
     from specrl.run.loop import sync_trainer
 
-    with pytest.raises(SpecRLError, match="pipeline.mode='async' runs on Ray"):
+    with pytest.raises(SpecRLError, match=r"mode='async' runs on Ray"):
         sync_trainer(exact, tmp_path / "c")
-    with pytest.raises(SpecRLError, match=r"a compare \(`specrl run`, `specrl train --compare`\) runs the sync "
-                       r"pipeline twice, got pipeline.mode='async'; set pipeline.mode=sync, or run this config alone"):
+    with pytest.raises(SpecRLError, match=r"compare.*mode='async'.*mode=sync"):
         cfgf = tmp_path / "c.yaml"
         cfgf.write_text(yaml.safe_dump(async_cfg(tiny, lag=0)))
         train_main(str(cfgf), [], None, str(tmp_path / "cmp"), True)
@@ -142,10 +142,14 @@ def test_async_lag1_overlaps_and_records(tiny, tmp_path, local_ray):
     events = [json.loads(line) for line in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
     assert {e["kind"] for e in events} >= {"gen", "refit", "train", "logprob", "publish"}
     assert {e["lane"] for e in events} == {"worker 0", "learner"}
-    from specrl.observability.run_report import write_report
+    from specrl.observability.run_report import async_summary, write_report
 
     report = write_report(tmp_path / "run", recs).read_text()
-    assert "## Async pipeline" in report and "trajectory age, mean / max (policy versions) | " in report
+    a = async_summary(recs)
+    assert a is not None and a["trajectory_age_max"] == max(r["trajectory_age_max"] for r in recs)
+    assert a["dropped_stale_groups"] == sum(r["dropped_stale_groups"] for r in recs)
+    assert "## Async pipeline" in report
+    assert re.search(rf"\| trajectory age\b.* / {a['trajectory_age_max']} \|", report)
     assert (tmp_path / "run" / "timeline.png").exists()
 
 
@@ -255,7 +259,7 @@ def test_worker_that_cannot_build_its_backend_is_a_clear_error(tiny, tmp_path, l
     from specrl.cluster.async_trainer import AsyncGRPOTrainer
 
     cfg = validate_config(async_cfg(tiny, lag=0, speculative__drafter="eagle:/nonexistent"))
-    with pytest.raises(SpecRLError, match="rollout worker 0: drafter directory /nonexistent does not exist"):
+    with pytest.raises(SpecRLError, match=r"rollout worker 0:.*/nonexistent"):
         AsyncGRPOTrainer(cfg, tmp_path / "run")
 
 
@@ -326,9 +330,9 @@ def test_async_signal_finishes_the_step_checkpoints_and_resumes(tiny, tmp_path):
                 faults={"signal_at_step": (2, "TERM", 1)})
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert any("raylet" in c for c in seen) and any("RolloutWorker" in c for c in seen)  # the check sees them
-    assert "SIGTERM: finishing the current step" in proc.stderr
-    assert f"SIGTERM received: stopped after step 2 of 4, checkpoint {run / 'checkpoints' / 'step_000002'}" \
-        in proc.stderr.replace("\n", "")
+    assert re.search(r"SIGTERM: finishing", proc.stderr)
+    ck2 = re.escape(str(run / "checkpoints" / "step_000002"))
+    assert re.search(rf"SIGTERM received.*step 2 of 4\b.*checkpoint {ck2}", proc.stderr.replace("\n", ""))
     assert f"specrl train --resume {run}" in proc.stderr.replace("\n", "")
     _no_ray_left(tag)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000002"]
@@ -354,7 +358,7 @@ def test_async_second_signal_aborts_at_once(tiny, tmp_path):
                 faults={"signal_at_step": (2, "INT", 2)})
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr.replace("\n", "")
-    assert "second SIGINT: aborted at once after 1 of 3 steps" in err
+    assert re.search(r"second SIGINT: aborted.*\b1 of 3 steps", err)
     assert f"the last is checkpoint {run / 'checkpoints' / 'step_000001'}" in err
     assert f"specrl train --resume {run}" in err
     _no_ray_left(tag)
@@ -397,11 +401,11 @@ def test_async_checkpoint_state_is_written_by_the_learner_actor(tiny, tmp_path, 
         load_dcp(ck.parts[DCP_PART], full.policy, None, [opt])
         assert moments and all(torch.equal(opt.state[p][name], moments[i, name])
                                for i, p in enumerate(full.policy.parameters()) for name in opt.state[p])
-        with pytest.raises(SpecRLError, match=f"holds no checkpoint part '{DCP_PART}'.*each part is written once"):
+        with pytest.raises(SpecRLError, match=f"no checkpoint part '{DCP_PART}'"):
             parts[DCP_PART].write_dir(tmp_path / "again")
         parts = a.state_parts()
         a.step()
-        with pytest.raises(SpecRLError, match=f"'{DCP_PART}' was taken after step 1 but the learner is at step 2"):
+        with pytest.raises(SpecRLError, match=f"'{DCP_PART}'.*step 1\\b.*step 2\\b"):
             parts[DCP_PART].write_dir(tmp_path / "late")
         assert not (tmp_path / "again").exists() and not (tmp_path / "late").exists()
     finally:
@@ -421,8 +425,7 @@ def test_async_learner_probes_the_weights_before_a_checkpoint(tiny, tmp_path, lo
                   grpo__val_every=0, run__steps=2)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
     run = tmp_path / "run"
-    with pytest.raises(SpecRLError, match=r"step 1: after the update the policy gives non-finite (gradients|logits)"
-                                          r".*blew the weights up.*last good checkpoint is none"):
+    with pytest.raises(SpecRLError, match=r"step 1:.*non-finite.*none"):
         train_main(str(tmp_path / "c.yaml"), [], None, str(run), False, make_trainer=make_trainer)
     assert not list((run / "checkpoints").glob("step_*"))
 

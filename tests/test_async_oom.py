@@ -16,8 +16,7 @@ def test_out_of_memory_is_a_clear_error(monkeypatch):
                                               "Memory on the node was 22.91GB used / 23.54GB limit")
 
     monkeypatch.setattr(async_trainer.ray, "get", killed)
-    with pytest.raises(SpecRLError, match=r"ran out of memory \(2 worker\(s\) were killed due to the node running "
-                                          r"low on memory\.\).*pipeline\.num_rollout_workers"):
+    with pytest.raises(SpecRLError, match=r"memory \(2 worker.*num_rollout_workers"):
         async_trainer._get(object())
 
 

@@ -97,9 +97,9 @@ def test_is_a_rollout_backend_with_declared_capabilities(backend):
     caps = backend.capabilities
     assert caps.name == "vllm" and caps.verify_modes == ("rejection",) and not caps.exact_seeds
     assert backend.sampling_fix  # auto: on for CPU platforms
-    with pytest.raises(SpecRLError, match="seed_exact.*not offered by the vllm backend"):
+    with pytest.raises(SpecRLError, match=r"seed_exact.*not offered.*vllm"):
         caps.require(verify="seed_exact")
-    with pytest.raises(SpecRLError, match="not exact on the vllm backend"):
+    with pytest.raises(SpecRLError, match=r"seeds.*not exact.*vllm"):
         caps.require(exact_seeds=True)
     with pytest.raises(SpecRLError, match="mtp"):
         caps.require(drafter="mtp:/x")
@@ -141,7 +141,7 @@ def test_partial_refit_needs_whole_fused_groups(backend, ref, prompts):
     group = {k: t for k, t in named.items() if k.startswith("model.layers.3.self_attn.") and "_proj" in k}
     backend.load_weights("policy", group, v + 1)  # a whole group is fine
     assert backend.policy_version == v + 1
-    with pytest.raises(SpecRLError, match="version must be an integer"):
+    with pytest.raises(SpecRLError, match=r"version.*>= 0, got -1"):
         backend.load_weights("policy", group, -1)
 
 

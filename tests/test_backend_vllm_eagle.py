@@ -187,7 +187,7 @@ def test_failed_refit_restarts_the_engine_with_the_newest_weights(backend, targe
 
     named = hf_named_tensors(model)
     bad = {n: t[:, :-1] for n, t in named.items() if n.startswith("model.layers.0.self_attn.") and "_proj" in n}
-    with pytest.raises(VLLMRefitError, match="restarted engine failed to load the newest weights too"):
+    with pytest.raises(VLLMRefitError, match=r"restarted engine.*newest weights"):
         backend.load_weights("policy", bad, 8)
     with pytest.raises(VLLMEngineError, match="unusable"):
         backend.generate([prompts[0]], SamplingParams(temperature=0.0, max_new_tokens=4))

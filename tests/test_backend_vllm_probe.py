@@ -135,12 +135,11 @@ def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
         load_config(None, ["rollout.backend=vllm", "speculative.drafter=ngram", "speculative.verify=seed_exact"])
     with pytest.raises(SpecRLError, match="auto is native-only"):
         load_config(None, ["rollout.backend=vllm", "speculative.drafter=ngram", "speculative.num_draft_tokens=auto"])
-    with pytest.raises(SpecRLError, match="rollout.vllm.tensor_parallel_size: must be 1"):
+    with pytest.raises(SpecRLError, match=r"tensor_parallel_size: must be 1"):
         load_config(None, ["rollout.vllm.tensor_parallel_size=2"])
-    with pytest.raises(SpecRLError, match=r"rollout.backend: unknown rollout backend 'sglang'; registered: native, "
-                                          r"vllm \(more with specrl.backends.registry.register_backend\)"):
+    with pytest.raises(SpecRLError, match=r"backend 'sglang'.*native, vllm"):
         load_config(None, ["rollout.backend=sglang"])
-    with pytest.raises(SpecRLError, match=r"rollout.vllm.max_model_len \(64\) is below model.max_seq_len"):
+    with pytest.raises(SpecRLError, match=r"max_model_len \(64\).*max_seq_len"):
         load_config(None, ["rollout.backend=vllm", "rollout.vllm.max_model_len=64"])
 
 
@@ -149,8 +148,7 @@ def test_config_rollout_backend_dispatch_and_errors(monkeypatch):
 def test_vllm_keys_outside_their_section_name_the_section(key):
     from specrl.trainer.config_check import load_config
 
-    with pytest.raises(SpecRLError, match=rf"rollout\.{key}: unknown key; did you mean 'rollout\.vllm\.{key}'\? "
-                                          r"\(rollout\.vllm holds those settings\)"):
+    with pytest.raises(SpecRLError, match=rf"rollout\.{key}: unknown.*'rollout\.vllm\.{key}'"):
         load_config(None, [f"rollout.{key}=1"])
 
 
@@ -162,7 +160,7 @@ def test_the_sample_is_sized_from_the_target_bias_and_each_position_states_its_p
     n = tokens_needed(0.10, 9, 1e-3, 0.99)
     assert detectable_w(n, 9, 1e-3, 0.99) <= 0.10 < detectable_w(n - 1, 9, 1e-3, 0.99)
     assert tokens_needed(0.05, 9, 1e-3, 0.99) == pytest.approx(4 * n, rel=1e-3)
-    with pytest.raises(SpecRLError, match=r"Cohen's w in \(0, 1\], got 0"):
+    with pytest.raises(SpecRLError, match=r"bias.*\(0, 1\].*\b0$"):
         tokens_needed(0, 9, 1e-3, 0.99)
     rows = position_power(10_000, [8_000, 100], 50, 9, 1e-3, 0.99, 0.10)
     assert [(r["position"], r["tokens"], r["tested"]) for r in rows] == [

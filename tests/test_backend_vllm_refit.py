@@ -75,16 +75,14 @@ def test_a_good_refit_is_acknowledged_and_compares_real_values(backend, model):
 def test_a_dropped_drafter_refit_is_caught(backend, model, monkeypatch):
     refit(backend, "drafter", hf_named_tensors(model), 2)
     _faulty_rpc(monkeypatch, backend, "specrl_load_drafter", lambda pairs: None)
-    with pytest.raises(RefitError, match=r"load_weights\(drafter, version 3\) the vllm backend does not hold what "
-                                         r"was sent"):
+    with pytest.raises(RefitError, match=r"\(drafter, version 3\).*vllm"):
         refit(backend, "drafter", hf_named_tensors(perturbed(model, seed=3)), 3)
 
 
 def test_a_partial_policy_load_is_caught(backend, model, monkeypatch):
     refit(backend, "policy", hf_named_tensors(model), backend.policy_version + 1)
     _faulty_rpc(monkeypatch, backend, "specrl_load_policy", lambda pairs: [p for p in pairs if "norm" not in p[0]])
-    with pytest.raises(RefitError, match=r"the vllm backend does not hold what was sent \(.*hold other values than "
-                                         r"were sent: .*norm"):
+    with pytest.raises(RefitError, match=r"vllm.*other values.*norm"):
         refit(backend, "policy", hf_named_tensors(perturbed(model, seed=4)), backend.policy_version + 1)
 
 
@@ -93,7 +91,7 @@ def test_a_load_into_the_wrong_layer_name_is_caught(backend, model, monkeypatch)
     a, b = "model.layers.0.input_layernorm.weight", "model.layers.1.input_layernorm.weight"
     swap = {a: b, b: a}
     _faulty_rpc(monkeypatch, backend, "specrl_load_policy", lambda pairs: [(swap.get(n, n), t) for n, t in pairs])
-    with pytest.raises(RefitError, match=r"hold other values than were sent: model\.layers\.[01]\.input_layernorm"):
+    with pytest.raises(RefitError, match=r"other values.*\.[01]\.input_layernorm"):
         refit(backend, "policy", hf_named_tensors(perturbed(model, seed=5)), backend.policy_version + 1)
 
 
@@ -101,7 +99,7 @@ def test_an_old_version_reported_as_new_is_caught(backend, model, monkeypatch):
     refit(backend, "policy", hf_named_tensors(model), backend.policy_version + 1)
     _faulty_rpc(monkeypatch, backend, "specrl_load_policy", lambda pairs: None)
     v = backend.policy_version + 1
-    with pytest.raises(RefitError, match=rf"load_weights\(policy, version {v}\) the vllm backend"):
+    with pytest.raises(RefitError, match=rf"\(policy, version {v}\).*vllm"):
         refit(backend, "policy", hf_named_tensors(perturbed(model, seed=6)), v)
 
 
@@ -114,5 +112,5 @@ def test_a_tied_head_left_with_the_old_packed_embedding_is_caught(backend, model
     monkeypatch.setattr(worker, "repack_embeddings", lambda m: None)
     sent = hf_named_tensors(model)
     sent["model.embed_tokens.weight"] = sent["model.embed_tokens.weight"] * 1.05
-    with pytest.raises(RefitError, match=r"hold other values than were sent: model\.embed_tokens\.weight#lm_head"):
+    with pytest.raises(RefitError, match=r"other values.*embed_tokens\.weight#lm_head"):
         refit(backend, "policy", sent, backend.policy_version + 1)

@@ -1,6 +1,7 @@
 """The CLI verbs on a tiny checkpoint: generate (AR and speculative), and bad input exits 2 with a message."""
 
 import json
+import re
 
 from typer.testing import CliRunner
 
@@ -47,18 +48,18 @@ def test_generate_bad_input(tmp_path):
     r = runner.invoke(app, base + ["--prompts", str(bad)])
     assert r.exit_code == 2 and "bad.jsonl:1: expected" in r.output
     r = runner.invoke(app, base + ["--prompts", str(prompts), "--k", "lots", "--drafter", "ngram"])
-    assert r.exit_code == 2 and "--k must be an integer or 'auto'" in r.output
+    assert r.exit_code == 2 and re.search(r"--k\b.*integer.*'auto'", r.output)
     r = runner.invoke(app, base + ["--prompts", str(prompts), "--top-p", "0"])
-    assert r.exit_code == 2 and "top_p must be in (0, 1]" in r.output
+    assert r.exit_code == 2 and re.search(r"top_p.*\(0, 1\]", r.output)
     r = runner.invoke(app, ["generate", "--model", "no-such-model", "--prompts", str(prompts), "--out", "x"])
     assert r.exit_code == 2 and "presets are ['smollm2-135m']" in r.output
 
 
 def test_prepare_bad_drafter_is_rejected_before_any_work():
     r = runner.invoke(app, ["prepare", "--drafter", "ngram"])
-    assert r.exit_code == 2 and "the embedded drafters are eagle, eagle:think, mtp, mtp:think" in r.output
+    assert r.exit_code == 2 and re.search(r"eagle, eagle:think, mtp, mtp:think", r.output)
     r = runner.invoke(app, ["prepare", "--model", "qwen3-8b", "--drafter", "eagle"])
-    assert r.exit_code == 2 and "a drafter of the embedded smollm2-135m, not of 'qwen3-8b'" in r.output
+    assert r.exit_code == 2 and re.search(r"smollm2-135m.*'qwen3-8b'", r.output)
 
 
 def test_draft_init_passes_draft_model_options(tmp_path):
@@ -67,16 +68,16 @@ def test_draft_init_passes_draft_model_options(tmp_path):
     tdir = save_hf_checkpoint(tiny_model("llama", vocab_size=32, seed=0), tmp_path / "t")
     r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "draft-model", "--draft-layers", "9",
                             "--out", str(tmp_path / "d")])
-    assert r.exit_code == 2 and "draft_layers must be an integer in [1, 3]" in r.output, r.output
+    assert r.exit_code == 2 and re.search(r"draft_layers.*\[1, 3\]", r.output), r.output
     r = runner.invoke(app, ["draft", "init", "--model", str(tdir), "--drafter", "medusa"])
-    assert r.exit_code == 2 and "trains 'eagle', 'mtp', 'draft-model' or 'parallel'" in r.output, r.output
+    assert r.exit_code == 2 and re.search(r"'eagle', 'mtp', 'draft-model'.*'parallel'", r.output), r.output
 
 
 def test_bad_threads_option_exits_2_with_the_rule():
     for bad in ("two", "0", "-1"):
         r = runner.invoke(app, ["prepare", "--threads", bad])
         assert r.exit_code == 2, r.output
-        assert "--threads must be an integer >= 1 or 'auto'" in r.output, r.output
+        assert re.search(r"--threads.*>= 1.*'auto'", r.output), r.output
 
 
 def test_check_backend_builds_through_the_registry(tmp_path, monkeypatch):
@@ -95,13 +96,13 @@ def test_check_backend_builds_through_the_registry(tmp_path, monkeypatch):
     r = runner.invoke(app, ["check-backend", "--backend", "native", "--model", str(ck), "--drafter", "ngram",
                             "--k", "2", "--samples", "16", "--tokens", "2", "--dtype", "float32"])
     assert r.exit_code in (0, 1), r.output
-    assert "native, drafter ngram, k=2, float32" in r.output
+    assert all(f in r.output for f in ("native", "drafter ngram", "k=2", "float32"))
     (cfg,) = built
     assert (cfg.speculative.drafter, cfg.speculative.num_draft_tokens, cfg.model.rollout_dtype) == ("ngram", 2,
                                                                                                    "float32")
     assert cfg.generation.max_batch_size == 16 and cfg.generation.max_new_tokens == 2
     r = runner.invoke(app, ["check-backend", "--backend", "sglang", "--model", str(ck)])
-    assert r.exit_code == 2 and "--backend must be one of native, vllm, got 'sglang'" in r.output
+    assert r.exit_code == 2 and re.search(r"--backend.*native, vllm.*'sglang'", r.output)
 
 
 def test_draft_curve_partial_needs_separate(tmp_path):

@@ -93,7 +93,7 @@ def test_features_are_the_top_probability_or_one_for_one_hot_drafts():
 # ---------------------------------------------------------------- bad values
 @pytest.mark.parametrize("value", ["yes", True, None, "rows"])
 def test_engine_confidence_cut_must_be_a_known_mode(value):
-    with pytest.raises(SpecRLError, match=r"confidence_cut must be one of \['off', 'row', 'column'\].*got"):
+    with pytest.raises(SpecRLError, match=r"confidence_cut.*\['off', 'row', 'column'\]"):
         RolloutEngine(tiny_model("llama", vocab_size=V, seed=5, num_layers=1), max_batch_size=2, max_seq_len=16,
                       confidence_cut=value)
 
@@ -106,12 +106,12 @@ def test_engine_confidence_cut_must_be_a_known_mode(value):
 def test_cut_parameters_bad_values(kwargs, match):
     with pytest.raises(SpecRLError, match=match):
         ConfidenceCut("row", 3, **kwargs)
-    with pytest.raises(SpecRLError, match="mode 'off' means no cut"):
+    with pytest.raises(SpecRLError, match=r"'off' means no cut"):
         ConfidenceCut("off", 3)
 
 
 def test_config_confidence_cut_bad_values_and_vllm_refusal():
-    with pytest.raises(SpecRLError, match=r"speculative\.confidence_cut: .*must be one of off, row, column.*'rows'"):
+    with pytest.raises(SpecRLError, match=r"confidence_cut:.*off.*column.*'rows'"):
         validate_config({"speculative": {"confidence_cut": "rows"}})
     with pytest.raises(SpecRLError, match=r"speculative\.confidence_cut is native-only"):
         validate_config({"speculative": {"drafter": "ngram", "confidence_cut": "row"},

@@ -8,6 +8,7 @@ import yaml
 
 from specrl.data.datasets import make_dataset_task, read_rows
 from specrl.data.rewards import load_reward_fn, user_rewards
+from specrl.data.tasks import ANSWER_FORMATS
 from specrl.errors import SpecRLError
 from specrl.observability.metrics import read_jsonl
 from specrl.run.loop import train_main
@@ -68,9 +69,12 @@ def test_chat_and_string_prompts_render(tiny, tmp_path):
     assert kinds == {str, list}
     chat = next(i for i, p in enumerate(data.problems) if isinstance(p.question, list))
     text = t.producer._prompt("train", chat)[1]
-    assert "You answer in as few words as possible." in text and "Which number is larger" in text
+    turns = data.problems[chat].question
+    assert {m["role"] for m in turns} >= {"system", "user"} and all(m["content"] in text for m in turns)
     plain = next(i for i, p in enumerate(data.problems) if isinstance(p.question, str))
-    assert "Give only the final answer" not in t.producer._prompt("train", plain)[1]  # used as written
+    text = t.producer._prompt("train", plain)[1]
+    assert data.problems[plain].question in text  # used as written: no answer instruction appended
+    assert not any(instruction in text for instruction in ANSWER_FORMATS.values())
     assert len(data) + len(t.producer.val_data) == 50 and len(t.producer.val_data) == 10
 
 
@@ -81,22 +85,21 @@ def _task(**over):
 
 
 def test_dataset_errors(tmp_path):
-    with pytest.raises(SpecRLError, match="task.path .*missing.jsonl does not exist"):
+    with pytest.raises(SpecRLError, match=r"path.*missing\.jsonl.*exist"):
         read_rows(tmp_path / "missing.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff\xfe"}\n')
     with pytest.raises(SpecRLError, match=r"bad.jsonl:2: not UTF-8"):
         read_rows(bad)
     bad.write_text('{"prompt": "a"}\nnot json\n')
-    with pytest.raises(SpecRLError, match=r"bad.jsonl:2: not valid JSON"):
+    with pytest.raises(SpecRLError, match=r"bad\.jsonl:2:.*valid JSON"):
         read_rows(bad)
     bad.write_text('["a list"]\n')
-    with pytest.raises(SpecRLError, match=r"bad.jsonl:1: expected a JSON object"):
+    with pytest.raises(SpecRLError, match=r"bad\.jsonl:1:.*JSON object"):
         read_rows(bad)
     cols = tmp_path / "cols.jsonl"
     cols.write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
-    with pytest.raises(SpecRLError, match=r"row 0: no column 'prompt' \(task.prompt_column\); columns: "
-                                          r"\['answer', 'question'\]"):
+    with pytest.raises(SpecRLError, match=r"'prompt'.*prompt_column.*\['answer', 'question'\]"):
         make_dataset_task(_task(path=str(cols)))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
@@ -104,7 +107,7 @@ def test_dataset_errors(tmp_path):
         make_dataset_task(_task(path=str(empty)))
     chat = tmp_path / "chat.jsonl"
     chat.write_text(json.dumps({"prompt": [{"role": "user"}], "answer": "1"}) + "\n")
-    with pytest.raises(SpecRLError, match="row 0: the prompt must be a string or a non-empty list of chat"):
+    with pytest.raises(SpecRLError, match=r"row 0: .*string.*chat"):
         make_dataset_task(_task(path=str(chat)))
     with pytest.raises(SpecRLError, match="unsupported file type '.csv'"):
         (tmp_path / "x.csv").write_text("a,b\n")
@@ -124,7 +127,7 @@ def test_parquet_and_save_to_disk(tmp_path):
     assert read_rows(tmp_path / "d.parquet") == rows
     datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "hf"))
     assert read_rows(tmp_path / "hf", "test") == rows
-    with pytest.raises(SpecRLError, match=r"holds splits \['test', 'train'\]; set task.split"):
+    with pytest.raises(SpecRLError, match=r"\['test', 'train'\].*split"):
         read_rows(tmp_path / "hf", "validation")
     train, val = make_dataset_task(_task(path=str(tmp_path / "d.parquet"), validation_path=str(tmp_path / "hf"),
                                          split="test"))
@@ -137,7 +140,7 @@ def test_long_prompt_names_its_row(tiny, tmp_path):
                             for i in range(8)))
     cfg = load_config(example_cfg(tiny, tmp_path, task__path=str(data), task__validation_fraction=0.0))
     t = GRPOTrainer.from_config(cfg)
-    with pytest.raises(SpecRLError, match=r"a train prompt \(row 3 of .*long.jsonl\) has \d+ tokens"):
+    with pytest.raises(SpecRLError, match=r"row 3\b.*jsonl.*max_seq_len"):
         for _ in range(4):
             t.stage_data()
 
@@ -147,12 +150,12 @@ def test_reward_function_errors(tmp_path):
         load_reward_fn("nocolon")
     with pytest.raises(SpecRLError, match="module 'not_a_module_xyz' not found"):
         load_reward_fn("not_a_module_xyz:fn")
-    with pytest.raises(SpecRLError, match=r"has no 'nope'; callables there: \['brevity', 'exact_match'\]"):
+    with pytest.raises(SpecRLError, match=r"'nope'.*\['brevity', 'exact_match'\]"):
         load_reward_fn(f"{EXAMPLE / 'reward.py'}:nope")
     mod = tmp_path / "r.py"
     mod.write_text("X = 3\ndef boom(p, c, row):\n    raise ValueError('bad row')\n"
                    "def nan(p, c, row):\n    return float('nan')\ndef text(p, c, row):\n    return 'high'\n")
-    with pytest.raises(SpecRLError, match="X is a int, not a function"):
+    with pytest.raises(SpecRLError, match=r"\bX\b.*\bint\b.*function"):
         load_reward_fn(f"{mod}:X")
     for fn, pattern in (("boom", r"reward '.*r.py:boom' raised ValueError: bad row on train row 7"),
                         ("nan", r"reward '.*r.py:nan' returned nan on train row 7; a reward must be a finite"),
@@ -160,7 +163,7 @@ def test_reward_function_errors(tmp_path):
         rs = user_rewards([f"{mod}:{fn}"], None)
         with pytest.raises(SpecRLError, match=pattern):
             rs.score("p", "c", {}, "train row 7")
-    with pytest.raises(SpecRLError, match="reward.weights has 1 entries but reward.functions has 2"):
+    with pytest.raises(SpecRLError, match=r"weights.*\b1\b.*functions.*\b2\b"):
         user_rewards([f"{mod}:nan", f"{mod}:boom"], [1.0])
 
 
@@ -170,16 +173,15 @@ def test_a_broken_reward_stops_the_step_before_training(tiny, tmp_path):
     cfg = load_config(example_cfg(tiny, tmp_path))
     cfg.reward.functions, cfg.reward.weights = [f"{mod}:boom"], None
     t = GRPOTrainer.from_config(cfg)
-    with pytest.raises(SpecRLError, match=r"raised RuntimeError: scorer crashed on train row \d+; nothing was "
-                                          "trained"):
+    with pytest.raises(SpecRLError, match=r"RuntimeError: scorer crashed.*row"):
         t.step()
     assert t.learner.step_count == 0
 
 
 def test_config_errors_for_dataset_tasks():
-    with pytest.raises(SpecRLError, match="task.name=dataset has no built-in scorer: give reward.functions"):
+    with pytest.raises(SpecRLError, match=r"name=dataset.*scorer.*reward\.functions"):
         validate_config({"task": {"name": "dataset", "path": "x.jsonl"}})
-    with pytest.raises(SpecRLError, match="task.name=dataset needs task.path"):
+    with pytest.raises(SpecRLError, match=r"name=dataset needs task\.path"):
         validate_config({"task": {"name": "dataset"}, "reward": {"functions": ["m:f"]}})
-    with pytest.raises(SpecRLError, match="reward.weights has 2 entries but reward.functions has 1"):
+    with pytest.raises(SpecRLError, match=r"weights.*\b2\b.*functions.*\b1\b"):
         validate_config({"reward": {"functions": ["m:f"], "weights": [1.0, 2.0]}})

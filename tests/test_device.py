@@ -82,5 +82,5 @@ def test_a_wrong_host_kv_len_is_caught_on_cpu():
 
     pos = torch.tensor([[3, 4], [6, 7]])
     assert cache_mask(pos)[1] == 8 and cache_mask(pos, 8)[1] == 8
-    with pytest.raises(ValueError, match="kv_len=5 but the largest position is 7"):
+    with pytest.raises(ValueError, match=r"kv_len=5\b.*position is 7"):
         cache_mask(pos, 5)

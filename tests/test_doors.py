@@ -5,6 +5,7 @@ nobody passed, empty prompts, and the sweep's cases (empty, wrong-typed, non-fin
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -81,11 +82,11 @@ def test_drafter_config_not_utf8_or_truncated(drafter_dirs, tmp_path):
     target, dirs = drafter_dirs
     d = _with_config(dirs["eagle"], tmp_path / "d")
     (d / "config.json").write_bytes(b'{"format": "specrl-drafter", "kind": "\xff\xfe"}')
-    with pytest.raises(SpecRLError, match=r"config.json: not valid JSON \(.*utf-8.*UTF-8 JSON object"):
+    with pytest.raises(SpecRLError, match=r"config\.json:.*JSON.*utf-8"):
         load_drafter(d, target)
     text = (dirs["eagle"] / "config.json").read_text()
     (d / "config.json").write_text(text[: len(text) // 2])
-    with pytest.raises(SpecRLError, match=r"config.json: not valid JSON"):
+    with pytest.raises(SpecRLError, match=r"config\.json:.*valid JSON"):
         load_drafter(d, target)
 
 
@@ -139,7 +140,7 @@ def test_python_api_refuses_an_empty_prompt_naming_its_index():
     from specrl.model.transformer import tiny_model
 
     eng = RolloutEngine(tiny_model("llama", vocab_size=64), max_batch_size=2, max_seq_len=32)
-    with pytest.raises(SpecRLError, match=r"prompt 1 is empty; every prompt needs at least one token"):
+    with pytest.raises(SpecRLError, match=r"prompt 1 is empty"):
         eng.generate([RolloutRequest([1, 2], 0), RolloutRequest([], 1)], SamplingParams(max_new_tokens=2))
     with pytest.raises(SpecRLError, match=r"prompt 0 is empty"):
         eng.generate([torch.tensor([], dtype=torch.long)], SamplingParams(max_new_tokens=2))
@@ -207,8 +208,7 @@ def test_generate_with_a_seed_beyond_int64_is_a_clear_error(tiny, tmp_path):
                             str(tmp_path / "o.jsonl"), "--max-new-tokens", "2", "--max-seq-len", "64", "--seed",
                             str(2**64 - 1)])
     assert r.exit_code == 2, r.output
-    assert "seed must be an integer in 0..9223372036854775807 (2**63 - 1), got 18446744073709551615" in \
-        " ".join(r.output.split())
+    assert re.search(r"seed\b.*0\.\.9223372036854775807\b.*\b18446744073709551615", " ".join(r.output.split()))
 
 
 def test_draft_init_refuses_to_write_into_a_directory_that_is_not_a_drafter(tiny, tmp_path):
@@ -217,8 +217,7 @@ def test_draft_init_refuses_to_write_into_a_directory_that_is_not_a_drafter(tiny
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
-    with pytest.raises(SpecRLError, match=r"is a non-empty directory that holds no drafter \(no config.json\); the "
-                                          r"drafter's files would be mixed into it"):
+    with pytest.raises(SpecRLError, match=r"non-empty directory.*config\.json"):
         train_drafter_offline(str(tiny), "eagle", prompts=[[1, 2]] * 4, out=busy, samples=2, progress=False)
     assert sorted(p.name for p in busy.iterdir()) == ["notes.txt"]
     (tmp_path / "f").write_text("x")
@@ -234,7 +233,6 @@ def test_a_kv_cache_too_large_to_allocate_is_a_clear_error(kw):
     from specrl.model.transformer import tiny_model
 
     model = tiny_model("llama", vocab_size=64, max_position_embeddings=2**50)
-    with pytest.raises(SpecRLError, match=rf"the KV cache for max_batch_size={kw['max_batch_size']} x max_seq_len="
-                                          rf"{kw['max_seq_len']} needs [\d.]+ GiB, more than this machine can "
-                                          r"allocate; lower max_batch_size or max_seq_len"):
+    with pytest.raises(SpecRLError, match=rf"max_batch_size={kw['max_batch_size']} x "
+                                          rf"max_seq_len={kw['max_seq_len']}.*GiB"):
         RolloutEngine(model, **kw)

@@ -67,7 +67,7 @@ def test_recipes_name_wrong_and_unknown_fields(tmp_path):
     with pytest.raises(SpecRLError, match="unknown field.*epoch"):
         Recipe.load(bad)
     bad.write_text(json.dumps({"name": "x", "train_dtype": "fp8"}))
-    with pytest.raises(SpecRLError, match="train_dtype must be float32 or bfloat16"):
+    with pytest.raises(SpecRLError, match=r"train_dtype.*float32.*bfloat16.*'fp8'"):
         Recipe.load(bad)
     bad.write_text(json.dumps({"name": "x", "temperature": 0}))
     with pytest.raises(SpecRLError, match="temperature must be > 0"):
@@ -190,7 +190,7 @@ def test_a_shipped_drafter_refuses_a_tampered_file_or_a_manifest_that_disagrees(
     raw = bytearray((d / "model.safetensors").read_bytes())
     raw[-1] ^= 1
     (d / "model.safetensors").write_bytes(bytes(raw))
-    with pytest.raises(SpecRLError, match="sha256 of model.safetensors.*manifest records"):
+    with pytest.raises(SpecRLError, match=r"sha256.*model\.safetensors.*manifest"):
         load_shipped("eagle", "tampered", model, root=tmp_path / "root")
 
     def edit(name, **fields):
@@ -201,18 +201,18 @@ def test_a_shipped_drafter_refuses_a_tampered_file_or_a_manifest_that_disagrees(
         (d / MANIFEST).write_text(json.dumps(m))
         return d
 
-    with pytest.raises(SpecRLError, match=r"target with vocab_size 999.*this target has vocab_size 64"):
+    with pytest.raises(SpecRLError, match=r"vocab_size 999.*vocab_size 64"):
         check_shipped(edit("vocab", target=lambda t: {**t, "vocab_size": 999}), model)
-    with pytest.raises(SpecRLError, match="manifest dtype is 'float32'.*config.json says 'bfloat16'"):
+    with pytest.raises(SpecRLError, match=r"dtype is 'float32'.*'bfloat16'"):
         check_shipped(edit("dtype", dtype="float32"), model)
-    with pytest.raises(SpecRLError, match="manifest target_model is 'other-model'.*serves 'smollm2-135m'"):
+    with pytest.raises(SpecRLError, match=r"target_model is 'other-model'.*'smollm2-135m'"):
         check_shipped(edit("model", target_model="other-model"), model, target_model="smollm2-135m")
-    with pytest.raises(SpecRLError, match="manifest draft_vocab_size is 8192.*config.json says 24"):
+    with pytest.raises(SpecRLError, match=r"draft_vocab_size is 8192.*\b24\b"):
         check_shipped(edit("dvocab", draft_vocab_size=8192), model)
-    with pytest.raises(SpecRLError, match="manifest kind is 'mtp'.*config.json says 'eagle'"):
+    with pytest.raises(SpecRLError, match=r"kind is 'mtp'.*'eagle'"):
         load_shipped("eagle", "kind", model, root=tmp_path / "root") if edit("kind", kind="mtp") else None
     other = tiny_model("llama", vocab_size=64, seed=0, num_layers=5, hidden_size=48, head_dim=12)
-    with pytest.raises(SpecRLError, match="hidden_size 32, but this target has hidden_size 48"):
+    with pytest.raises(SpecRLError, match=r"hidden_size 32\b.*hidden_size 48"):
         check_shipped(good, other)
 
 
@@ -264,7 +264,7 @@ def test_a_partial_separate_curve_uses_only_the_shards_with_features_and_needs_n
 
     model, recipe = tiny_build(tmp_path)
     source = lambda tok: ([], [[1, 30, 7, 9]])  # noqa: E731
-    with pytest.raises(SpecRLError, match="the first 0 shards have rollouts and features"):
+    with pytest.raises(SpecRLError, match=r"first 0 shards.*rollouts"):
         run_separate_curve(recipe, tmp_path, source, model, k=2, progress=False, log=lambda *_: None, partial=True)
     run_features(recipe, tmp_path, model, progress=False)
     feature_path(tmp_path / "features", 1).unlink()  # shard 1's features not made yet
@@ -298,9 +298,9 @@ def test_a_planted_training_checkpoint_is_refused_before_it_runs_code(tmp_path):
     assert state["step"] == 1 and isinstance(state["opt"]["state"], dict)
     marker = tmp_path / "ran"
     torch.save({**state, "losses": [_RunsCode(marker)]}, ck)
-    with pytest.raises(SpecRLError, match=r"checkpoint\.pt asks to build `posix\.system`.*could run code; refused"):
+    with pytest.raises(SpecRLError, match=r"\.pt.*`posix\.system`.*refused"):
         run_train(recipe, tmp_path, model, progress=False)
     assert not marker.exists()
     torch.save(["not", "a", "checkpoint"], ck)
-    with pytest.raises(SpecRLError, match="not a specrl drafter training checkpoint"):
+    with pytest.raises(SpecRLError, match=r"not a specrl drafter"):
         run_train(recipe, tmp_path, model, progress=False)

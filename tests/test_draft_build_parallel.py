@@ -3,6 +3,7 @@ and evaluates end to end; a killed ce+tv training resumes bit-identically; the T
 build reads another build's rollouts and features when their data fields agree, and refuses them by name when not."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -33,9 +34,9 @@ def test_a_tiny_parallel_recipe_trains_packages_and_evaluates(tmp_path):
     assert m["kind"] == "parallel" and m["recipe"]["kind"] == "parallel" and m["recipe"]["max_k"] == 3
     d = load_shipped("parallel", "package", model, root=tmp_path)
     assert isinstance(d, ParallelDrafter) and d.max_k == 3
-    with pytest.raises(SpecRLError, match="is not one `specrl draft build` trains; it trains eagle, parallel"):
+    with pytest.raises(SpecRLError, match=r"kind 'mtp'.*eagle, parallel"):
         Recipe(name="x", kind="mtp")
-    with pytest.raises(SpecRLError, match="recipe 'x': the training loss must be one of ce, ce\\+tv"):
+    with pytest.raises(SpecRLError, match=r"loss.*ce\+tv.*'tv'"):
         Recipe(name="x", loss="tv")
 
 
@@ -78,7 +79,7 @@ def test_a_build_reads_another_builds_data_when_the_data_fields_agree(tmp_path):
     link_data(par, w, tmp_path / "src")
     assert data_root(w) == (tmp_path / "src").resolve()
     (tmp_path / "src" / "features" / "feat-00001.safetensors").unlink()
-    with pytest.raises(SpecRLError, match="feat-00001.safetensors is missing; run build .*src's features stage"):
+    with pytest.raises(SpecRLError, match=r"feat-00001\.safetensors.*missing.*features"):
         run_train(par, w, model, progress=False)
     run_features(eagle, tmp_path / "src", model, progress=False)
     assert len(run_rollouts(par, w, prompts=None)) == 2  # a linked build generates nothing: it checks the shards
@@ -87,13 +88,12 @@ def test_a_build_reads_another_builds_data_when_the_data_fields_agree(tmp_path):
     assert not (w / "rollouts").exists() and not (w / "features").exists()
     shard = tmp_path / "src" / "rollouts" / "shard-00001.jsonl"
     shard.rename(shard.with_suffix(".aside"))
-    with pytest.raises(SpecRLError, match=r"shards \[1\] of 2 are missing.*--stage rollouts --work .*src`"):
+    with pytest.raises(SpecRLError, match=r"shards \[1\].*--stage rollouts"):
         run_rollouts(par, w, prompts=None)
     other = Recipe(**{**par.as_dict(), "curve": (1, 2), "temperature": 0.5, "max_new_tokens": 10})
-    with pytest.raises(SpecRLError, match=r"other data settings than recipe 'tiny-parallel' \(temperature 1.0 "
-                                          r"\(recipe 'tiny-parallel': 0.5\); max_new_tokens 12 .*: 10\)\)"):
+    with pytest.raises(SpecRLError, match=r"temperature 1\.0 .*max_new_tokens"):
         link_data(other, tmp_path / "par2", tmp_path / "src")
-    with pytest.raises(SpecRLError, match="is the build directory itself"):
+    with pytest.raises(SpecRLError, match=r"build directory itself"):
         link_data(eagle, tmp_path / "src", tmp_path / "src")
 
 
@@ -108,4 +108,4 @@ def test_the_cli_refuses_data_of_other_data_fields_before_any_work(tmp_path):
                                                 "data_hash": "0" * 64}))
     r = CliRunner().invoke(app, ["draft", "build", "--recipe", "think-parallel", "--work", str(tmp_path / "w"),
                                  "--data-from", str(src), "--stage", "train"])
-    assert r.exit_code == 2 and "prompts 64 (recipe 'think-parallel': 2816)" in r.output, r.output
+    assert r.exit_code == 2 and re.search(r"prompts 64\b.*'think-parallel': 2816", r.output), r.output

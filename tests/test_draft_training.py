@@ -56,7 +56,7 @@ def test_select_draft_vocab_most_frequent_first():
     seqs = [[5, 5, 5, 2, 2, 9], [5, 2, 7]]
     assert select_draft_vocab(seqs, 2) == [5, 2]
     assert select_draft_vocab(seqs, 3, always=(31,)) == [31, 5, 2]
-    with pytest.raises(SpecRLError, match="must be an integer >= 1"):
+    with pytest.raises(SpecRLError, match=r"vocabulary size.*>= 1.*\b0$"):
         select_draft_vocab(seqs, 0)
 
 
@@ -66,13 +66,14 @@ def test_empty_training_data(target):
 
 
 def test_single_sequence_is_too_little(target):
-    with pytest.raises(SpecRLError, match="at least 2 are needed"):
+    with pytest.raises(SpecRLError, match=r"\b1 sequence;.*least 2"):
         train_drafter(EagleDrafter(target), target, [[1, 2, 3, 4]], progress=False)
 
 
 def test_too_short_sequence(target):
-    with pytest.raises(SpecRLError, match="training sequence 1 has 2 tokens; every sequence needs at least 3"):
+    with pytest.raises(SpecRLError, match=r"sequence 1\b.*\b2 tokens") as e:
         train_drafter(EagleDrafter(target), target, [[1, 2, 3, 4], [1, 2]], progress=False)
+    assert "at least 3" in str(e.value)
 
 
 def test_unknown_drafter_kind(target):
@@ -126,7 +127,7 @@ def test_slice_layers_bad_input(target):
 
     with pytest.raises(SpecRLError, match="at least one layer"):
         slice_layers(target, [])
-    with pytest.raises(SpecRLError, match=r"increasing target layer indices in \[0, 4\)"):
+    with pytest.raises(SpecRLError, match=r"layer indices.*\[0, 4\)"):
         slice_layers(target, [0, 4])
     with pytest.raises(SpecRLError, match="increasing"):
         slice_layers(target, [1, 0])
@@ -136,7 +137,7 @@ def test_draft_model_with_other_vocab_is_refused(target, data):
     from specrl.drafters.kinds.draft_model import DraftModelDrafter
 
     other = tiny_model("llama", vocab_size=48, seed=1)
-    with pytest.raises(SpecRLError, match="draft model's vocabulary has 48 tokens but the target's has 32"):
+    with pytest.raises(SpecRLError, match=r"vocabulary has 48\b.*\b32\b"):
         train_drafter(DraftModelDrafter(other), target, data[1], progress=False)
 
 
@@ -146,7 +147,7 @@ def test_draft_init_rejects_bad_layer_count(target, tmp_path):
 
     tdir = save_hf_checkpoint(target, tmp_path / "target")
     for bad in (0, 4, "3"):
-        with pytest.raises(SpecRLError, match=r"draft_layers must be an integer in \[1, 3\]"):
+        with pytest.raises(SpecRLError, match=r"draft_layers.*\[1, 3\]"):
             train_drafter_offline(str(tdir), "draft-model", out=tmp_path / "d", draft_layers=bad, progress=False)
 
 

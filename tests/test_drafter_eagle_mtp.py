@@ -211,23 +211,23 @@ def test_exact_distribution(small_target, kind, mode, setting):
 
 # ---------------------------------------------------------------- construction errors
 def test_layer_index_out_of_range_is_an_error(target):
-    with pytest.raises(SpecRLError, match=r"layer index 4 is out of range for a target with 4 layers"):
+    with pytest.raises(SpecRLError, match=r"index 4 .*\b4 layers"):
         EagleDrafter(target, layers=(0, 1, 4))
     two = tiny_model("llama", vocab_size=64, num_layers=2)
-    with pytest.raises(SpecRLError, match=r"out of range for a target with 2 layers.*default"):
+    with pytest.raises(SpecRLError, match=r"range.*\b2 layers.*default"):
         EagleDrafter(two)
 
 
 def test_mtp_k_above_module_count_is_an_error(target):
     eng = RolloutEngine(target, max_batch_size=2, max_seq_len=32, drafter=MTPDrafter(target, num_modules=2),
                         num_draft_tokens=3)
-    with pytest.raises(SpecRLError, match=r"has 2 modules.*got k=3"):
+    with pytest.raises(SpecRLError, match=r"\b2 modules.*k=3"):
         eng.generate([[1, 2]], SamplingParams(max_new_tokens=5))
 
 
 def test_binding_to_another_target_is_an_error(target):
     other = tiny_model("llama", vocab_size=64, hidden_size=48, num_heads=6, num_kv_heads=2)
-    with pytest.raises(SpecRLError, match=r"hidden size 32.*hidden size 48"):
+    with pytest.raises(SpecRLError, match=r"hidden size 32\b.*\b48\b"):
         RolloutEngine(other, max_batch_size=2, max_seq_len=32, drafter=EagleDrafter(target))
 
 
@@ -255,37 +255,36 @@ def eagle_dir(target, tmp_path):
 
 def test_load_for_other_hidden_size_names_both(eagle_dir):
     other = tiny_model("llama", vocab_size=64, hidden_size=48, num_heads=6, num_kv_heads=2)
-    with pytest.raises(SpecRLError, match=r"hidden size 32, but the target has hidden size 48"):
+    with pytest.raises(SpecRLError, match=r"hidden size 32\b.*\b48\b"):
         load_drafter(eagle_dir, other)
 
 
 def test_load_for_other_vocab_names_both(eagle_dir):
-    with pytest.raises(SpecRLError, match=r"vocabulary size 64, but the target has vocabulary size 96"):
+    with pytest.raises(SpecRLError, match=r"vocabulary size 64\b.*\b96\b"):
         load_drafter(eagle_dir, tiny_model("llama", vocab_size=96))
 
 
 def test_load_with_layers_out_of_range(tmp_path):
     deep = tiny_model("llama", vocab_size=64, num_layers=8)
     path = save_drafter(EagleDrafter(deep), tmp_path / "deep")  # layers (1, 3, 4)
-    with pytest.raises(SpecRLError, match=r"\[1, 3, 4\] \(made for a 8-layer target\) are out of range for this "
-                                          r"target with 4 layers"):
+    with pytest.raises(SpecRLError, match=r"3, 4\] .*\b4 layers"):
         load_drafter(path, tiny_model("llama", vocab_size=64, num_layers=4))
 
 
 def test_load_wrong_kind(target, tmp_path):
     path = save_drafter(make("mtp", target), tmp_path / "mtp")
-    with pytest.raises(SpecRLError, match=r"holds a 'mtp' drafter, but a 'eagle' drafter was requested"):
+    with pytest.raises(SpecRLError, match=r"'mtp' drafter.*'eagle'"):
         load_drafter(path, target, expected_kind="eagle")
 
 
 def test_load_hf_checkpoint_is_not_a_drafter(target, tmp_path):
     save_hf_checkpoint(target, tmp_path / "hf")
-    with pytest.raises(SpecRLError, match=r"is an HF model checkpoint, not a specrl drafter directory"):
+    with pytest.raises(SpecRLError, match=r"HF model checkpoint.*drafter"):
         load_drafter(tmp_path / "hf", target, expected_kind="eagle")
 
 
 def test_load_missing_path(target, tmp_path):
-    with pytest.raises(SpecRLError, match=r"drafter directory .*nope does not exist"):
+    with pytest.raises(SpecRLError, match=r"drafter directory .*nope.*exist"):
         load_drafter(tmp_path / "nope", target)
 
 
@@ -293,8 +292,7 @@ def test_load_shape_disagreeing_with_config(target, eagle_dir):
     cfg = json.loads((eagle_dir / "config.json").read_text())
     cfg["intermediate_size"] = 48
     (eagle_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(SpecRLError, match=r"tensor 'block.mlp.gate_proj.weight' has shape \(64, 32\), but "
-                                          r"config.json implies \(48, 32\)"):
+    with pytest.raises(SpecRLError, match=r"gate_proj.*\(64, 32\).*\(48, "):
         load_drafter(eagle_dir, target)
 
 
@@ -302,5 +300,5 @@ def test_load_tensor_names_disagreeing_with_config(target, eagle_dir):
     state = load_file(str(eagle_dir / "model.safetensors"))
     state["extra.weight"] = state.pop("fc.weight")
     save_file(state, str(eagle_dir / "model.safetensors"))
-    with pytest.raises(SpecRLError, match=r"missing tensors \['fc.weight'\], unexpected tensors \['extra.weight'\]"):
+    with pytest.raises(SpecRLError, match=r"missing.*'fc\.weight'.*'extra"):
         load_drafter(eagle_dir, target)

@@ -59,7 +59,7 @@ def test_a_shipped_name_whose_manifest_is_missing_is_an_error_not_a_build(packag
     from specrl.drafters.storage.default import ensure_default_drafter, resolve_drafter
 
     (package / "think" / "manifest.json").unlink()
-    with pytest.raises(SpecRLError, match=r"shipped drafter .*think has no manifest\.json"):
+    with pytest.raises(SpecRLError, match=r"think.*no manifest\.json"):
         resolve_drafter("eagle:think", target)
     with pytest.raises(SpecRLError, match="has no manifest.json"):
         ensure_default_drafter("eagle", "think", progress=False)
@@ -71,7 +71,7 @@ def test_a_shipped_name_whose_kind_was_edited_is_an_error_not_a_build(package, t
     from specrl.drafters.storage.default import ensure_default_drafter, resolve_drafter
 
     edit_manifest(package / "default", kind="mtp")
-    with pytest.raises(SpecRLError, match=r"manifest kind is 'mtp', but its config\.json says 'eagle'"):
+    with pytest.raises(SpecRLError, match=r"kind is 'mtp'.*'eagle'"):
         resolve_drafter("eagle:default", target)
     with pytest.raises(SpecRLError, match="manifest kind is 'mtp'"):
         ensure_default_drafter("eagle", "default", progress=False)
@@ -86,17 +86,17 @@ def test_a_shipped_directory_named_by_path_is_verified(tmp_path, target):
     raw = bytearray((d / "model.safetensors").read_bytes())
     raw[-1] ^= 1
     (d / "model.safetensors").write_bytes(bytes(raw))
-    with pytest.raises(SpecRLError, match=r"the sha256 of model\.safetensors is '[0-9a-f]{64}', but the manifest"):
+    with pytest.raises(SpecRLError, match=r"sha256.*safetensors.*'[0-9a-f]{64}'"):
         resolve_drafter(f"eagle:{d}", target)
     with pytest.raises(SpecRLError, match="sha256 of model.safetensors"):
         resolve_drafter(f"hybrid:eagle:{d}", target)
     shutil.copy(shipped.SHIPPED_DIR / "think" / "model.safetensors", d)
     (d / "extra.bin").write_bytes(b"x")  # a file the manifest lists must match; one it lists must exist
     edit_manifest(d, files={**json.loads((d / "manifest.json").read_text())["files"], "extra.bin": "0" * 64})
-    with pytest.raises(SpecRLError, match="the sha256 of extra.bin"):
+    with pytest.raises(SpecRLError, match=r"sha256 of extra\.bin"):
         resolve_drafter(f"eagle:{d}", target)
     edit_manifest(d, files={"config.json": shipped.sha256_of(d / "config.json")})
-    with pytest.raises(SpecRLError, match="the manifest's sha256 of model.safetensors is None"):
+    with pytest.raises(SpecRLError, match=r"sha256.*safetensors is None"):
         resolve_drafter(f"eagle:{d}", target)
 
 
@@ -118,14 +118,13 @@ def test_the_target_is_checked_against_the_actual_model_not_a_constant(tmp_path,
 
     other = _other_vocabulary(tmp_path, target)
     monkeypatch.setattr(target, "checkpoint_dir", other)
-    with pytest.raises(SpecRLError, match="trained for smollm2-135m, but the target .*other-model has another "
-                                          "vocabulary"):
+    with pytest.raises(SpecRLError, match=r"smollm2-135m.*other-model.*vocabulary"):
         load_shipped("eagle", "think", target)
     monkeypatch.setattr(target, "checkpoint_dir", tmp_path / "no-tokenizer")
-    with pytest.raises(SpecRLError, match="has no tokenizer files .* cannot be confirmed"):
+    with pytest.raises(SpecRLError, match=r"no tokenizer files.*confirmed"):
         load_shipped("eagle", "think", target)
     monkeypatch.setattr(target.args, "num_layers", 24)
-    with pytest.raises(SpecRLError, match="num_layers 30, but this target has num_layers 24"):
+    with pytest.raises(SpecRLError, match=r"num_layers 30\b.*num_layers 24"):
         load_shipped("eagle", "think", target)
 
 
@@ -137,7 +136,7 @@ def test_the_vllm_export_of_a_shipped_head_checks_the_target_directory(tmp_path,
         export_vllm_eagle3(shipped.SHIPPED_DIR / "think", other, tmp_path / "out")
     cfg = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**cfg, "hidden_size": 640}))
-    with pytest.raises(SpecRLError, match="hidden_size 576, but this target has hidden_size 640"):
+    with pytest.raises(SpecRLError, match=r"hidden_size 576\b.*hidden_size 640"):
         export_vllm_eagle3(shipped.SHIPPED_DIR / "think", other, tmp_path / "out")
     out = export_vllm_eagle3(shipped.SHIPPED_DIR / "think", target.checkpoint_dir, tmp_path / "out")
     assert (out / "model.safetensors").is_file()

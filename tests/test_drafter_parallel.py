@@ -56,17 +56,17 @@ def test_training_forward_shapes_and_anchors(target):
     late = d.forward_parallel(fused, tok, start=4)  # anchors 4..8 only: the same outputs there
     for a, b in zip(full, late, strict=True):
         assert torch.allclose(a[:, 4:], b, atol=1e-5)
-    with pytest.raises(SpecRLError, match="drafts 1..3 tokens per forward"):
+    with pytest.raises(SpecRLError, match=r"depths=4\b.*1\.\.3 tokens"):
         d.forward_parallel(fused, tok, depths=4)
 
 
 def test_k_above_max_k_and_a_bad_max_k_are_refused_naming_the_maximum(target):
     d = randomise(ParallelDrafter(target, max_k=3)).eval()
     eng = RolloutEngine(target, max_batch_size=2, max_seq_len=64, drafter=d, num_draft_tokens=4)
-    with pytest.raises(SpecRLError, match=r"k=4 but this parallel drafter drafts at most 3 tokens per forward.*<= 3"):
+    with pytest.raises(SpecRLError, match=r"k=4\b.*most 3 tokens"):
         eng.generate(PROMPTS[:2], SamplingParams(temperature=1.0, max_new_tokens=6, seed=1))
     for bad in (0, 2.5, True):
-        with pytest.raises(SpecRLError, match="max_k must be an integer >= 1"):
+        with pytest.raises(SpecRLError, match=r"max_k.*integer >= 1"):
             ParallelDrafter(target, max_k=bad)
 
 
@@ -78,10 +78,10 @@ def test_a_directory_whose_placeholders_disagree_with_its_max_k_is_refused(targe
     back = load_drafter(tmp_path / "p", target, expected_kind="parallel")
     assert back.max_k == 4 and torch.equal(back.placeholders, d.placeholders)
     (tmp_path / "p" / "config.json").write_text(json.dumps({**cfg, "max_k": 6}))
-    with pytest.raises(SpecRLError, match=r"max_k 6 \(so 5 placeholder rows\).*'placeholders' is \[3, 64\]"):
+    with pytest.raises(SpecRLError, match=r"max_k 6\b.*\[3, 64\]"):
         load_drafter(tmp_path / "p", target)
     (tmp_path / "p" / "config.json").write_text(json.dumps({**cfg, "max_k": 0}))
-    with pytest.raises(SpecRLError, match="config.json: max_k must be an integer >= 1"):
+    with pytest.raises(SpecRLError, match=r"config\.json: max_k.*>= 1"):
         load_drafter(tmp_path / "p", target)
     (tmp_path / "p" / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "max_k"}))
     with pytest.raises(SpecRLError, match="lacks the field 'max_k'"):

@@ -45,7 +45,7 @@ def test_table_columns_and_backend_offers():
     assert kinds_offered("native") == ("none", "ngram", "suffix", "draft-model", "eagle", "mtp", "parallel", "hybrid")
     assert kinds_offered("vllm") == ("none", "ngram", "suffix", "draft-model", "eagle")
     assert "hybrid:LEARNED" in allowed_forms()
-    with pytest.raises(SpecRLError, match="no drafter table for backend 'sglang'"):
+    with pytest.raises(SpecRLError, match=r"drafter table.*'sglang'"):
         kinds_offered("sglang")
 
 
@@ -91,7 +91,7 @@ def test_the_suffix_index_is_a_bounded_sliding_window_that_still_drafts_from_his
                        request_ids=torch.tensor([0]), group_ids=[7])
     d2.continuations(other, 3)
     assert list(d2.groups) == [7]  # the least recently used group was forgotten
-    with pytest.raises(SpecRLError, match="max_history must be an integer >= 1"):
+    with pytest.raises(SpecRLError, match=r"max_history.*>= 1, got 0"):
         SuffixDrafter(max_history=0)
 
 
@@ -121,8 +121,9 @@ def test_the_suffix_draft_is_gated_by_the_empirical_probability_of_its_tokens():
     same = [ctx + [9, 10, 11], [0] + ctx + [9, 10, 11]]
     m = d.continuations(_suffix_batch([*same, list(ctx)]), 3)[2]
     assert m.tokens == [9, 10, 11] and m.probs == [1.0, 1.0, 1.0]
-    with pytest.raises(SpecRLError, match=r"min_prob must be a probability in \[0, 1\], got 1.5"):
+    with pytest.raises(SpecRLError, match=r"min_prob.*got 1\.5") as e:
         SuffixDrafter(min_prob=1.5)
+    assert "[0, 1]" in str(e.value)
 
 
 def test_the_hybrid_takes_a_history_draft_only_where_it_is_expected_to_beat_the_learned_one():
@@ -167,7 +168,7 @@ def test_the_hybrid_takes_a_history_draft_only_where_it_is_expected_to_beat_the_
     h2._observe([1, 1])  # the history row's first draft rejected
     assert h2.calibration() < 0.75
     assert h2.memory()["tokens"] > 0  # the hybrid reports its suffix index's size
-    with pytest.raises(SpecRLError, match="min_ratio must be a number >= 0, got -1"):
+    with pytest.raises(SpecRLError, match=r"min_ratio.*>= 0, got -1"):
         HybridDrafter(Learned(), min_ratio=-1)
 
 
@@ -186,7 +187,7 @@ def test_the_suffix_index_holds_at_most_max_tokens_over_all_prompts():
     big = SuffixDrafter(max_tokens=10)  # one batch larger than the budget: the bound holds for it too
     big.continuations(_suffix_batch([list(range(40))], 9), 3)
     assert list(big.groups) == [9] and big.memory()["tokens"] == 0
-    with pytest.raises(SpecRLError, match="max_tokens must be an integer >= 1, got 0"):
+    with pytest.raises(SpecRLError, match=r"max_tokens.*>= 1, got 0"):
         SuffixDrafter(max_tokens=0)
 
 

@@ -10,6 +10,7 @@ same head inside vLLM itself.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -111,7 +112,7 @@ def test_every_tensor_is_renamed_and_none_is_lost(setup):
     mapped = vllm_eagle3_state(state)
     assert len(mapped) == len(state) - 1  # all but d2t
     assert {n.split(".")[0] for n in mapped} == {"fc_norm", "fc", "midlayer", "norm", "lm_head"}
-    with pytest.raises(SpecRLError, match="no place in vLLM's EAGLE-3 layout"):
+    with pytest.raises(SpecRLError, match=r"'proj\.weight'.*EAGLE-3 layout"):
         vllm_eagle3_name("proj.weight")
 
 
@@ -122,11 +123,11 @@ def test_export_bad_input(setup, tmp_path):
         export_vllm_eagle3(mtp, tdir, tmp_path / "o1")
     other = save_hf_checkpoint(tiny_model("llama", vocab_size=64, seed=0, hidden_size=48, num_layers=6),
                                tmp_path / "t2")
-    with pytest.raises(SpecRLError, match="export it with the target it was trained for"):
+    with pytest.raises(SpecRLError, match=r"hidden size.*vocabulary.*--model"):
         export_vllm_eagle3(head, other, tmp_path / "o2")
     with pytest.raises(SpecRLError, match="not an HF checkpoint"):
         export_vllm_eagle3(head, tmp_path, tmp_path / "o3")
-    with pytest.raises(SpecRLError, match="is the drafter directory itself"):
+    with pytest.raises(SpecRLError, match=r"drafter directory itself"):
         export_vllm_eagle3(head, tdir, head)
     with pytest.raises(SpecRLError, match="export dtype"):
         export_vllm_eagle3(head, tdir, tmp_path / "o4", dtype="int8")
@@ -137,10 +138,10 @@ def test_format_1_eagle_heads_are_refused_mtp_heads_still_load(setup, tmp_path):
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["format_version"] == 2
     (head / "config.json").write_text(json.dumps({**cfg, "format_version": 1}))
-    with pytest.raises(SpecRLError, match="EAGLE head of format 1.*Rebuild it with `specrl draft init`"):
+    with pytest.raises(SpecRLError, match=r"format 1\b.*draft init"):
         load_drafter(head, target)
     (head / "config.json").write_text(json.dumps({**cfg, "format_version": 3}))
-    with pytest.raises(SpecRLError, match="written by a newer specrl"):
+    with pytest.raises(SpecRLError, match=r"format_version 3\b.*newer specrl"):
         read_config(head)
     mtp = save_drafter(MTPDrafter(target), tmp_path / "mtp")
     mcfg = json.loads((mtp / "config.json").read_text())
@@ -157,7 +158,7 @@ def test_cli_draft_export(setup, tmp_path):
     assert "method" in r.output and (tmp_path / "cli" / "model.safetensors").is_file()
     r = runner.invoke(app, ["draft", "export", "--drafter", f"eagle:{head}", "--model", str(tdir), "--out",
                             str(tmp_path / "x"), "--format", "onnx"])
-    assert r.exit_code != 0 and "--format must be one of ['vllm-eagle3']" in r.output
+    assert r.exit_code != 0 and re.search(r"--format\b.*\['vllm-eagle3'\].*'onnx'", r.output)
     r = runner.invoke(app, ["draft", "export", "--drafter", f"mtp:{head}", "--model", str(tdir), "--out",
                             str(tmp_path / "x")])
     assert r.exit_code != 0 and "--drafter must be eagle:DIR" in r.output

@@ -8,6 +8,8 @@ head's shape and not the checker. Where vLLM is installed, its DFlash model sour
 refusal rests on.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -60,16 +62,15 @@ def test_parallel_head_is_refused_with_every_mismatch_named(parallel_head):
     state, cfg = parallel_head
     found = dflash_mismatches(state, cfg)
     text = " | ".join(found)
-    assert "placeholders: one learned [embedding; feature] entry per draft depth" in text
-    assert "layer_norms: a norm per target layer before fc" in text
+    assert any(s.startswith("placeholders:") for s in found) and any(s.startswith("layer_norms:") for s in found)
     for p in ("q_proj", "k_proj", "v_proj"):
         assert f"block.self_attn.{p}.weight" in text
-    assert "block.self_attn.q_proj.weight (32, 64): DFlash's layers.0.self_attn.q_proj.weight is (32, 32)" in text
-    assert "no tensor for DFlash's layers.0.self_attn.q_norm.weight (8,)" in text
-    assert "no tensor for DFlash's layers.0.self_attn.k_norm.weight (8,)" in text
+    (q,) = [s for s in found if s.startswith("block.self_attn.q_proj.weight ")]
+    assert "weight (32, 64)" in q and "layers.0.self_attn.q_proj.weight is (32, 32)" in q
+    for norm in ("q_norm", "k_norm"):
+        assert any(re.search(rf"no tensor\b.*layers\.0\.self_attn\.{norm}\.weight \(8,\)", s) for s in found)
     assert not any(s.startswith(("fc.", "norm.", "lm_head.", "d2t", "block.mlp", "block.hidden_norm")) for s in found)
-    with pytest.raises(SpecRLError, match=r"a 'parallel' head cannot be written in vLLM's DFlash layout .*"
-                                          r"placeholders: .*Serve it with the native engine"):
+    with pytest.raises(SpecRLError, match=r"'parallel'.*DFlash.*placeholders:.*native"):
         check_dflash_export(state, cfg)
 
 
@@ -93,8 +94,7 @@ def test_full_vocabulary_d2t_is_not_a_mismatch(parallel_head):
 def test_bad_config_is_named(parallel_head):
     state, cfg = parallel_head
     bad = {k: v for k, v in cfg.items() if k not in ("head_dim", "layers")}
-    with pytest.raises(SpecRLError, match=r"the head config lacks \['head_dim', 'layers'\]; give the drafter's "
-                                          r"config\(\)"):
+    with pytest.raises(SpecRLError, match=r"lacks \['head_dim', 'layers'\]"):
         check_dflash_export(state, bad)
 
 

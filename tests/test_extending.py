@@ -73,7 +73,7 @@ def test_drafter_kind(extended):
     assert isinstance(trainer.backend.engine.drafter, ns["A drafter kind"]["FixedTokenDrafter"])
     assert trainer.backend.engine.drafter.token == 7
     assert rec["acceptance_length"] is not None  # drafts were verified
-    with pytest.raises(SpecRLError, match="drafter 'fixed' needs a path, e.g. 'fixed:TOKEN'"):
+    with pytest.raises(SpecRLError, match=r"'fixed' needs.*'fixed:TOKEN'"):
         parse_drafter_spec("fixed")
 
 
@@ -99,7 +99,7 @@ def test_registry_errors():
     from specrl.rollout.drafter_spec import DrafterKind, register_drafter_kind, unregister_drafter_kind
     from specrl.trainer.config_check import load_config
 
-    with pytest.raises(SpecRLError, match="drafter kind 'eagle' is already registered"):
+    with pytest.raises(SpecRLError, match=r"'eagle' is already registered"):
         register_drafter("eagle", lambda spec, target, dtype: None)
     with pytest.raises(SpecRLError, match="must be non-empty, without ':'"):
         register_drafter_kind(DrafterKind("a:b"))
@@ -107,13 +107,13 @@ def test_registry_errors():
         register_drafter("toy", None)
     with pytest.raises(SpecRLError, match="'ngram' is built in"):
         unregister_drafter_kind("ngram")
-    with pytest.raises(SpecRLError, match="rollout backend 'native' is already registered"):
+    with pytest.raises(SpecRLError, match=r"backend 'native'.*already registered"):
         register_backend("native", lambda cfg, policy: None)
     with pytest.raises(SpecRLError, match="factory must be callable"):
         register_backend("toy", "not a function")
-    with pytest.raises(SpecRLError, match="must be a non-empty word"):
+    with pytest.raises(SpecRLError, match=r"'a b'.*non-empty word"):
         register_backend("a b", lambda cfg, policy: None)
     with pytest.raises(SpecRLError, match="'vllm' is built in"):
         unregister_backend("vllm")
-    with pytest.raises(SpecRLError, match="unknown rollout backend 'toy'; registered: native, vllm"):
+    with pytest.raises(SpecRLError, match=r"backend 'toy'.*native, vllm"):
         load_config(None, ["rollout.backend=toy"])

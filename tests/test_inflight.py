@@ -35,11 +35,10 @@ def inflight_cfg(tiny, **over):
 
 def test_config_rules_name_both_keys(tiny):
     validate_config(inflight_cfg(tiny))
-    with pytest.raises(SpecRLError, match=r"pipeline.in_flight_updates=true with speculative.verify=seed_exact.*"
-                                          r"set speculative.verify=rejection .* or pipeline.in_flight_updates=false"):
+    with pytest.raises(SpecRLError, match=r"in_flight_updates=true.*verify=seed_exact.*"
+                                          r"verify=rejection.*in_flight_updates=false"):
         validate_config(inflight_cfg(tiny, speculative__verify="seed_exact"))
-    with pytest.raises(SpecRLError, match=r"pipeline.in_flight_updates=true .* only the async pipeline .* "
-                                          r"pipeline.mode=async"):
+    with pytest.raises(SpecRLError, match=r"in_flight_updates=true.*async pipeline.*mode=async"):
         validate_config(inflight_cfg(tiny, pipeline__mode="sync", pipeline__max_trajectory_age_steps=0,
                                      grpo__importance_sampling_correction=False))
     with pytest.raises(SpecRLError, match=r"pipeline.max_trajectory_age_steps=1 .* "
@@ -48,8 +47,7 @@ def test_config_rules_name_both_keys(tiny):
     from specrl.rollout.protocol import BackendCapabilities
 
     no = BackendCapabilities("vllm", ("rejection",), ("none",), 0, exact_seeds=False)
-    with pytest.raises(SpecRLError, match=r"rollout worker: pipeline.in_flight_updates=true .* the vllm backend "
-                                          r"does not offer"):
+    with pytest.raises(SpecRLError, match=r"rollout worker:.*in_flight_updates=true.*vllm"):
         no.require(in_flight_updates=True, where="rollout worker")
 
 
@@ -166,5 +164,5 @@ def test_is_ratios_use_the_per_token_behaviour_logprobs(two_versions):
     # although their newest tokens are only one version behind it
     late = Learner(cfg, b, max_policy_lag=1)
     late.step_count = 2
-    with pytest.raises(SpecRLError, match=r"rollouts of policy version 0 for a learner at version 2 \(lag 2"):
+    with pytest.raises(SpecRLError, match=r"version 0\b.*\(lag 2"):
         late.learn(r, {"data": 0.0, "prepare": 0.0, "gen": 0.0})

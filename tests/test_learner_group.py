@@ -56,15 +56,15 @@ def test_bad_world_sizes_are_clear_errors(tiny, tmp_path):
 
     with pytest.raises(SpecRLError, match="learner.world_size"):
         load_config(None, [f"model.name={tiny}", "learner.world_size=0"])
-    with pytest.raises(SpecRLError, match=r"learner.world_size \(3\) must divide grpo.num_prompts_per_step \(2\)"):
+    with pytest.raises(SpecRLError, match=r"world_size \(3\).*num_prompts_per_step \(2\)"):
         dp_cfg(tiny, world_size=3)
     with pytest.raises(SpecRLError, match="learner.collective_timeout_s"):
         load_config(None, [f"model.name={tiny}", "learner.collective_timeout_s=0"])
     assert not ray.is_initialized()
-    with pytest.raises(SpecRLError, match=r"needs 128 CPUs, but this process may use"):
+    with pytest.raises(SpecRLError, match=r"128 CPUs.*may use"):
         LearnerGroup(dp_cfg(tiny, learner__threads=64))
     assert not ray.is_initialized()  # refused before starting anything
-    with pytest.raises(SpecRLError, match="LearnerGroup needs learner.world_size >= 2"):
+    with pytest.raises(SpecRLError, match=r"LearnerGroup.*world_size >= 2"):
         LearnerGroup(dp_cfg(tiny, world_size=1))
     with pytest.raises(SpecRLError, match="make_trainer=specrl.cluster.make_trainer"):
         sync_trainer(dp_cfg(tiny), tmp_path)

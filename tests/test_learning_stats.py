@@ -24,7 +24,7 @@ def test_group_signal_counts_groups_whose_rewards_differ():
     assert group_signal(r, 4) == {"groups": 3, "groups_nonzero_advantage": 1}
     assert group_signal(r, 4, {"groups_trained": 2, "groups_filtered": 5}) == \
         {"groups": 7, "groups_nonzero_advantage": 2}
-    with pytest.raises(SpecRLError, match="do not split into groups of 5"):
+    with pytest.raises(SpecRLError, match=r"\b12 rewards.*\b5$"):
         group_signal(r, 5)
 
 
@@ -67,7 +67,7 @@ def test_tost_two_proportions():
     small = learning.tost_two_proportions(2, 16, 3, 16, margin=0.15)
     assert not small["equivalent"]  # 16 questions cannot show equivalence within 15 points
     assert learning.tost_two_proportions(0, 8, 0, 8)["equivalent"]  # exact: both 0
-    with pytest.raises(SpecRLError, match="TOST needs 0 <= successes <= trials"):
+    with pytest.raises(SpecRLError, match=r"TOST.*0 <= successes <= trials"):
         learning.tost_two_proportions(9, 8, 0, 8)
     with pytest.raises(SpecRLError, match="0 < margin < 1"):
         learning.tost_two_proportions(1, 8, 1, 8, margin=0)
@@ -84,5 +84,5 @@ def test_final_equivalence_uses_the_last_evaluation_of_each_arm():
 
 
 def test_proportion_se_rejects_bad_input():
-    with pytest.raises(SpecRLError, match="0 <= p <= 1 and n >= 1"):
+    with pytest.raises(SpecRLError, match=r"n >= 1.*\bn=0\b"):
         learning.proportion_se(0.5, 0)

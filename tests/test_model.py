@@ -109,8 +109,7 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
     state.pop("model.layers.1.mlp.up_proj.weight")
     state["model.layers.9.extra.weight"] = torch.zeros(2)
     save_file(state, str(d / "model.safetensors"))
-    with pytest.raises(SpecRLError, match=r"missing: \['model.layers.1.mlp.up_proj.weight'\].*"
-                                          r"unexpected: \['model.layers.9.extra.weight'\]"):
+    with pytest.raises(SpecRLError, match=r"missing:.*up_proj.*9\.extra"):
         load_hf_checkpoint(d)
 
 

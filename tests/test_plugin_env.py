@@ -45,7 +45,7 @@ def test_an_entry_point_that_failed_is_tried_again_and_the_ones_after_it_load(mo
     monkeypatch.setattr(plugins, "entry_points", lambda group: eps if group == plugins.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(plugins, "_entry_points_loaded", False)
     monkeypatch.setattr(plugins, "_entry_points_done", set())
-    with pytest.raises(SpecRLError, match=r"plugin 'b' \(b_ext:register\) failed to load \(RuntimeError"):
+    with pytest.raises(SpecRLError, match=r"plugin 'b' \(b_ext:register\).*RuntimeError"):
         plugins.load_plugins([])
     assert calls == ["a_ext:register", "b_ext:register"]
     with pytest.raises(SpecRLError, match="plugin 'b'"):  # not marked done: tried again, a not loaded twice

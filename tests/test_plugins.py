@@ -110,11 +110,11 @@ def test_a_plugin_that_cannot_be_imported_is_named(tmp_path):
 
     with pytest.raises(SpecRLError, match="cannot import module 'no_such_ext'"):
         load_config(None, ["plugins=[no_such_ext]"])
-    with pytest.raises(SpecRLError, match="missing.py does not exist"):
+    with pytest.raises(SpecRLError, match=r"missing\.py.*not exist"):
         load_config(None, [f"plugins=[{tmp_path / 'missing.py'}]"])
     bad = tmp_path / "broken.py"
     bad.write_text("raise RuntimeError('boom')\n")
-    with pytest.raises(SpecRLError, match=r"importing .*broken.py failed \(RuntimeError: boom\)"):
+    with pytest.raises(SpecRLError, match=r"broken\.py.*RuntimeError: boom"):
         load_config(None, [f"plugins=[{bad}]"])
     with pytest.raises(SpecRLError, match="unknown loss 'plugin_dapo'"):  # without the plugin the name is unknown
         load_config(None, ["grpo.loss_type=plugin_dapo"])

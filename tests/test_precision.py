@@ -1,5 +1,6 @@
 """Device and precision resolved from the hardware: `auto` rules, explicit values, warnings, records."""
 
+import re
 import warnings
 
 import pytest
@@ -47,7 +48,7 @@ def test_auto_follows_the_processor(cpu_as, cls, dtype, precision):
 def test_an_explicit_bf16_is_honoured_with_a_warning_on_avx2(cpu_as):
     cpu_as("AVX2")
     with pytest.warns(dv.SlowPrecisionWarning,
-                      match=r"model\.rollout_dtype=bfloat16.*AVX2.*slower than float32.*auto picks float32"):
+                      match=r"rollout_dtype=bfloat16.*AVX2.*auto.*float32"):
         assert dv.resolve_dtype("bfloat16", "cpu", "model.rollout_dtype") == "bfloat16"
     with pytest.warns(dv.SlowPrecisionWarning, match="policy.precision=bf16-mixed"):
         cfg = resolve_hardware(validate_config({"policy": {"precision": "bf16-mixed"},
@@ -76,16 +77,16 @@ def test_resolution_is_idempotent_and_recorded_in_config_yaml(cpu_as, tmp_path):
 
 
 def test_device_settings_are_checked():
-    with pytest.raises(SpecRLError, match="run.device.*auto, cpu, cuda or cuda:N"):
+    with pytest.raises(SpecRLError, match=r"device.*cuda:N.*'gpu'"):
         validate_config({"run": {"device": "gpu"}})
-    with pytest.raises(SpecRLError, match="auto, cpu, cuda or cuda:N"):
+    with pytest.raises(SpecRLError, match=r"device.*cuda:N, got 'tpu'"):
         dv.resolve_device("tpu")
     assert dv.resolve_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():
         assert dv.resolve_device("auto") == torch.device("cpu")
-        with pytest.raises(SpecRLError, match="no CUDA device is visible"):
+        with pytest.raises(SpecRLError, match=r"no CUDA device.*visible"):
             dv.resolve_device("cuda:0")
-        with pytest.raises(SpecRLError, match="no CUDA device is visible"):
+        with pytest.raises(SpecRLError, match=r"no CUDA device.*visible"):
             resolve_hardware(validate_config({"run": {"device": "cuda"}}))
 
 
@@ -108,7 +109,7 @@ def test_the_cli_dtype_option(cpu_as):
     assert _dtype("fp32") == torch.float32
     with pytest.warns(dv.SlowPrecisionWarning):
         assert _dtype("bf16") == torch.bfloat16
-    with pytest.raises(SpecRLError, match="--dtype must be auto, bf16 or fp32, got 'half'"):
+    with pytest.raises(SpecRLError, match=r"--dtype.*bf16.*fp32.*'half'"):
         _dtype("half")
 
 
@@ -132,7 +133,8 @@ def test_a_run_saved_with_the_vllm_settings_under_rollout_resumes(tmp_path, caps
     (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
     cfg, _ = setup_run(None, [], str(run_dir), None)
     release_run(run_dir)
-    assert "moved rollout.dtype, rollout.sampling_fix, rollout.probe_samples to rollout.vllm" in capsys.readouterr().err
+    moved = re.search(r"moved (.+) to rollout\.vllm", capsys.readouterr().err)
+    assert moved and moved[1].split(", ") == ["rollout.dtype", "rollout.sampling_fix", "rollout.probe_samples"]
     assert cfg.rollout.vllm.dtype == "float32" and cfg.rollout.vllm.probe_samples == 64
     assert "vllm" in yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]
     with pytest.raises(SpecRLError, match=r"rollout\.vllm\.dtype"):  # a user's own file: the error, not a move

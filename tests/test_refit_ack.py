@@ -74,8 +74,7 @@ def test_dropped_drafter_refit_is_caught(setup, monkeypatch):
     sync = LocalWeightSync(engine)
     sync.push(1, policy, drafter)
     monkeypatch.setattr(engine_mod, "copy_state", lambda *a, **k: None)  # the drafter load silently does nothing
-    with pytest.raises(RefitError, match=r"load_weights\(drafter, version 2\) the native backend does not hold what "
-                                         r"was sent \(\d+ tensor\(s\) hold other values than were sent: .*fc\.weight"):
+    with pytest.raises(RefitError, match=r"\(drafter, version 2\).*\bfc\."):
         sync.push(2, _perturbed(policy, 1), _perturbed(drafter, 2))
     assert sync.version == 1  # the failed version never became live
 
@@ -92,8 +91,7 @@ def test_partial_policy_load_is_caught(setup, monkeypatch):
         real(model, {k: (v if k in half else held[k].clone()) for k, v in state.items()}, where)
 
     _patch_load_state_into(monkeypatch, partial)
-    with pytest.raises(RefitError, match=rf"policy, version 2\) the native backend does not hold what was sent "
-                                         rf"\({len(names) - len(half)} tensor\(s\) hold other values"):
+    with pytest.raises(RefitError, match=rf"version 2\).*native.*\({len(names) - len(half)} tensor"):
         sync.push(2, _perturbed(policy, 1), drafter)
 
 
@@ -106,9 +104,9 @@ def test_load_into_the_wrong_layer_name_is_caught(setup, monkeypatch):
         real(model, {**state, a: state[b], b: state[a]}, where)
 
     _patch_load_state_into(monkeypatch, swapped)
-    with pytest.raises(RefitError, match=r"2 tensor\(s\) hold other values than were sent: model\.layers\.0\.mlp\."
-                                         r"down_proj\.weight .*model\.layers\.1\.mlp\.down_proj\.weight"):
+    with pytest.raises(RefitError, match=r"\b2 tensor.*down_proj.*down_proj") as e:
         sync.push(1, _perturbed(policy, 1), drafter)
+    assert all(f"model.layers.{i}.mlp.down_proj.weight" in str(e.value) for i in (0, 1))
 
 
 def test_old_version_reported_as_new_is_caught(setup, monkeypatch):
@@ -116,7 +114,7 @@ def test_old_version_reported_as_new_is_caught(setup, monkeypatch):
     sync = LocalWeightSync(engine)
     sync.push(1, policy, drafter)
     _patch_load_state_into(monkeypatch, lambda real, model, state, where: None)  # keeps version 1's weights
-    with pytest.raises(RefitError, match=r"policy, version 2\) the native backend does not hold what was sent"):
+    with pytest.raises(RefitError, match=r"\(policy, version 2\).*native"):
         sync.push(2, _perturbed(policy, 1), drafter)
 
 
@@ -127,10 +125,10 @@ def test_a_backend_without_an_acknowledgement_or_with_missing_names_is_refused(s
         def load_weights(self, which, named, version):
             engine.load_weights(which, named, version)
 
-    with pytest.raises(RefitError, match=r"on the Silent backend returned no acknowledgement"):
+    with pytest.raises(RefitError, match=r"Silent backend.*no acknowledgement"):
         LocalWeightSync(Silent()).push(1, policy)
     ack = weights_digest({k: v for k, v in policy.items() if "layers.1." not in k})
-    with pytest.raises(RefitError, match=r"sent tensor\(s\) are not held at all: \['model\.layers\.1\."):
+    with pytest.raises(RefitError, match=r"not held.*layers\.1\."):
         check_refit(policy, ack, "policy", "test", 1)
 
 
@@ -151,7 +149,7 @@ def test_sync_trainer_stops_in_the_step_whose_refit_fails(tmp_path, monkeypatch)
     real_gen = t.stage_gen
     monkeypatch.setattr(t, "stage_gen", lambda idx: gens.append(1) or real_gen(idx))
     _patch_load_state_into(monkeypatch, lambda real, model, state, where: None)
-    with pytest.raises(RefitError, match=r"load_weights\(policy, version 1\) the native backend"):
+    with pytest.raises(RefitError, match=r"\(policy, version 1\).*native"):
         t.step()
     assert gens == []  # no rollout of step 2 was generated
 
@@ -178,10 +176,10 @@ def test_vllm_worker_digest_maps_fused_rows_padded_vocab_and_opaque_weights():
     for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight",
                  "model.embed_tokens.weight"):
         bad = {**sent, name: sent[name] + 1}
-        with pytest.raises(RefitError, match=rf"1 tensor\(s\) hold other values than were sent: {name}"):
+        with pytest.raises(RefitError, match=rf"\b1 tensor.*other values.*{name}"):
             check_refit(bad, ack, "policy", "vllm", 1)
     del params["model.layers.0.mlp.gate_up_proj.weight"]
-    with pytest.raises(RefitError, match=r"2 sent tensor\(s\) are not held at all"):
+    with pytest.raises(RefitError, match=r"\b2 sent.*not held"):
         check_refit(sent, held_digest(params, [(n, list(t.shape)) for n, t in sent.items()]), "policy", "vllm", 1)
 
 
@@ -220,6 +218,6 @@ def test_a_prepacked_weight_and_a_tied_heads_packed_copy_are_read_back_and_compa
                               ("model.embed_tokens.weight" + HEAD_SUFFIX, head, slice(0, 10))):
         stale = layer.packed.clone()
         layer.packed[rows] *= 1.05  # the kernel holds other values than the parameter was sent
-        with pytest.raises(RefitError, match=rf"1 tensor\(s\) hold other values than were sent: {name}"):
+        with pytest.raises(RefitError, match=rf"\b1 tensor.*other values.*{name}"):
             check_refit(sent, held_digest(params, shapes, modules), "policy", "vllm", 1)
         layer.packed.copy_(stale)

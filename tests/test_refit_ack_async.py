@@ -59,8 +59,7 @@ def test_worker_refit_faults_stop_the_step_they_happen_in(tiny, eagle, tmp_path,
                                             ray.get(a.learner.data_state.remote())))
         a._published = a._publish()
         ray.get(a.workers[0].inject_refit_fault.remote(fault))
-        with pytest.raises(RefitError, match=rf"load_weights\({which}, version 1\) the native \(rollout worker 0\) "
-                                             rf"backend does not hold what was sent \(.*{match}"):
+        with pytest.raises(RefitError, match=rf"\({which}, version 1\).*worker 0\).*{match}"):
             a.step()
         assert a.step_count == 1  # step 2 was never trained
     finally:

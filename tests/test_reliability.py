@@ -8,6 +8,7 @@ writes (checkpoint on a full disk, stale build directories) and SIGINT/SIGTERM d
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def test_second_run_into_a_locked_directory_refuses_naming_the_pid(tiny, tmp_pat
     try:
         assert holder.stdout.readline().strip() == "locked"
         cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, run__overwrite=True))
-        with pytest.raises(SpecRLError, match=rf"in use by another `specrl train` \(PID {holder.pid};.*--out DIR"):
+        with pytest.raises(SpecRLError, match=rf"specrl train.*PID {holder.pid}\b.*--out"):
             train_main(str(cfg), [], None, str(run_dir), False)
         # nothing of the first run was touched
         assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1}\n' and (run_dir / "final").is_dir()
@@ -127,14 +128,14 @@ def test_config_files_plain_yaml_would_accept_are_refused(tmp_path, text, match)
 
 
 def test_nonfinite_override_and_unreadable_config(tmp_path):
-    with pytest.raises(SpecRLError, match="policy.learning_rate: Input should be a finite number"):
+    with pytest.raises(SpecRLError, match=r"learning_rate:.*finite number"):
         load_config(None, ["policy.learning_rate=.inf"])
     bad = tmp_path / "latin1.yaml"
     bad.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
-    with pytest.raises(SpecRLError, match=r"is not UTF-8 text \(byte 0xe9 at offset 16\); save it as UTF-8"):
+    with pytest.raises(SpecRLError, match=r"UTF-8.*0xe9.*offset 16"):
         load_config(bad)
     (tmp_path / "a.yaml").write_text("run: {steps: 1}\n")
-    with pytest.raises(SpecRLError, match=r"is a directory; pass a file, e.g. one of .*a.yaml"):
+    with pytest.raises(SpecRLError, match=r"directory.*a\.yaml"):
         load_config(tmp_path)
 
 
@@ -150,9 +151,9 @@ def test_nonfinite_weights_after_an_update_are_never_checkpointed(tiny, tmp_path
 
     monkeypatch.setattr(Learner, "stage_train", poisoned)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
-    with pytest.raises(SpecRLError, match=r"step 2: after the update, the policy's tensor 'norm.weight' holds 1 "
-                                          r"NaN/inf values.*not written.*last good checkpoint is .*step_000001"):
+    with pytest.raises(SpecRLError, match=r"'norm\.weight'.*NaN/inf.*step_000001") as e:
         train_main(str(cfg), [], None, str(tmp_path / "run"), False)
+    assert "step 2:" in str(e.value)
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
 
 
@@ -164,8 +165,7 @@ def test_huge_learning_rate_leaves_only_really_good_checkpoints(tiny, tmp_path, 
     # the random tiny model never earns a reward: give the group non-zero advantages so the update is real
     monkeypatch.setattr(batch_mod, "group_advantages", lambda r, n, norm: torch.tensor([1.0, -1.0] * (len(r) // 2)))
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, policy__learning_rate=1e20))
-    with pytest.raises(SpecRLError, match=r"step 1: after the update the policy gives non-finite (gradients|logits)"
-                                          r".*blew the weights up.*last good checkpoint is none"):
+    with pytest.raises(SpecRLError, match=r"step 1:.*non-finite.*none"):
         train_main(str(cfg), [], None, str(tmp_path / "run"), False)
     assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))
 
@@ -177,13 +177,13 @@ def test_generate_rejects_nonfinite_temperature(tiny, tmp_path):
 
     model, _ = load_model(tiny, dtype=torch.float32)
     engine = RolloutEngine(model, max_batch_size=2, max_seq_len=64)
-    with pytest.raises(SpecRLError, match=r"temperature=nan is not a finite number"):
+    with pytest.raises(SpecRLError, match=r"temperature=nan\b.*finite"):
         engine.generate([[1, 2, 3]], SamplingParams(temperature=float("nan"), max_new_tokens=4))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt_token_ids": [1, 2, 3]}) + "\n")
     r = runner.invoke(_cli(), ["generate", "--model", str(tiny), "--prompts", str(prompts), "--out",
                                str(tmp_path / "o.jsonl"), "--temperature", "nan", "--max-seq-len", "64"])
-    assert r.exit_code == 2 and "--temperature must be a finite number, got nan" in r.output
+    assert r.exit_code == 2 and re.search(r"--temperature.*finite.*\bnan\b", r.output)
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -200,8 +200,7 @@ def test_model_with_a_nan_weight_is_refused_at_load(tmp_path):
     state = load_file(str(ck / "model.safetensors"))
     state["model.layers.0.mlp.up_proj.weight"][0, 0] = float("nan")
     save_file(state, str(ck / "model.safetensors"))
-    with pytest.raises(SpecRLError, match=r"tensor model.layers.0.mlp.up_proj.weight holds 1 NaN/inf values.*"
-                                          r"diverged run"):
+    with pytest.raises(SpecRLError, match=r"mlp\.up_proj.*1 NaN/inf"):
         load_model(ck)
 
 
@@ -264,9 +263,10 @@ def test_engine_does_not_truncate_float_token_ids(tiny):
 
     model, _ = load_model(tiny, dtype=torch.float32)
     engine = RolloutEngine(model, max_batch_size=2, max_seq_len=64)
-    with pytest.raises(SpecRLError, match=r"prompt 0: token id #1 is 2.7"):
+    with pytest.raises(SpecRLError, match=r"prompt 0:.*2\.7") as e:
         engine.generate([[1, 2.7]], SamplingParams(max_new_tokens=2))
-    with pytest.raises(SpecRLError, match=r"prompt 1: token ids must be a list of integers, got int"):
+    assert "#1" in str(e.value)
+    with pytest.raises(SpecRLError, match=r"prompt 1:.*integers.*\bint\b"):
         engine.generate([[1, 2], 5], SamplingParams(max_new_tokens=2))
 
 
@@ -282,8 +282,7 @@ def test_draft_model_with_another_tokenizer_of_the_same_size_is_refused(tiny, tm
     vocab = tj["model"]["vocab"]
     vocab["a"], vocab["b"] = vocab["b"], vocab["a"]  # same size, two ids swapped
     (other / "tokenizer.json").write_text(json.dumps(tj))
-    with pytest.raises(SpecRLError, match=r"draft model .*other has a different tokenizer than the target .*: 2 of "
-                                          r"\d+ token ids differ \(e.g. id 97 is 'a' in the target, 'b'"):
+    with pytest.raises(SpecRLError, match=r"tokenizer.*\b2 of \d+.*97"):
         make_drafter(f"draft-model:{other}", target)
 
 
@@ -309,7 +308,7 @@ def test_simulate_gen_gpu_fraction_in_sync_mode_and_out_of_range():
     r = runner.invoke(app, ["--preset", "paper-8b-rl-think", "--mode", "sync", "--gen-gpu-fraction", "0.5"])
     assert r.exit_code == 2 and "--gen-gpu-fraction splits GPUs" in r.output and "--mode async" in r.output
     r = runner.invoke(app, ["--preset", "paper-8b-rl-think", "--mode", "async", "--gen-gpu-fraction", "1.5"])
-    assert r.exit_code == 2 and "--gen-gpu-fraction must be in (0, 1)" in r.output
+    assert r.exit_code == 2 and re.search(r"--gen-gpu-fraction.*\(0, 1\)", r.output)
 
 
 # ----------------------------------------------------------------------------- (3) tracebacks before, errors now
@@ -319,9 +318,9 @@ def test_simulate_sweep_bad_ks_names_the_flag(tmp_path):
     from specrl.sim.commands import app
 
     r = runner.invoke(app, ["sweep", "--preset", "paper-8b-rl-think", "--ks", "a,b", "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "--ks must be comma-separated integers, e.g. 1,2,3; got 'a,b'" in r.output
+    assert r.exit_code == 2 and re.search(r"--ks.*integers.*'a,b'", r.output)
     r = runner.invoke(app, ["sweep", "--preset", "paper-8b-rl-think", "--als", "x", "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "--als must be comma-separated numbers" in r.output
+    assert r.exit_code == 2 and re.search(r"--als.*numbers", r.output)
 
 
 def test_simulate_from_run_accepts_the_run_directory_and_refuses_non_utf8(tmp_path):
@@ -335,7 +334,7 @@ def test_simulate_from_run_accepts_the_run_directory_and_refuses_non_utf8(tmp_pa
     (run / "metrics.jsonl").write_bytes(b'{"step": 1, "note": "\xff"}\n')
     assert metrics_file(run) == run / "metrics.jsonl"
     r = runner.invoke(app, ["--from-run", str(run)])
-    assert r.exit_code == 2 and "is not UTF-8 text (byte 0xff" in r.output, r.output
+    assert r.exit_code == 2 and re.search(r"metrics.jsonl.*UTF-8.*0xff", r.output), r.output
 
 
 def test_non_utf8_prompts_file(tmp_path):
@@ -343,7 +342,7 @@ def test_non_utf8_prompts_file(tmp_path):
 
     p = tmp_path / "p.jsonl"
     p.write_bytes(b'{"prompt": "caf\xe9"}\n')
-    with pytest.raises(SpecRLError, match=r"--prompts file .*p.jsonl is not UTF-8 text \(byte 0xe9"):
+    with pytest.raises(SpecRLError, match=r"--prompts.*jsonl.*UTF-8.*0xe9"):
         _read_prompts(p, None, raw=True)
 
 
@@ -357,7 +356,7 @@ def test_generate_out_is_checked_before_generation(tiny, tmp_path, monkeypatch):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt_token_ids": [1, 2, 3]}) + "\n")
     r = runner.invoke(_cli(), ["generate", "--model", str(tiny), "--prompts", str(prompts), "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "is a directory; pass a file path such as" in r.output, r.output
+    assert r.exit_code == 2 and re.search(r"--out.*directory.*out\.jsonl", r.output), r.output
     (tmp_path / "f").write_text("x")
     r = runner.invoke(_cli(), ["generate", "--model", str(tiny), "--prompts", str(prompts), "--out",
                                str(tmp_path / "f" / "o.jsonl")])
@@ -395,7 +394,7 @@ def test_preset_load_error_advises_prepare(tmp_path, monkeypatch):
     state["model.norm.weight"][0] = float("inf")
     save_file(state, str(ck / "model.safetensors"))
     monkeypatch.setattr(presets, "prepare", lambda name: ck)
-    with pytest.raises(SpecRLError, match=r"NaN/inf.*delete .* and run `specrl prepare --model smollm2-135m`"):
+    with pytest.raises(SpecRLError, match=r"NaN/inf.*prepare --model smollm2-135m"):
         loader.load_model("smollm2-135m")
 
 
@@ -419,8 +418,7 @@ def test_checkpoint_on_a_full_or_read_only_disk(tiny, tmp_path, monkeypatch, exc
     monkeypatch.setattr(ckpt_mod.torch, "save", save)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
     run = tmp_path / "run"
-    with pytest.raises(SpecRLError, match=rf"cannot write checkpoint .*step_000002 \({match}.*partial write was "
-                                          r"removed; the previous checkpoint .*step_000001 is intact.*--resume"):
+    with pytest.raises(SpecRLError, match=rf"step_000002 \({match}.*step_000001.*intact.*--resume"):
         train_main(str(cfg), [], None, str(run), False)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]  # no partial left
     monkeypatch.setattr(ckpt_mod.torch, "save", real)
@@ -431,7 +429,7 @@ def test_checkpoint_on_a_full_or_read_only_disk(tiny, tmp_path, monkeypatch, exc
 def test_unwritable_run_directory(tiny, tmp_path):
     (tmp_path / "file").write_text("x")
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
-    with pytest.raises(SpecRLError, match=r"cannot create the run directory .*file/run.*writable"):
+    with pytest.raises(SpecRLError, match=r"run directory.*file/run.*writable"):
         train_main(str(cfg), [], None, str(tmp_path / "file" / "run"), False)
 
 
@@ -454,8 +452,7 @@ def test_online_drafter_gone_nan_is_named(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(Learner, "stage_train", poisoned)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, speculative__drafter="eagle:x", drafter__online=True,
                                                   speculative__num_draft_tokens=2))
-    with pytest.raises(SpecRLError, match=r"step 2: non-finite drafter loss of the online drafter 'eagle:x'.*e.g. "
-                                          r"a lower drafter.learning_rate"):
+    with pytest.raises(SpecRLError, match=r"step 2:.*'eagle:x'.*learning_rate"):
         train_main(str(cfg), [], None, str(tmp_path / "run"), False)
 
 
@@ -467,8 +464,7 @@ def test_overwrite_keeps_an_unfinished_run_and_offers_resume(tiny, tmp_path):
     run = tmp_path / "run"
     ckpt_mod.save_checkpoint(run / "checkpoints", 2, {"x": torch.zeros(1)})
     (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-    with pytest.raises(SpecRLError, match=r"holds an unfinished run \(checkpoints up to step 2, no final/\).*"
-                                          rf"--resume {run}"):
+    with pytest.raises(SpecRLError, match=rf"unfinished.*step 2\b.*--resume {run}"):
         setup_run(str(cfg), [], None, str(run))
     assert (run / "checkpoints" / "step_000002").is_dir() and not (run / LOCK_FILE).exists()
     (run / "final").mkdir()  # a finished run is still cleared
@@ -492,7 +488,7 @@ def test_stale_default_drafter_build_dirs_are_removed(tmp_path, monkeypatch, cap
         (d / "model.safetensors").write_bytes(b"partial")
     assert remove_stale_builds(final) == [dead]
     assert not dead.exists() and live.exists()
-    assert "left by an interrupted build" in capfd.readouterr().err
+    assert re.search(rf"removed {re.escape(str(dead))}.*interrupted", capfd.readouterr().err)
 
 
 @pytest.fixture(scope="module")
@@ -516,8 +512,7 @@ def test_signal_mid_step_finishes_checkpoints_and_resumes_bitwise(tiny, tmp_path
     before = signal.getsignal(sig)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny, run__checkpoint_every=0))
     run = tmp_path / "run"
-    with pytest.raises(RunInterrupted, match=rf"{sig.name} received: stopped after step 2 of 3, checkpoint "
-                                             r".*step_000002; continue with `specrl train --resume"):
+    with pytest.raises(RunInterrupted, match=rf"{sig.name}.*\b2 of 3\b.*step_000002"):
         train_main(str(cfg), [], None, str(run), False)
     assert signal.getsignal(sig) == before  # handlers restored
     assert steps(run) == [1, 2] and [p.name for p in (run / "checkpoints").iterdir()] == ["step_000002"]

@@ -127,8 +127,7 @@ def test_a_part_that_would_run_code_is_refused_and_never_skipped_past(tmp_path):
     p2 = save_checkpoint(tmp_path / "ck", 2, parts(2))
     _plant(p2, "state", {"step": 2, "cursor": _RunsCode(marker)})
     verify_checkpoint(p2)  # the manifest matches: only the loader can stop it
-    with pytest.raises(UnsafeCheckpointError, match=r"step_000002: part 'state' \(state.pt\) asks to build "
-                                                    r"`posix.system`.*could run code; refused.*only tensors"):
+    with pytest.raises(UnsafeCheckpointError, match=r"step_000002:.*'state'.*`posix\.system`"):
         load_latest(tmp_path / "ck")  # not a corrupt checkpoint to skip: the directory is untrusted
     assert not marker.exists()
 
@@ -160,7 +159,7 @@ def test_a_part_that_pickles_numpy_directly_is_refused(tmp_path):
 
     p = save_checkpoint(tmp_path, 1, parts(1))
     _plant(p, "state", {"step": 1, "rng": np.random.get_state()})
-    with pytest.raises(UnsafeCheckpointError, match=r"part 'state' \(state.pt\) asks to build `numpy.*could run code"):
+    with pytest.raises(UnsafeCheckpointError, match=r"'state' \(state\.pt\).*`numpy"):
         load_checkpoint(p)
 
 
@@ -221,8 +220,7 @@ def test_resume_refuses_a_planted_pickle_naming_it(tmp_path):
     marker = tmp_path / "ran"
     ck = run / "checkpoints" / "step_000001"
     _plant(ck, "trainer", {"step": 1, "sampler": _RunsCode(marker)})
-    with pytest.raises(SpecRLError, match=r"cannot resume .*run: .*step_000001: part 'trainer' .*`posix.system`.*"
-                                          r"could run code; refused"):
+    with pytest.raises(SpecRLError, match=r"step_000001:.*'trainer'.*`posix\.system`"):
         train_main(None, ["run.steps=2"], str(run), None, False)
     assert not marker.exists()
 
@@ -303,7 +301,7 @@ def test_a_crafted_dcp_metadata_is_refused_with_no_code_run(tmp_path, what):
         raw = pickle.dumps({"os.system": _Global(os.system, f"touch {marker}"),
                             "a DCP class it does not need": _Global(FileSystemWriter, str(marker))}[what])
     (tmp_path / "ck" / ".metadata").write_bytes(raw)
-    with pytest.raises(SpecRLError, match="refused to load the DCP checkpoint.*may not load"):
+    with pytest.raises(SpecRLError, match=r"refused.*DCP checkpoint"):
         SafeReader(str(tmp_path / "ck")).read_metadata()
     assert not marker.exists()
 
@@ -337,7 +335,7 @@ def test_a_single_process_learner_writes_one_dcp_directory_part(tmp_path):
     b = bytearray(data.read_bytes())
     b[len(b) // 2] ^= 0xFF
     data.write_bytes(bytes(b))
-    with pytest.raises(CheckpointError, match=rf"part '{DCP_PART}/{data.name}' fails its SHA-256 check"):
+    with pytest.raises(CheckpointError, match=rf"'{DCP_PART}/{data.name}' fails.*SHA-256"):
         verify_checkpoint(p)
 
 
@@ -354,8 +352,7 @@ def test_a_dcp_entry_that_would_run_code_is_refused(tmp_path):
     marker = tmp_path / "ran"
     dcp.save({"optim": {"lr": _RunsCode(marker)}, "w": torch.ones(2)},
              storage_writer=FileSystemWriter(str(tmp_path / "ck")), no_dist=True)
-    with pytest.raises(SpecRLError, match=r"refused to load the checkpoint's DCP entry 'optim.lr': it asks to build "
-                                          r"`posix.system`, which could run code"):
+    with pytest.raises(SpecRLError, match=r"'optim\.lr'.*`posix\.system`"):
         _load({"optim": {"lr": 0.0}, "w": torch.zeros(2)}, str(tmp_path / "ck"))
     assert not marker.exists()
     state = {"w": torch.zeros(2)}
@@ -381,6 +378,6 @@ def test_a_dcp_part_that_fails_to_write_leaves_nothing_behind(tmp_path, monkeypa
         return real(obj, f, *a, **k)
 
     monkeypatch.setattr(torch, "save", save)
-    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_000002 \(the disk is full"):
+    with pytest.raises(CheckpointError, match=r"step_000002.*disk is full"):
         save_checkpoint(tmp_path, 2, {DCP_PART: DcpPart(policy, None, [opt]), "learner": {"step": 2}})
     assert sorted(q.name for q in tmp_path.iterdir()) == ["step_000001"]

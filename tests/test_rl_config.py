@@ -91,13 +91,13 @@ def test_bad_overrides_and_files(tmp_path):
         apply_override({}, "grpo.num_generations")
     with pytest.raises(SpecRLError, match="is a section"):
         apply_override({}, "grpo=3")
-    with pytest.raises(SpecRLError, match="is a value, not a section"):
+    with pytest.raises(SpecRLError, match=r"'run\.seed'.*value.*section"):
         apply_override({"run": {"seed": 1}}, "run.seed.x=1")
     with pytest.raises(SpecRLError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("- 1\n- 2\n")
-    with pytest.raises(SpecRLError, match="top level must be a mapping"):
+    with pytest.raises(SpecRLError, match=r"top level.*mapping"):
         load_config(bad)
     bad.write_text("grpo: {num_generations: 4\n")
     with pytest.raises(SpecRLError, match="not valid YAML"):

@@ -117,15 +117,14 @@ def test_register_a_loss_and_select_it_by_name():
 
 
 def test_bad_loss_inputs():
-    with pytest.raises(SpecRLError, match=r"grpo.loss_type: unknown loss 'ppo'; registered losses: dapo, dr_grpo, "
-                                          r"grpo, gspo"):
+    with pytest.raises(SpecRLError, match=rf"loss_type:.*'ppo'.*losses: {', '.join(sorted(LOSSES))}"):
         get_loss("ppo")
-    with pytest.raises(SpecRLError, match="normalizer must be one of tokens, sequences, max_tokens, got 'batch'"):
+    with pytest.raises(SpecRLError, match=r"normalizer.*sequences, max_tokens.*'batch'"):
         register_loss("x", normalizer="batch")
     logp, old = batch()
-    with pytest.raises(SpecRLError, match="normalizer must be > 0, got 0"):
+    with pytest.raises(SpecRLError, match=r"normalizer.*> 0, got 0"):
         get_loss("grpo")(logp, old, ADV, MASK, normalizer=0, **KW)
-    with pytest.raises(SpecRLError, match=r"gspo needs one advantage per sequence, shape \[2\], got \(2, 2\)"):
+    with pytest.raises(SpecRLError, match=r"gspo.*\[2\].*\(2, 2\)"):
         get_loss("gspo")(logp, old, ADV[:, None].expand(2, 2), MASK, normalizer=2.0, **KW)
 
 
@@ -160,12 +159,12 @@ def test_std_scaling_follows_the_loss():
 def test_on_stale_needs_refresh_updates():
     base = {"speculative": {"drafter": "eagle:x"}, "drafter": {"online": True, "online_mode": "on_stale",
                                                                  "refresh_steps": 0}}
-    with pytest.raises(SpecRLError, match=r"drafter.online_mode=on_stale .* drafter.refresh_steps >= 1 \(now 0\)"):
+    with pytest.raises(SpecRLError, match=r"online_mode=on_stale.*refresh_steps.*now 0"):
         validate_config(base)
     # without an online drafter the mode is moot: examples/short.yaml with --set drafter.online=false (and the
     # autoregressive arm of --compare) stays valid
     assert validate_config({"drafter": {"online": False, "online_mode": "on_stale"}}).drafter.online_mode == "on_stale"
-    with pytest.raises(SpecRLError, match=r"drafter.online_mode: Input should be 'every_step' or 'on_stale'"):
+    with pytest.raises(SpecRLError, match=r"online_mode:.*'every_step' or 'on_stale'"):
         validate_config({"drafter": {"online_mode": "sometimes"}})
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from specrl.observability.metrics import STEP_FIELDS, MetricsWriter, ProgressDisplay, read_jsonl, stage_bar
-from specrl.observability.run_report import write_report
+from specrl.observability.run_report import LOGPROB_FOLDED, write_report
 from specrl.run.compare_report import amdahl_bound, compare_summary, write_compare
 
 
@@ -94,7 +94,7 @@ def test_report_says_why_logprob_reads_zero(tmp_path):
 
     folded = [{**record(s), "stage_seconds": {**record(s)["stage_seconds"], "logprob": 0.001},
                "logprob_skipped": True} for s in (1, 2)]
-    assert "logprob: folded into train (one update per batch)" in write_report(tmp_path, folded).read_text()
+    assert LOGPROB_FOLDED in write_report(tmp_path, folded).read_text().splitlines()
     assert "folded into train" not in write_report(tmp_path / "b", [record(1), record(2)]).read_text()
     buf = io.StringIO()
     Console(file=buf, width=120).print(ProgressDisplay(total_steps=5, enabled=True, live=False)._renderable(folded[0]))
@@ -163,7 +163,7 @@ def test_acceptance_compare(tmp_path):
     assert png.name == "acceptance_frozen_vs_online.png" and png.stat().st_size > 5000
     assert json.loads(jpath.read_text())["online"]["steps"] == 6
     md = mpath.read_text()
-    assert "| frozen | 6 | 1.850 | 1.450 | 1.650 | 0 | 0 |" in md and "| online | 6 |" in md
+    assert table_row(md, "frozen") == ["6", "1.850", "1.450", "1.650", "0", "0"] and table_row(md, "online")[0] == "6"
 
 
 HW = {"device": "cpu", "processor_class": "AVX512-BF16", "rollout_dtype": "bfloat16", "precision": "bf16-mixed",
@@ -175,6 +175,13 @@ VAL = {"speculative": [{"step": 0, "accuracy": 0.125}, {"step": 8, "accuracy": 0
 def _arms(n=4, ar_gen=4.0, sd_gen=2.0):
     return ([{**record(s, gen=ar_gen), **HW} for s in range(1, n + 1)],
             [{**record(s, gen=sd_gen, al=2.5), **HW} for s in range(1, n + 1)])
+
+
+def table_row(md, label):
+    """The cells after the label of the one markdown table row whose first cell is `label`."""
+    found = [x for x in md.splitlines() if x.startswith(f"| {label} |")]
+    assert len(found) == 1, f"{label!r}: {len(found)} rows"
+    return [c.strip() for c in found[0].strip().strip("|").split("|")][1:]
 
 
 def lead(lines, label):
@@ -223,7 +230,7 @@ def test_headline_leads_report_and_terminal(tmp_path):
     assert re.findall(r"\]\(([^)]+)\)", lead(bullets, "per-arm reports: ")) == [
         "speculative/report.md", "speculative/final", "autoregressive/report.md", "compare.md"]
     assert lines[1:8] == bullets[:7]  # the terminal's lines: the same, links as paths
-    assert lines[8].startswith(f"per-arm reports: {tmp_path / 'speculative' / 'report.md'} ")
+    assert lead(lines, "per-arm reports: ").startswith(f"per-arm reports: {tmp_path / 'speculative' / 'report.md'} ")
 
 
 def test_headline_says_plainly_when_speculation_is_slower():
@@ -236,7 +243,7 @@ def test_headline_says_plainly_when_speculation_is_slower():
     lines = headline(summary)
     assert figures(lead(lines, "generation speed-up: ")) == ["0.80", "2.00", "2.50"]
     step = lead(lines, "RL step speed-up: ")
-    assert figures(step) == ["0.88", "3.61", "4.11", "0.88"] and "speculation is slower than plain decoding" in step
+    assert figures(step) == ["0.88", "3.61", "4.11", "0.88"] and "slower" in step
     assert figures(lead(lines, "learning: ")) == []  # no validation records: n/a, no figure
 
 
@@ -277,19 +284,20 @@ def test_headline_under_rejection_sampling_and_bad_checks():
     ar, sd = _arms()
     lines = headline(compare_summary(ar, sd, checks))
     assert figures(lead(lines, "lossless (verify=rejection): ")) == []  # nothing compared, so no counts
-    with pytest.raises(ValueError, match="one identity check per step for rollouts and weights, got 2 and 1"):
+    with pytest.raises(ValueError, match=r"identity check.*\b2\b.*\b1\b"):
         identity_checks("seed_exact", [True, True], [True])
 
 
 def test_report_names_the_hardware(tmp_path):
     recs = [{**record(1), **HW}, {**record(2), **HW, "torch_threads": 1}]
     text = write_report(tmp_path, recs).read_text()
-    assert "| hardware | cpu, processor class AVX512-BF16, 1–2 torch threads; rollouts bfloat16, training " \
-           "bf16-mixed |" in text
-    one = write_report(tmp_path / "one", [{**record(1), **HW, "torch_threads": 1}]).read_text()
-    assert "| hardware | cpu, processor class AVX512-BF16, 1 torch thread; rollouts" in one
-    assert "| hardware | not recorded, processor class not recorded; rollouts not recorded, training not recorded |" \
-        in write_report(tmp_path / "old", [record(1)]).read_text()
+    (hw,) = table_row(text, "hardware")
+    assert all(f in hw for f in ("cpu", "AVX512-BF16", "1–2 torch threads", "rollouts bfloat16", "training bf16-mixed"))
+    (one,) = table_row(write_report(tmp_path / "one", [{**record(1), **HW, "torch_threads": 1}]).read_text(),
+                       "hardware")
+    assert re.search(r"\b1 torch thread\b(?!s)", one) and "AVX512-BF16" in one
+    (old,) = table_row(write_report(tmp_path / "old", [record(1)]).read_text(), "hardware")
+    assert old.count("not recorded") == 4 and "torch thread" not in old
 
 
 def test_headline_of_a_rejection_run_gives_the_per_token_figure_and_a_budget_stop():
@@ -301,7 +309,7 @@ def test_headline_of_a_rejection_run_gives_the_per_token_figure_and_a_budget_sto
     checks = {**identity_checks("rejection", [], []), "stopped_early": "stopped by run.time_budget_minutes=7 after "
               "step 4 of 12"}
     lines = headline(compare_summary(ar, sd, checks), VAL)
-    assert lines[0].endswith(f"; {checks['stopped_early']}")
+    assert lead(lines, "speculative vs autoregressive rollouts: ").endswith(f"; {checks['stopped_early']}")
     assert figures(lead(lines, "generation speed-up: ")) == ["2.00", "4.00", "2.00", "2.00"]
     lead(lines, "lossless (verify=rejection): ")
     plain = headline(compare_summary(ar, sd, identity_checks("rejection", [], [])), VAL)

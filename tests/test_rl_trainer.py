@@ -118,8 +118,7 @@ def test_stale_weight_sync_is_an_error(tiny):
             pass
 
     t.weight_sync = NoSync()
-    with pytest.raises(SpecRLError, match=r"step 2: rollouts of policy version 0 for a learner at version 1 "
-                                          r"\(lag 1; this pipeline allows 0..0\)"):
+    with pytest.raises(SpecRLError, match=r"\(lag 1;.*0\.\.0\)"):
         t.step()
 
 
@@ -134,16 +133,16 @@ def test_run_writes_everything(tiny, tmp_path):
     assert recs[1]["accuracy"] is not None  # validated at step 2 (val_every=2 and last step)
     assert [r["step"] for r in read_jsonl(run_dir / "validation.jsonl")] == [0, 2]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["steps"] == 2
-    with pytest.raises(SpecRLError, match="already holds a run.*--resume"):
+    with pytest.raises(SpecRLError, match=r"holds a run.*--resume"):
         train_main(str(cfg), [], None, str(run_dir), False)
 
 
 def test_bad_model_context(tiny, tmp_path):
-    with pytest.raises(SpecRLError, match=r"model.max_seq_len \(1024\) exceeds the model's context \(512"):
+    with pytest.raises(SpecRLError, match=r"max_seq_len \(1024\).*context \(512"):
         GRPOTrainer.from_config(validate_config(cfg_dict(tiny, model__max_seq_len=1024)))
     t = GRPOTrainer.from_config(validate_config(cfg_dict(tiny, model__max_seq_len=64,
                                                          generation__max_new_tokens=32)))
-    with pytest.raises(SpecRLError, match=r"prompt has \d+ tokens .* raise model.max_seq_len to >= \d+"):
+    with pytest.raises(SpecRLError, match=r"prompt has \d+ tokens.*max_seq_len"):
         t.step()
 
 
@@ -214,8 +213,7 @@ def test_compare_seed_exact(tiny, tmp_path, monkeypatch, drafter):
 
 def test_compare_needs_drafter(tiny, tmp_path):
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
-    with pytest.raises(SpecRLError, match=r"a compare \(`specrl run`, `specrl train --compare`\) needs "
-                                          r"speculative rollouts"):
+    with pytest.raises(SpecRLError, match=r"compare.*needs speculative rollouts"):
         train_main(str(cfg), [], None, str(tmp_path / "cmp"), True)
     with pytest.raises(SpecRLError, match="no config.yaml there"):  # a compare resumes only a compare's directory
         train_main(str(cfg), [], str(tmp_path), None, True)
@@ -264,7 +262,7 @@ def test_online_drafter_training(tiny, monkeypatch, kind):
 def test_online_needs_trainable_drafter(tiny):
     cfg = validate_config(cfg_dict(tiny, speculative__drafter="eagle:x", drafter__online=True))
     cfg.speculative.drafter = "ngram"  # bypass the config check to reach the trainer's own
-    with pytest.raises(SpecRLError, match="trains EAGLE or MTP drafters"):
+    with pytest.raises(SpecRLError, match=r"EAGLE or MTP.*'ngram'"):
         GRPOTrainer.from_config(cfg)
 
 
@@ -278,7 +276,7 @@ def test_non_finite_in_run_names_step_and_last_good_checkpoint(tiny, tmp_path, m
 
     monkeypatch.setattr(Learner, "stage_train", flaky)
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(tiny))
-    with pytest.raises(SpecRLError, match=r"step 2: non-finite.*last good checkpoint is .*step_000001"):
+    with pytest.raises(SpecRLError, match=r"step 2: non-finite.*step_000001"):
         train_main(str(cfg), [], None, str(tmp_path / "run"), False)
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
@@ -366,8 +364,9 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     assert all(p.grad is None for p in t.drafter.parameters())
     with torch.no_grad():
         t.drafter.fc.weight.fill_(float("nan"))
-    with pytest.raises(NonFiniteError, match="step 1: non-finite drafter loss in drafter refresh update 1"):
+    with pytest.raises(NonFiniteError, match=r"non-finite.*refresh update 1") as e:
         dt.refresh(dt.captures, 1)
+    assert "step 1:" in str(e.value)
 
 
 def test_staleness_loop_refreshes_when_acceptance_drops(tiny, monkeypatch):
@@ -419,7 +418,7 @@ def test_collapse_warning(tiny, monkeypatch):
 
     rec1 = t.step()
     assert rec1["drafter_collapsed"] is False and not lines
-    with pytest.warns(DrafterCollapseWarning, match=r"step 2\b.*<= 1\.05.*\b2 consecutive.*'ngram'"):
+    with pytest.warns(DrafterCollapseWarning, match=r"\b2 consecutive.*'ngram'"):
         rec2 = t.step()
     (collapsed,) = lines  # one event line, naming the step, the bound and the drafter kind
     assert rec2["drafter_collapsed"] is True and re.search(r"step 2\b.*1\.05.*'ngram'", collapsed), collapsed
@@ -448,7 +447,7 @@ def test_zeroed_drafter_collapses(tiny, monkeypatch):
                                                          speculative__num_draft_tokens=2,
                                                          drafter__collapse_threshold=1.2)))
     t.log = lambda msg: None
-    with pytest.warns(DrafterCollapseWarning, match="'eagle:x' looks broken or unsynced with the policy"):
+    with pytest.warns(DrafterCollapseWarning, match=r"'eagle:x' looks broken"):
         recs = [t.step() for _ in range(2)]
     assert all(1.0 <= r["acceptance_length"] <= 1.2 for r in recs)
     assert [r["drafter_collapsed"] for r in recs] == [False, True]

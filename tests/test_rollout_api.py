@@ -38,14 +38,13 @@ def test_native_engine_is_a_rollout_backend(model):
 def test_capabilities_require_names_request_and_offer():
     caps = BackendCapabilities("vllm", ("rejection",), ("none", "ngram", "eagle"), 5, exact_seeds=False)
     caps.require(verify="rejection", drafter="eagle:/x", k=5)  # all offered
-    with pytest.raises(SpecRLError, match=r"speculative: verify='seed_exact' is not offered by the vllm backend "
-                                          r"\(it offers \['rejection'\]\)"):
+    with pytest.raises(SpecRLError, match=r"verify='seed_exact'.*vllm.*\['rejection'\]"):
         caps.require(verify="seed_exact", where="speculative")
-    with pytest.raises(SpecRLError, match=r"drafter 'mtp:/d' is not offered by the vllm backend .*'ngram', 'eagle'"):
+    with pytest.raises(SpecRLError, match=r"'mtp:/d'.*vllm.*'ngram', 'eagle'"):
         caps.require(drafter="mtp:/d")
-    with pytest.raises(SpecRLError, match=r"num_draft_tokens=6 exceeds the vllm backend's maximum k \(5\)"):
+    with pytest.raises(SpecRLError, match=r"num_draft_tokens=6.*vllm.*\(5\)"):
         caps.require(k=6)
-    with pytest.raises(SpecRLError, match="seeds are not exact on the vllm backend"):
+    with pytest.raises(SpecRLError, match=r"seeds.*not exact.*vllm"):
         caps.require(exact_seeds=True)
 
 
@@ -60,7 +59,7 @@ def test_load_weights_hf_names_and_versions(model):
     assert [o.token_ids for o in out] == [o.token_ids for o in ref] and out.policy_versions == [3, 3, 3]
     with pytest.raises(SpecRLError, match="which='optimizer'; use one of"):
         e.load_weights("optimizer", named, 4)
-    with pytest.raises(SpecRLError, match="version must be an integer >= 0"):
+    with pytest.raises(SpecRLError, match=r"version.*>= 0, got -1"):
         e.load_weights("policy", named, -1)
     with pytest.raises(SpecRLError, match="missing: \\['model.norm.weight'\\]"):
         e.load_weights("policy", {k: v for k, v in named.items() if k != "model.norm.weight"}, 4)
@@ -134,7 +133,7 @@ def test_trainer_runs_on_a_protocol_only_backend(tmp_path):
     # a backend that lacks what the config asks for is refused before any step, naming both
     limited = ProtocolOnly(build_backend(cfg, policy))
     limited.capabilities = BackendCapabilities("limited", ("rejection",), ("none", "ngram"), 7, False)
-    with pytest.raises(SpecRLError, match="speculative: verify='seed_exact' is not offered by the limited backend"):
+    with pytest.raises(SpecRLError, match=r"verify='seed_exact'.*not offered.*limited"):
         GRPOTrainer.from_config(cfg, backend=limited)
 
 
@@ -143,11 +142,11 @@ def test_local_weight_sync_versions(model):
 
     e = RolloutEngine(tiny_model(vocab_size=64, seed=1), max_batch_size=2, max_seq_len=32)
     sync = LocalWeightSync(e)
-    with pytest.raises(SpecRLError, match="version 0 was never pushed"):
+    with pytest.raises(SpecRLError, match=r"version 0\b.*never pushed"):
         sync.wait_for(0)
     sync.push(2, hf_named_tensors(model))
     assert sync.wait_for(1) == 2 and e.policy_version == 2
-    with pytest.raises(SpecRLError, match="version 1 is older than the live version 2"):
+    with pytest.raises(SpecRLError, match=r"version 1\b.*older.*\b2\b"):
         sync.push(1, hf_named_tensors(model))
-    with pytest.raises(SpecRLError, match="version 3 was never pushed"):
+    with pytest.raises(SpecRLError, match=r"version 3\b.*never pushed"):
         sync.wait_for(3)

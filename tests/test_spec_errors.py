@@ -1,11 +1,12 @@
 """Bad speculative-decoding input gets a clear error."""
 
 import json
+import re
 
 import pytest
 
 from specrl import RolloutEngine
-from specrl.drafters import DraftModelDrafter, NGramDrafter, make_drafter
+from specrl.drafters import EMBEDDED_NAMES, DraftModelDrafter, NGramDrafter, make_drafter
 from specrl.drafters.storage.shipped import shipped_dir
 from specrl.errors import SpecRLError
 from specrl.model.transformer import tiny_model
@@ -18,17 +19,17 @@ def target():
 
 @pytest.mark.parametrize("k", [-1, 8, 2.5, "three"])
 def test_bad_num_draft_tokens(target, k):
-    with pytest.raises(SpecRLError, match=r"num_draft_tokens must be an integer in 0\.\.7 \(k_max\) or 'auto'"):
+    with pytest.raises(SpecRLError, match=r"num_draft_tokens.*0\.\.7.*'auto'"):
         RolloutEngine(target, max_seq_len=64, drafter=NGramDrafter(), num_draft_tokens=k)
 
 
 def test_unknown_verify_mode(target):
-    with pytest.raises(SpecRLError, match=r"verify='exact' is unknown; use one of \['rejection', 'seed_exact'\]"):
+    with pytest.raises(SpecRLError, match=r"verify='exact'.*\['rejection', 'seed_exact'\]"):
         RolloutEngine(target, max_seq_len=64, drafter=NGramDrafter(), verify="exact")
 
 
 def test_draft_model_vocab_mismatch(target):
-    with pytest.raises(SpecRLError, match="draft model vocab size 32 differs from the target's 64"):
+    with pytest.raises(SpecRLError, match=r"vocab size 32\b.*\b64\b"):
         RolloutEngine(target, max_seq_len=64, drafter=DraftModelDrafter(tiny_model("llama", vocab_size=32)))
 
 
@@ -43,7 +44,7 @@ def test_unknown_drafter_spec_and_missing_paths(target, tmp_path):
 
 def test_default_drafter_of_another_model_says_how_to_build_one(target, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
-    with pytest.raises(SpecRLError, match=r"embedded smollm2-135m.*specrl draft init --model PATH --drafter eagle"):
+    with pytest.raises(SpecRLError, match=r"smollm2-135m.*draft init.*eagle"):
         make_drafter("eagle:default", target)
     assert not (tmp_path / "drafters").exists()  # nothing was built for the wrong model
 
@@ -85,7 +86,7 @@ def test_default_drafter_is_built_once_and_atomically(tmp_path, monkeypatch):
     n = len(calls)  # eagle:think and eagle:default ship in the package: verified and used, never built
     assert dd.ensure_default_drafter("eagle", "think", progress=False) == shipped_dir("think") and len(calls) == n
     assert dd.ensure_default_drafter("eagle", progress=False) == shipped_dir("default") and len(calls) == n
-    with pytest.raises(SpecRLError, match="not an embedded drafter name"):
+    with pytest.raises(SpecRLError, match=rf"'thinking'.*allowed: {', '.join(EMBEDDED_NAMES)}"):
         dd.default_drafter_dir("eagle", "thinking")
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, think.name])  # no temporary dirs
     with pytest.raises(SpecRLError, match="no default 'ngram' drafter"):
@@ -110,13 +111,15 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
     path = dd.ensure_default_drafter("mtp", "think", progress=False)  # (eagle:think ships: it is never built)
     assert json.loads((path / dd.RECIPE_FILE).read_text()) == dd.DEFAULT_BUILDS["think"]
     assert dd.ensure_default_drafter("mtp", "think", progress=False) == path and epochs == [3]  # current: kept
-    monkeypatch.setitem(dd.DEFAULT_BUILDS, "think", {**dd.DEFAULT_BUILDS["think"], "epochs": 8})
+    built_with = dd.DEFAULT_BUILDS["think"]
+    monkeypatch.setitem(dd.DEFAULT_BUILDS, "think", {**built_with, "epochs": 8})
     assert dd.ensure_default_drafter("mtp", "think", progress=False) == path and epochs == [3, 8]
     out = capsys.readouterr().out
-    assert 'was built with recipe {"task": "chain_sum"' in out and "rebuilding it" in out
+    old, new = json.dumps(built_with), json.dumps(dd.DEFAULT_BUILDS["think"])
+    assert re.search(rf"mtp:think\b.*{re.escape(old)}.*{re.escape(new)}.*rebuilding", out)
     (path / dd.RECIPE_FILE).unlink()  # a cache from a specrl that recorded no recipe
     dd.ensure_default_drafter("mtp", "think", progress=False)
-    assert epochs == [3, 8, 8] and "an unrecorded recipe (an older specrl)" in capsys.readouterr().out
+    assert epochs == [3, 8, 8] and re.search(r"unrecorded recipe.*rebuilding", capsys.readouterr().out)
     # an EAGLE head of drafter format 1 (the layer before EAGLE-3's) under the current recipe: rebuilt (where
     # the package ships no eagle:default; it does, so its absence is simulated)
     import specrl.drafters.storage.shipped as shipped
@@ -125,8 +128,8 @@ def test_default_drafter_built_with_another_recipe_is_rebuilt(tmp_path, monkeypa
     path = dd.ensure_default_drafter("eagle", "default", progress=False)
     (path / "config.json").write_text(json.dumps({"kind": "eagle", "format_version": 1}))
     dd.ensure_default_drafter("eagle", "default", progress=False)
-    assert epochs == [3, 8, 8, 3, 3] and "is in drafter format 1; this specrl writes format 2" in \
-        capsys.readouterr().out
+    assert epochs == [3, 8, 8, 3, 3] and re.search(r"eagle:default\b.*format 1\b.*format 2\b.*rebuilding",
+                                                   capsys.readouterr().out)
     left = sorted(p.name for p in path.parent.iterdir())
     assert left == sorted([path.name, dd.default_drafter_dir("mtp", "think").name])  # no temporary directory
 
@@ -154,7 +157,7 @@ def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_
 
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     embedded = SimpleNamespace(args=ModelArgs(vocab_size=49152))
-    with pytest.raises(SpecRLError, match=r"not built yet.*specrl prepare --drafter mtp"):
+    with pytest.raises(SpecRLError, match=r"not built.*--drafter mtp"):
         make_drafter("mtp:default", embedded)
     assert not (tmp_path / "drafters").exists()
     built = []
@@ -165,7 +168,7 @@ def test_unbuilt_default_drafter_says_how_to_build_it_or_is_built_on_demand(tmp_
 
     with pytest.raises(SpecRLError, match="stop here"):
         make_drafter("mtp:default", embedded, build_default=build_default)
-    with pytest.raises(SpecRLError, match=r"mtp:think.*not built yet.*specrl prepare --drafter mtp:think"):
+    with pytest.raises(SpecRLError, match=r"not built.*--drafter mtp:think"):
         make_drafter("mtp:think", embedded)
     with pytest.raises(SpecRLError, match="stop here"):
         make_drafter("mtp:think", embedded, build_default=build_default)

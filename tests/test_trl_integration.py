@@ -21,7 +21,7 @@ trl = pytest.importorskip("trl")
 
 from specrl.errors import SpecRLError  # noqa: E402
 from specrl.integrations.trl import rollout_func  # noqa: E402
-from specrl.integrations.trl.checks import check_prompts, check_trainer, check_trl  # noqa: E402
+from specrl.integrations.trl.checks import TRL_MIN, check_prompts, check_trainer, check_trl  # noqa: E402
 
 
 # ---------------------------------------------------------------- bad input, no trainer needed
@@ -51,21 +51,21 @@ def test_a_trl_without_rollout_func_is_refused(monkeypatch):
 
     fake.GRPOTrainer = GRPOTrainer
     monkeypatch.setitem(sys.modules, "trl", fake)
-    with pytest.raises(SpecRLError, match=r"0\.19\.0.*rollout_func.*>= 1\.16"):
+    with pytest.raises(SpecRLError, match=rf"0\.19\.0.*rollout_func.*>= {TRL_MIN}"):
         check_trl()
 
 
 def test_prompts_not_in_groups_multimodal_or_malformed_are_refused():
     chat = [{"role": "user", "content": "2 + 2?"}]
     check_prompts([chat, chat, "x", "x"], 2)
-    with pytest.raises(SpecRLError, match="not whole groups of num_generations=4"):
+    with pytest.raises(SpecRLError, match=r"whole groups.*num_generations=4"):
         check_prompts([chat] * 6, 4)
     with pytest.raises(SpecRLError, match="not one prompt repeated"):
         check_prompts(["a", "b"], 2)
     image = [{"role": "user", "content": [{"type": "image", "image": None}, {"type": "text", "text": "what?"}]}]
     with pytest.raises(SpecRLError, match=r"multimodal.*\['image'\]"):
         check_prompts([image, image], 2)
-    with pytest.raises(SpecRLError, match="string or a list of chat messages"):
+    with pytest.raises(SpecRLError, match=r"prompt.*string.*chat messages"):
         check_prompts([3, 3], 2)
     with pytest.raises(SpecRLError, match="no prompts"):
         check_prompts([], 2)
@@ -177,7 +177,7 @@ def test_a_lora_policy_generates_with_its_adapters_merged(tiny_dir, tmp_path):
 def test_the_embedded_model_drafter_for_another_target_is_refused(tiny_dir, tmp_path):
     rf = rollout_func(drafter="eagle:think", certificate=False)
     trainer = _trainer(tiny_dir, tmp_path / "out", rf, steps=1)
-    with pytest.raises(SpecRLError, match="eagle:think is a drafter of the embedded"):
+    with pytest.raises(SpecRLError, match=r"eagle:think.*embedded.*different"):
         trainer.train()
 
 

@@ -112,6 +112,6 @@ def test_a_tokenizer_that_names_its_own_code_is_refused_without_running_it(tmp_p
         '{"auto_map": {"AutoTokenizer": ["tokenization_planted.PlantedTokenizer", '
         '"tokenization_planted.PlantedTokenizer"]}, "tokenizer_class": "PlantedTokenizer"}')
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
-    with pytest.raises(SpecRLError, match="tokenizer names Python code of its own"):
+    with pytest.raises(SpecRLError, match=r"tokenizer names Python code"):
         load_tokenizer(tmp_path)
     assert not marker.exists()

@@ -68,9 +68,9 @@ def test_draft_mass_check_covers_the_greedy_path_and_exempts_padding():
     q[2, 2, r.x[2, 2]] = 0.0  # q(x) = 0 at row 2, column 2
     args = (r.x, q, r.u_sample, r.u_accept, r.u_residual)
     argmax = r.p.argmax(-1)
-    with pytest.raises(SpecRLError, match="drafter bug: row 2 proposed token"):
+    with pytest.raises(SpecRLError, match=r"drafter bug: row 2\b"):
         verify("rejection", None, *args, None, argmax)
-    with pytest.raises(SpecRLError, match="drafter bug: row 2 proposed token"):
+    with pytest.raises(SpecRLError, match=r"drafter bug: row 2\b"):
         verify("rejection", r.p, *args, torch.full((6,), K))
     padded = torch.tensor([3, 3, 2, 3, 3, 3])  # column 2 of row 2 is padding: not drawn from q, never accepted
     verify("rejection", r.p, *args, padded)
@@ -80,11 +80,11 @@ def test_draft_mass_check_covers_the_greedy_path_and_exempts_padding():
 def test_bad_num_drafts_and_both_targets_are_errors():
     r = make_rows(4, K, onehot=True, seed=1)
     args = (r.x, None, r.u_sample, r.u_accept, r.u_residual)
-    with pytest.raises(SpecRLError, match="num_drafts must be integer counts in 0..3"):
+    with pytest.raises(SpecRLError, match=r"num_drafts.*0\.\.3"):
         verify("rejection", r.p, *args, torch.tensor([0, 1, 4, 2]))
     with pytest.raises(SpecRLError, match="num_drafts has shape"):
         verify("rejection", r.p, *args, torch.tensor([0, 1]))
-    with pytest.raises(SpecRLError, match="exactly one of target_probs and target_argmax"):
+    with pytest.raises(SpecRLError, match=r"exactly one.*target_probs.*target_argmax"):
         verify("rejection", r.p, *args, None, r.p.argmax(-1))
 
 

@@ -5,6 +5,8 @@ checks before its verify forward, so a drafter's bad id is a clear error there t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -33,9 +35,9 @@ def test_draft_ids_outside_the_vocabulary_are_refused_in_every_mode(case, bad):
     r = make_rows(8, K, onehot=case != "rejection-q", seed=11)
     x = r.x.clone()
     x[5, 1] = bad
-    with pytest.raises(SpecRLError, match=rf"row 5 drafted token id {bad} at draft position 1, but token ids must "
-                                          rf"be in 0\.\.{V - 1} \(V={V}\)"):
+    with pytest.raises(SpecRLError, match=rf"row 5 .*id {bad}\b.*0\.\.{V - 1}") as e:
         _call(case, x, rows=r)
+    assert "position 1" in str(e.value)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -53,10 +55,9 @@ def test_any_integer_dtype_gives_the_int64_result(case, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool])
 def test_float_or_bool_ids_are_refused(case, dtype):
     r = make_rows(8, K, onehot=case != "rejection-q", seed=11)
-    with pytest.raises(SpecRLError, match=rf"draft_tokens must hold integer token ids \(any integer dtype: int64, "
-                                          rf"int32, \.\.\.\), got dtype {dtype}"):
+    with pytest.raises(SpecRLError, match=rf"draft_tokens.*integer.*got dtype {dtype}"):
         _call(case, r.x.to(dtype), rows=r)
-    with pytest.raises(SpecRLError, match=rf"num_drafts must hold integer token ids.*got dtype {dtype}"):
+    with pytest.raises(SpecRLError, match=rf"num_drafts.*integer.*got dtype {dtype}"):
         _call(case, r.x, torch.full((8,), 1).to(dtype), rows=r)
 
 
@@ -80,9 +81,9 @@ def test_greedy_path_without_v_still_refuses_negative_ids_and_a_wrong_vocab_size
     x = r.x.clone()
     x[2, 0] = -3
     args = (r.u_sample, r.u_accept, r.u_residual, None, r.p.argmax(-1))
-    with pytest.raises(SpecRLError, match=r"row 2 drafted token id -3 at draft position 0, but token ids must be 0 or "
-                                          r"more"):
+    with pytest.raises(SpecRLError, match=r"row 2 .*id -3\b") as e:
         verify("rejection", None, x, None, *args)
+    assert "position 0" in str(e.value) and "0 or more" in str(e.value)
     with pytest.raises(SpecRLError, match=rf"vocab_size=7 but .* has V={V}"):
         verify("rejection", r.p, r.x, None, *args[:4], vocab_size=7)
 
@@ -118,6 +119,6 @@ def test_engine_takes_int32_drafts_and_refuses_out_of_range_ones_clearly(mode, t
         eng.generate(prompts, sp)
     bad = RolloutEngine(target, max_batch_size=2, max_seq_len=32, drafter=_Fixed(target, 64, torch.long),
                         num_draft_tokens=2, verify=mode)
-    with pytest.raises(SpecRLError, match=r"row 0 drafted token id 64 at draft position 1, but token ids must be in "
-                                          r"0\.\.63 \(V=64\)"):
+    with pytest.raises(SpecRLError, match=r"id 64\b.*0\.\.63") as e:
         bad.generate(prompts, sp)
+    assert re.search(r"\brow 0\b.*\(V=64\)", str(e.value))

@@ -260,8 +260,7 @@ def _inputs(n=3, k=2, with_q=True, seed=0):
 def test_draft_tokens_with_k_minus_1_columns_is_an_error(mode):
     args = _inputs()
     args[1] = args[1][:, :1]  # [n, k-1]: used to broadcast and emit an unchecked token
-    with pytest.raises(SpecRLError, match=r"verify: draft_tokens has shape \(3, 1\), but target_probs of shape "
-                                          r"\(3, 3, 4\) \(n=3, k=2, V=4\) needs \(3, 2\)"):
+    with pytest.raises(SpecRLError, match=r"draft_tokens.*\(3, 1\).*k=2"):
         verify(mode, *args)
 
 
@@ -274,14 +273,14 @@ def test_other_shape_mismatches_are_errors(which, index, bad):
     args[index] = bad(args[index])
     with pytest.raises(SpecRLError, match=rf"verify: {which} has shape"):
         verify("rejection", *args)
-    with pytest.raises(SpecRLError, match=r"target_probs must have shape \[n, k\+1, V\]"):
+    with pytest.raises(SpecRLError, match=r"target_probs.*k\+1, V\]"):
         verify("rejection", args[0][0], *_inputs()[1:])
 
 
 def test_float_draft_tokens_are_an_error():
     args = _inputs()
     args[1] = args[1].float()
-    with pytest.raises(SpecRLError, match=r"draft_tokens must hold integer token ids .*got dtype torch.float32"):
+    with pytest.raises(SpecRLError, match=r"draft_tokens.*integer.*torch\.float32"):
         verify("rejection", *args)
 
 
@@ -290,8 +289,7 @@ def test_draft_with_zero_draft_probability_is_an_error_naming_the_row():
     q, x = args[2].clone(), args[1]
     q[3, 1, x[3, 1]] = 0.0  # a drafter claiming q(x) = 0 for a token it proposed
     args[2] = q
-    with pytest.raises(SpecRLError, match=rf"drafter bug: row 3 proposed token {int(x[3, 1])} at draft position 1 "
-                                          r"with draft probability q\(x\) = 0.0"):
+    with pytest.raises(SpecRLError, match=rf"bug: row 3 .*token {int(x[3, 1])}\b"):
         verify("rejection", *args)
     verify("seed_exact", *args)  # seed_exact never uses q: still exact, no error
 

@@ -38,6 +38,7 @@ MIN_TOKENS = 200  # the smallest certificate a budget may leave (every tested po
 MAX_PROMPTS = 4
 NUM_SAMPLES = 192  # the fewest continuations `sample_size` returns (the TRL callback's default)
 LONGEST = 64  # the longest continuation (tokens_each)
+UNUSED = "not used by the run"  # a position's status where it had no tokens and the run never drafted that deep
 
 
 def tokens_each(k_max: int, max_new_tokens: int = 0) -> int:
@@ -135,7 +136,7 @@ def mark_usage(positions: list[dict], run_depths: Sequence[int]) -> list[dict]:
         name = p["position"]
         depth = int(name.split()[1]) if name.startswith("draft ") else None
         unused = p["tokens"] == 0 and (name == "no draft" or (depth is not None and depth not in run_depths))
-        status = "not used by the run" if unused else "tested" if p["tested"] else "not tested"
+        status = UNUSED if unused else "tested" if p["tested"] else "not tested"
         out.append({**p, "status": status})
     return out
 

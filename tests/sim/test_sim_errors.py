@@ -35,14 +35,15 @@ def test_unknown_model_hardware_preset_list_valid_ones():
 
 @pytest.mark.parametrize("al", [0.5, 4.5])
 def test_acceptance_length_outside_range(al):
-    with pytest.raises(SpecRLError, match=r"outside \[1, k\+1\] = \[1, 4\]"):
+    with pytest.raises(SpecRLError, match=r"acceptance length.*\[1, 4\]"):
         simulate(replace(get_preset("paper-8b-rl-think"), acceptance_length=al))
     _cli_error(["--k", "3", "--acceptance-length", str(al)], "outside [1, k+1]")
 
 
 def test_rates_outside_unit_interval():
-    with pytest.raises(SpecRLError, match=r"must lie in \[0, 1\]"):
+    with pytest.raises(SpecRLError, match=r"acceptance rates.*\[0, 1\]") as e:
         simulate(replace(get_preset("paper-8b-rl-think"), acceptance_rates=(0.9, 1.2), k=2))
+    assert "got [1.2]" in str(e.value)
     _cli_error(["--acceptance-rates", "0.8,-0.1"], "[0, 1]")
     _cli_error(["--acceptance-rates", "0.8,abc"], "comma-separated")
     _cli_error(["--acceptance-rates", "0.8,0.7", "--k", "3"], "exceeds the 2 per-position")
@@ -56,13 +57,13 @@ def test_k_below_one_with_a_drafter():
 
 
 def test_gpu_count_not_divisible_by_layout():
-    with pytest.raises(SpecRLError, match="not divisible by the parallel layout of 4 GPUs per engine"):
+    with pytest.raises(SpecRLError, match=r"515.*divisible.*\b4 GPUs"):
         simulate(get_preset("paper-235b").with_(gpus=1030, gen_gpu_fraction=0.5))
     _cli_error(["--model", "qwen3-8b", "--gpus", "6", "--gpus-per-engine", "4"], "use a multiple of 4")
 
 
 def test_model_that_does_not_fit_says_how_much_it_needs():
-    with pytest.raises(SpecRLError, match=r"deepseek-v3 does not fit: .* need 1342\.1 GB.*use >= 32 GPUs"):
+    with pytest.raises(SpecRLError, match=r"deepseek-v3.*\b1342\b.*>= 32 GPUs"):
         simulate(SimConfig(model="deepseek-v3", hardware="h100", gpus=64, gpus_per_engine=8, drafter="none"))
     _cli_error(["--model", "llama-3.1-70b", "--hardware", "h100", "--gpus", "8", "--gpus-per-engine", "1",
                 "--drafter", "none"], "GB")
@@ -103,11 +104,11 @@ def test_config_errors_name_the_field_and_the_valid_range():
     base = SimConfig(model="qwen3-8b", hardware="h100", gpus=8, workload=Workload(prompts_per_step=2))
     with pytest.raises(SpecRLError, match="train_micro_batch=-1 must be 0"):
         simulate(replace(base, train_micro_batch=-1))
-    with pytest.raises(SpecRLError, match=r"draft vocabulary 0 must be in \[1, 151936\]"):
+    with pytest.raises(SpecRLError, match=r"vocabulary 0.*\[1, 151936\]"):
         simulate(replace(base, draft_vocab=0))
-    with pytest.raises(SpecRLError, match="length_sample must be a non-empty list"):
+    with pytest.raises(SpecRLError, match=r"length_sample.*non-empty"):
         Workload(length_sample=())
-    with pytest.raises(SpecRLError, match="mfu_attention=2.0 must be in"):
+    with pytest.raises(SpecRLError, match=r"mfu_attention=2\.0\b.*\[0, 1\]"):
         Efficiency(mfu_attention=2.0)
     with pytest.raises(SpecRLError, match="drafter_train_passes=-1"):
         simulate(replace(base, drafter_trained_online=True, drafter_train_passes=-1))
