@@ -1,4 +1,4 @@
-"""Count test asserts that compare a sentence or a fixed line position (issue 47: tests assert fields, not prose).
+"""Count test asserts that compare a sentence or a fixed line position (tests assert fields and facts, not prose).
 
 Parses every `tests/**/*.py` with `ast` and counts:
   sentence: a string literal of 5 or more words (split on whitespace) that is an operand of a comparison inside an
