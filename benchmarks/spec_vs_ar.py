@@ -105,6 +105,8 @@ def plot_bound(rows: list[dict], hardware: dict, path: str) -> None:
         ax.plot(b, [r["hw_ideal"] for r in rs], "s--", color=colour, alpha=0.7, label=f"{name}: bound AL/(v+k·c)")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
+    sizes = sorted({r["batch_size"] for r in rows})
+    ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.set_xlabel("active batch size B (sequences)")
     ax.set_ylabel("decode speed-up over autoregressive")
     ax.set_title(f"decode speed-up and its bound; processor {hardware.get('processor_class', '?')}, "
