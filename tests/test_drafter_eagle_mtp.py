@@ -187,6 +187,23 @@ def test_drawing_k_positions_at_once_draws_what_k_single_draws_draw(temperature,
     assert len(set(tok.flatten().tolist())) > 1 or temperature == 0.0
 
 
+def test_drawing_with_logits_and_offsets_that_disagree_is_refused():
+    from specrl.rollout.drafter import DraftBatch
+
+    n = 3
+    batch = DraftBatch(tokens=[[1]] * n, positions=torch.arange(n) + 3, seeds=torch.arange(n),
+                       request_ids=torch.arange(n), group_ids=[0] * n, temperature=torch.full((n,), 0.7),
+                       top_p=torch.ones(n), top_k=torch.zeros(n, dtype=torch.long))
+    ids = torch.arange(0, 20, 2)
+    with pytest.raises(ValueError, match=r"4, 10\].*offset 0") as e:
+        batch.sample_subset(torch.randn(n, 4, 10), ids, 20, 0)  # j positions need j offsets
+    assert "[n, j, V]" in str(e.value)
+    with pytest.raises(ValueError, match=r"\[3, 10\].*tensor"):
+        batch.sample_subset(torch.randn(n, 10), ids, 20, torch.arange(2))
+    with pytest.raises(ValueError, match=r"\[3, 4, 20\].*tensor"):
+        batch.sample(torch.randn(n, 4, 20), torch.arange(3))  # 3 offsets for 4 positions
+
+
 # ---------------------------------------------------------------- exact distribution
 @pytest.fixture(scope="module")
 def small_target():

@@ -60,9 +60,14 @@ class DraftBatch:
                            stream)
         return uniform(self.seeds, self.request_ids, self.positions + offset, stream)
 
-    def _params(self, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _params(self, logits: Tensor, offset: int | Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Each row's T/top-p/top-k, spread over the positions of logits [n, j, V] drawn at once."""
-        if logits.dim() == 2:
+        many = isinstance(offset, Tensor)
+        if logits.dim() != (3 if many else 2) or (many and (offset.dim() != 1 or len(offset) != logits.shape[1])):
+            raise ValueError(f"drafter logits {list(logits.shape)} with offset {offset!r}: one draw per row takes "
+                             "logits [n, V] and an int offset; j positions at once take logits [n, j, V] and a 1-D "
+                             "tensor of j offsets")
+        if not many:
             return self.temperature, self.top_p, self.top_k
         j = logits.shape[1]
         return tuple(t[:, None].expand(-1, j) for t in (self.temperature, self.top_p, self.top_k))
@@ -71,7 +76,7 @@ class DraftBatch:
         """Process drafter logits [n, V] with each request's T/top-p/top-k and draw one token each; or logits
         [n, j, V] at the j offsets of a tensor `offset`, one token per row and position (the same draws as j
         calls with one offset each)."""
-        q = probs_from_logits(logits, *self._params(logits))
+        q = probs_from_logits(logits, *self._params(logits, offset))
         return sample_inverse_cdf(q, self.noise(offset)), q
 
     def sample_subset(self, logits: Tensor, ids: Tensor, vocab_size: int, offset: int | Tensor,
@@ -82,7 +87,7 @@ class DraftBatch:
         same token), and the returned q [n, (j,) vocab_size] is that distribution scattered into the full
         vocabulary, zero outside. `out`, a zero-filled float32 tensor of q's shape (a view of a drafter's [n, k, V]
         proposal buffer), receives q instead of a new tensor, so k draws need no stacking copy."""
-        qd = probs_from_logits(logits, *self._params(logits))
+        qd = probs_from_logits(logits, *self._params(logits, offset))
         tok = ids[sample_inverse_cdf(qd, self.noise(offset))]
         q = qd.new_zeros((*qd.shape[:-1], vocab_size)) if out is None else out
         q[..., ids] = qd
