@@ -130,9 +130,17 @@ def test_a_killed_training_resumes_from_its_checkpoint_and_ends_where_an_unbroke
     _, _ = tiny_build(tmp_path / "b")
     part = run_train(recipe, tmp_path / "b", model, progress=False, stop_after=2)
     assert not part["finished"] and part["steps"] == 2 and not (tmp_path / "b" / "train" / "drafter").exists()
+    # a life killed after its checkpoint writes no stage record: its seconds are the checkpoint's
+    ck = tmp_path / "b" / "train" / "checkpoint.pt"
+    state = torch.load(ck, weights_only=True)
+    torch.save({**state, "seconds": 1000.0}, ck)
+    (tmp_path / "b" / "train" / "stage.json").unlink()
     logged = []
     rest = run_train(recipe, tmp_path / "b", model, progress=False, log=logged.append)
     assert rest["resumed_from"] == 2 and rest["finished"] and any("resuming" in m for m in logged)
+    built = json.loads((tmp_path / "b" / "build.json").read_text())
+    assert rest["seconds"] > 1000.0 and built["stage_seconds"]["train"] == rest["seconds"]
+    assert rest["setup_seconds"] > 0.0
     assert rest["loss_per_epoch"] == full["loss_per_epoch"]
     a = load_drafter(tmp_path / "a" / "train" / "drafter", model)
     b = load_drafter(tmp_path / "b" / "train" / "drafter", model)

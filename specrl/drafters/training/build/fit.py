@@ -117,17 +117,20 @@ def _load_checkpoint(ck: Path) -> dict:
 
 
 def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, batch_size: int, ttt_steps: int,
-        seed: int = 0, checkpoint_every: int = 200, snapshot_steps: tuple[int, ...] = (), progress: bool = True,
-        log=print, stop_after: int | None = None, autocast: str = "float32", objective=None) -> dict:
+        seed: int = 0, checkpoint_every: int = 200, checkpoint_seconds: float = 300.0,
+        snapshot_steps: tuple[int, ...] = (), progress: bool = True, log=print, stop_after: int | None = None,
+        autocast: str = "float32", objective=None) -> dict:
     """Train `drafter` on `examples` for `epochs`, checkpointing into `out`; resume from `out`'s checkpoint.
 
     `snapshot_steps`: global steps after which the head is saved to `out/snapshots/step-NNNNNN` (save_drafter).
     `stop_after`: stop (checkpointed) after this many steps of this call: a test's way to kill a training.
+    A checkpoint is written every `checkpoint_every` steps, at each epoch's end and `checkpoint_seconds` after the
+    last one; it holds the loop's seconds over every life so far, so a killed life loses at most that much work.
     `autocast` "bfloat16": the forward and backward matrix products in bf16 (torch.autocast; weights, optimizer
     state and the loss stay float32), about 2x faster on CPUs with bf16 units; "float32": none. `objective` (a
     `specrl.drafters.trainable.Objective`, default soft cross-entropy) is what the head's loss scores with.
-    Returns dict(steps, epochs, train_loss (mean of the last epoch's steps), loss_per_epoch, seconds,
-    snapshots: [{step, tokens_seen, path}], resumed_from).
+    Returns dict(steps, epochs, train_loss (mean of the last epoch's steps), loss_per_epoch, seconds (every life),
+    seconds_this_call, snapshots: [{step, tokens_seen, path}], resumed_from).
     """
     from specrl.drafters.storage.io import save_drafter
     from specrl.drafters.trainable import Objective
@@ -176,8 +179,11 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
         torch.manual_seed(seed)
 
     t0 = time.perf_counter()
+    saved_at = t0
 
     def save() -> None:
+        nonlocal saved_at
+        saved_at = time.perf_counter()
         _save_atomic({"setting": setting, "model": drafter.state_dict(), "opt": opt.state_dict(),
                       "torch_rng": torch.get_rng_state(), "step": step, "tokens_seen": tokens_seen,
                       "losses": losses, "snapshots": snaps, "seconds": seconds + time.perf_counter() - t0}, ck)
@@ -217,7 +223,8 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
             save_drafter(drafter, p)
             drafter.train()
             snaps.append({"step": step, "epoch": step / steps_per_epoch, "tokens_seen": tokens_seen, "path": str(p)})
-        if step % checkpoint_every == 0 or step % steps_per_epoch == 0 or step == total_steps:
+        if step % checkpoint_every == 0 or step % steps_per_epoch == 0 or step == total_steps or \
+                time.perf_counter() - saved_at >= checkpoint_seconds:  # a kill loses at most this much work
             save()
         if stop_after is not None and done_here >= stop_after and step < total_steps:
             save()
@@ -226,10 +233,12 @@ def fit(drafter, examples: list[Example], out: Path, epochs: int, lr: float, bat
         bar.close()
     drafter.eval()
     drafter.objective = before
-    seconds += time.perf_counter() - t0
+    here = time.perf_counter() - t0
+    seconds += here
     per_epoch = [sum(losses[a: a + steps_per_epoch]) / len(losses[a: a + steps_per_epoch])
                  for a in range(0, len(losses), steps_per_epoch)]
     return {"steps": step, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "epochs": epochs,
             "train_loss": per_epoch[-1] if per_epoch else None, "loss_per_epoch": per_epoch,
-            "tokens_seen": tokens_seen, "seconds": seconds, "snapshots": snaps, "resumed_from": resumed,
+            "tokens_seen": tokens_seen, "seconds": seconds, "seconds_this_call": here, "snapshots": snaps,
+            "resumed_from": resumed,
             "finished": step >= total_steps}

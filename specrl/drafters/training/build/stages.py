@@ -269,11 +269,13 @@ def run_train(recipe: Recipe, work: Path, target=None, progress: bool = True, st
                                         stop_after=stop_after, log=log)
     for s in res["snapshots"]:
         s["shards"] = marks.get(s["step"])
+    # the training loop's seconds over every life (in its checkpoint: a killed life counts up to its last one),
+    # plus the set-up (vocabulary, examples) of the lives that ended
     prev = stage_record(work, "train") or {}
-    record = {**res, "seconds": prev.get("seconds_this_stage", 0.0) + time.perf_counter() - t0,
+    setup = prev.get("setup_seconds", 0.0) + time.perf_counter() - t0 - res["seconds_this_call"]
+    record = {**res, "seconds": res["seconds"] + setup, "setup_seconds": setup,
               "threads": torch.get_num_threads(), "data_hash": data_hash(infos), "vocab": coverage,
               "response_tokens": sum(f.response_tokens for f in feats)}
-    record["seconds_this_stage"] = record["seconds"]
     if res["finished"]:
         save_drafter(drafter, work / "train" / "drafter")
         record["drafter"] = str(work / "train" / "drafter")
