@@ -54,7 +54,7 @@ def main() -> None:
 
     from specrl import load_model
     from specrl.algorithms.batch import chunks as _chunks
-    from specrl.algorithms.batch import micro
+    from specrl.algorithms.batch import collate
     from specrl.algorithms.grpo import clipped_surrogate_loss
     from specrl.algorithms.rollouts import Rollouts
     from specrl.model.presets import prepare
@@ -87,6 +87,10 @@ def main() -> None:
         lp = torch.log_softmax(logits, -1).gather(-1, toks[:, 1:, None]).squeeze(-1)
         return lp * m
 
+    def trim(batch, idx):  # a micro-batch cut to its longest sequence, as the learner cuts it
+        last = max(2, *(batch.ends[i] for i in idx))
+        return batch.tokens[idx, :last], batch.mask[idx, : last - 1]
+
     def hf_stages(batch):
         t = time.perf_counter()
         old = None
@@ -94,13 +98,13 @@ def main() -> None:
             with torch.no_grad():
                 old = torch.zeros_like(batch.gen_logp)
                 for idx in _chunks(n, a.micro):
-                    toks, m = micro(batch, idx)
+                    toks, m = trim(batch, idx)
                     old[idx, : m.shape[1]] = hf_logp(toks, m)
         t1 = time.perf_counter()
         hf_opt.zero_grad(set_to_none=True)
         total = float(batch.mask.sum())
         for idx in _chunks(n, a.micro):
-            toks, m = micro(batch, idx)
+            toks, m = trim(batch, idx)
             w = m.shape[1]
             lp = hf_logp(toks, m)
             out = clipped_surrogate_loss(lp, lp.detach() if old is None else old[idx, :w], batch.advantages[idx], m,
@@ -114,7 +118,7 @@ def main() -> None:
     def ours(share: bool = True):
         learner.share_prefixes = share
         t = time.perf_counter()
-        batch = learner.collate(roll)
+        batch = collate(roll, learner.collate_spec)
         if not a.one_update:
             learner.stage_logprob(batch)
         t1 = time.perf_counter()

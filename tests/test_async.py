@@ -174,15 +174,16 @@ def test_is_ratio_against_the_generating_version(tiny):
     assert r.policy_version == 0
     learner = Learner(cfg, b, max_policy_lag=1)
     learner.step_count = 1  # B is version 1: the rollouts are one version behind
-    batch = learner.collate(r)
+    from specrl.algorithms.batch import collate
+
+    batch = collate(r, learner.collate_spec)
     learner.stage_logprob(batch)
-    from specrl.algorithms.batch import micro
     from specrl.trainer.scoring import response_logprobs
 
     ref_a = torch.zeros_like(batch.gen_logp)
     with torch.no_grad():
         for i in range(len(r.prompts)):
-            toks, m = micro(batch, [i])
+            toks, m = batch.tokens[[i], : batch.ends[i]], batch.mask[[i], : batch.ends[i] - 1]
             lp, _ = response_logprobs(a, toks, m, 1.0)
             ref_a[i, : lp.shape[1]] = lp
     m = batch.mask

@@ -5,6 +5,7 @@ state survives a checkpoint (the one DCP directory part, any world size)."""
 import pytest
 import torch
 
+from specrl.algorithms.batch import collate
 from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
 from specrl.checkpoint.store import load_checkpoint, save_checkpoint
 from specrl.drafters.training.trainer import DrafterTrainer
@@ -63,7 +64,7 @@ def test_the_drafter_clips_its_own_gradient_norm(tiny, monkeypatch):
     larger; without the clip the hook would see the unclipped norm (as it does under a loose limit)."""
     t = online_trainer(tiny, monkeypatch, grpo__mini_batches=2)
     r = rollouts(t)
-    batch = t.learner.collate(r)
+    batch = collate(r, t.learner.collate_spec)
     t.learner.stage_logprob(batch, capture=True)
     policy_gn = t.learner.stage_train(batch)["grad_norm"]
     cap = 0.05

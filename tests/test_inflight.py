@@ -7,6 +7,7 @@ oldest version. Bad combinations are config errors naming both keys."""
 import pytest
 import torch
 
+from specrl.algorithms.batch import collate
 from specrl.algorithms.grpo import token_logprobs
 from specrl.backends.registry import build_backend
 from specrl.errors import SpecRLError
@@ -140,7 +141,7 @@ def test_is_ratios_use_the_per_token_behaviour_logprobs(two_versions):
     cfg, a, b, r = two_versions
     learner = Learner(cfg, b, max_policy_lag=1)
     learner.step_count = 1
-    batch = learner.collate(r)
+    batch = collate(r, learner.collate_spec)
     learner.stage_logprob(batch)
     m = batch.mask
     behaviour = torch.zeros_like(batch.gen_logp)

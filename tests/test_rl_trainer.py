@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from specrl.algorithms.batch import collate
 from specrl.checkpoint.sharded_state import DCP_PART, read_model_tensors
 from specrl.drafters.base import Drafter, Proposal, pad_proposals
 from specrl.drafters.storage import default as default_drafter
@@ -81,10 +82,10 @@ def test_grpo_update_raises_logprob_of_rewarded_sample(tiny):
     t.stage_prepare()
     r = t.stage_gen(idx)
     r.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
-    before = t.learner.collate(r)
+    before = collate(r, t.learner.collate_spec)
     t.learner.stage_logprob(before)
     t.learner.stage_train(before)
-    after = t.learner.collate(r)
+    after = collate(r, t.learner.collate_spec)
     t.learner.stage_logprob(after)
     seq = lambda b, i: float((b.old_logp[i] * b.mask[i]).sum())  # noqa: E731
     assert seq(after, 0) > seq(before, 0)
@@ -347,7 +348,7 @@ def test_drafter_refresh_leaves_policy_bit_identical(tiny, monkeypatch):
     t = online_trainer(tiny, monkeypatch, drafter__refresh_steps=3)
     idx = t.stage_data()
     t.stage_prepare()
-    batch = t.learner.collate(t.stage_gen(idx))
+    batch = collate(t.stage_gen(idx), t.learner.collate_spec)
     t.learner.stage_logprob(batch, capture=True)
     t.learner.stage_train(batch)
     policy = {k: v.clone() for k, v in t.policy.state_dict().items()}

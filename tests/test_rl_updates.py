@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from specrl.algorithms.batch import micro, update_plan
+from specrl.algorithms.batch import CollateSpec, collate, update_plan
 from specrl.algorithms.rollouts import Rollouts
 from specrl.drafters.training import trainer as drafter_trainer_mod
 from specrl.errors import SpecRLError
@@ -52,7 +52,7 @@ def test_one_update_folds_logprob_into_train(tiny, monkeypatch, over):
     step (logprob forward, then train) it replaces."""
     a, b = trainer(tiny, **over), trainer(tiny, **over)
     r = rollouts(a)
-    batch = b.learner.collate(r)
+    batch = collate(r, b.learner.collate_spec)
     b.learner.stage_logprob(batch)
     b.learner.stage_train(batch)  # the two-stage reference
     calls = []
@@ -73,10 +73,10 @@ def test_one_update_with_online_drafter_matches_two_stages(tiny, monkeypatch):
     a = online_trainer(tiny, monkeypatch)
     b = online_trainer(tiny, monkeypatch)
     r = rollouts(a)
-    two = b.learner.collate(r)
+    two = collate(r, b.learner.collate_spec)
     b.learner.stage_logprob(two, capture=True)
     b.learner.stage_train(two)
-    assert b.learner.train_drafter(two.plan, None)["draft_updates"] == 1
+    assert b.learner.drafter_trainer.after_policy_update(two.plan, 1, None, 1)["draft_updates"] == 1
     rec, batch = a.learner.learn_batch(r, SECONDS)
     captures = a.learner.drafter_trainer.captures  # the drafter trainer keeps them; the batch holds no drafter state
     assert rec["logprob_skipped"] and rec["draft_updates"] == 1 and len(captures) == 2
@@ -108,6 +108,34 @@ def test_update_plan():
     assert update_plan(2, 4, 8) == [[[0]], [[1]]]
 
 
+def _toy_rollouts(n: int = 8) -> Rollouts:
+    prompts = [[1, 2, 3] for _ in range(n)]
+    responses = [list(range(10, 10 + i % 4)) for i in range(n)]  # lengths 0..3: one row in four has no response
+    return Rollouts(list(range(n)), prompts, responses, [[-0.5] * len(x) for x in responses], ["stop"] * n,
+                    torch.arange(n, dtype=torch.float32), [False] * n, [None] * n)
+
+
+def test_collate_gives_each_rank_its_share_and_the_whole_mini_batch_normaliser():
+    """Two ranks: each holds half of every mini-batch, the plans line up, the normaliser is the whole mini-batch's
+    over the world size, and the rows' lengths trim a micro-batch to its longest scored sequence."""
+    r = _toy_rollouts()
+    one = collate(r, CollateSpec(4, False, mini_batches=2, micro_size=2))
+    assert one.plan == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]] and one.ends == [0, 4, 5, 6, 0, 4, 5, 6]
+    assert one.norms == [6.0, 6.0]  # response tokens per mini-batch
+    ranks = [collate(r, CollateSpec(4, False, mini_batches=2, micro_size=2, rank=k, world_size=2)) for k in (0, 1)]
+    assert [b.plan for b in ranks] == [[[[0, 1]], [[2, 3]]]] * 2 and [b.norms for b in ranks] == [[3.0, 3.0]] * 2
+    assert torch.equal(torch.cat([ranks[0].tokens[:2], ranks[1].tokens[:2], ranks[0].tokens[2:],
+                                  ranks[1].tokens[2:]]), one.tokens)
+    assert ranks[1].ends == [5, 6, 5, 6]
+    seqs = collate(r, CollateSpec(4, False, normalizer="max_tokens", max_new_tokens=16, world_size=2))
+    assert seqs.norms == [8 * 16 / 2]
+
+
+def test_collate_refuses_mini_batches_the_ranks_cannot_share():
+    with pytest.raises(SpecRLError, match=r"8 sequences in 2 mini-batch\(es\) of \[4, 4\].*3 learner ranks"):
+        collate(_toy_rollouts(), CollateSpec(4, False, mini_batches=2, rank=0, world_size=3))
+
+
 def test_mini_batches_step_the_optimizer_not_the_version(tiny):
     t = trainer(tiny, grpo__mini_batches=2, grpo__num_iterations=3, policy__lr_schedule="linear")
     lr0 = t.learner.optimizer.param_groups[0]["lr"]
@@ -134,7 +162,7 @@ def test_lag_one_step_with_two_iterations(tiny):
     assert rec["policy_lag"] == 1 and rec["optimizer_steps"] == 2 and not rec["logprob_skipped"]
     with torch.no_grad():
         for i in range(len(stale.prompts)):
-            toks, m = micro(batch, [i])
+            toks, m = batch.tokens[[i], : batch.ends[i]], batch.mask[[i], : batch.ends[i] - 1]
             lp, _ = response_logprobs(start, toks, m, 1.0)
             assert torch.allclose(batch.old_logp[i, : lp.shape[1]][m[0]], lp[0][m[0]], atol=1e-5)
     w = torch.exp(batch.old_logp - batch.gen_logp)[batch.mask].clamp(max=2.0)
@@ -227,7 +255,7 @@ def test_no_gradients_held_between_steps(tiny):
     """Each optimizer step frees the gradients it applied: between steps the learner holds weights and AdamW state,
     not a third copy of the policy's size."""
     t = trainer(tiny, grpo__mini_batches=2)
-    batch = t.learner.collate(rollouts(t, rewarded=True))
+    batch = collate(rollouts(t, rewarded=True), t.learner.collate_spec)
     t.learner.stage_logprob(batch)
     t.learner.stage_train(batch)
     assert all(p.grad is None for p in t.policy.parameters())

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> dict:
     t = GRPOTrainer.from_config(cfg)
     idx = t.stage_data()
     t.stage_prepare()
-    b = t.learner.collate(t.stage_gen(idx))
+    from specrl.algorithms.batch import collate
+
+    b = collate(t.stage_gen(idx), t.learner.collate_spec)
     g = cfg.generation
     with torch.no_grad():
         filt, _ = response_logprobs(t.learner.policy, b.tokens, b.mask, g.temperature, top_p=g.top_p, top_k=g.top_k)

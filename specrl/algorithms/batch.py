@@ -1,12 +1,14 @@
 """One step's training tensors: collation and the split into mini- and micro-batches (tensors only, no model).
 
-`collate` turns a step's `Rollouts` into a right-padded `Batch` (tokens, response mask, behaviour log-probs,
-group advantages) on the learner's device, with its update plan: `update_plan` splits the batch's sequences into
-`grpo.mini_batches` contiguous mini-batches (one optimizer step each) and each mini-batch into micro-batches of
-`policy.train_micro_batch_size` sequences (one forward/backward each); every stage walks the same plan, so what
-the drafter trainer keeps of micro-batch c lines up with micro-batch c of every update (the batch itself holds no
-drafter state). `micro` trims a micro-batch to its longest sequence; `response_span` finds each row's scored
-positions. The model forward that scores a micro-batch is the learner's (`specrl.trainer.scoring`).
+`collate(r, spec)` turns a step's `Rollouts` into a right-padded `Batch` (tokens, response mask, behaviour
+log-probs, group advantages) on the learner's device, with everything the learner's passes read: the update plan
+(`update_plan`: `grpo.mini_batches` contiguous mini-batches, one optimizer step each, each split into micro-batches
+of `policy.train_micro_batch_size` sequences, one forward/backward each), each mini-batch's loss normaliser, and each
+row's scored length, to which a micro-batch is trimmed. A learner on one of N data-parallel ranks gets its rank's
+1/N of every mini-batch, and normalisers of the whole mini-batch over N (the ranks' gradients are averaged), so the
+ranks together take one process's step. Every stage walks the same plan, so what the drafter trainer keeps of
+micro-batch c lines up with micro-batch c of every update (the batch itself holds no drafter state). The model
+forward that scores a micro-batch is the learner's (`specrl.trainer.scoring`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,26 @@ import torch
 from torch import Tensor
 
 from specrl.algorithms.grpo import group_advantages
+from specrl.algorithms.losses import loss_normalizer
 from specrl.algorithms.rollouts import Rollouts
+from specrl.errors import SpecRLError
+
+
+@dataclass(frozen=True)
+class CollateSpec:
+    """What `collate` needs from the learner: the GRPO group size, std scaling of advantages, the update plan's
+    mini-batches and micro-batch size (None: the whole share in one), the loss's normaliser kind and the generation
+    limit it may use, this learner's rank among `world_size`, and the device the batch lives on."""
+
+    group_size: int
+    scale_by_std: bool
+    mini_batches: int = 1
+    micro_size: int | None = None
+    normalizer: str = "tokens"
+    max_new_tokens: int = 1
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device | str = "cpu"
 
 
 @dataclass
@@ -31,6 +52,8 @@ class Batch:
     old_logp: Tensor | None = None  # proximal log-probs: the weights at the start of the step
     ref_logp: Tensor | None = None
     plan: list[list[list[int]]] = field(default_factory=list)  # mini-batches of micro-batches of sequence indices
+    norms: list[float] = field(default_factory=list)  # the loss normaliser of each mini-batch (optimizer step)
+    ends: list[int] = field(default_factory=list)  # per row: prompt + response tokens (0 without a response)
 
     @property
     def micro_batches(self) -> list[list[int]]:
@@ -38,12 +61,10 @@ class Batch:
         return [idx for mini in self.plan for idx in mini]
 
 
-def collate(r: Rollouts, group_size: int, scale_by_std: bool, mini_batches: int = 1, micro_size: int | None = None,
-            device: torch.device | str = "cpu") -> Batch:
-    """A right-padded `Batch` of the step's samples on `device`, with group advantages (std-scaled when asked) and
-    its update plan (`update_plan`: `mini_batches` mini-batches of micro-batches of `micro_size` sequences; the
-    whole batch in one micro-batch without a size)."""
-    n = len(r.prompts)
+def collate(r: Rollouts, spec: CollateSpec) -> Batch:
+    """This rank's right-padded `Batch` of the step's samples on `spec.device`: group advantages (std-scaled when
+    asked), its update plan and each mini-batch's loss normaliser (module docstring)."""
+    n, ws = len(r.prompts), spec.world_size
     lengths = [len(p) + len(x) for p, x in zip(r.prompts, r.responses, strict=True)]
     t = max(lengths)
     tokens = torch.zeros(n, t, dtype=torch.long)
@@ -53,9 +74,25 @@ def collate(r: Rollouts, group_size: int, scale_by_std: bool, mini_batches: int 
         tokens[b, : len(p) + len(x)] = torch.tensor(p + x, dtype=torch.long)
         mask[b, len(p) - 1: len(p) - 1 + len(x)] = True
         gen_logp[b, len(p) - 1: len(p) - 1 + len(x)] = torch.tensor(lp, dtype=torch.float32)
-    advantages = group_advantages(r.rewards, group_size, scale_by_std)
-    return Batch(tokens.to(device), mask.to(device), gen_logp.to(device), advantages.to(device),
-                 plan=update_plan(n, mini_batches, micro_size or n))
+    advantages = group_advantages(r.rewards, spec.group_size, spec.scale_by_std)
+    full = update_plan(n, spec.mini_batches, n)  # one micro-batch per mini-batch: the rows of each
+    sizes = [len(mini[0]) for mini in full]
+    if any(s % ws for s in sizes):
+        raise SpecRLError(f"{n} sequences in {len(sizes)} mini-batch(es) of {sizes} cannot be split evenly over "
+                          f"{ws} learner ranks; every mini-batch (grpo.mini_batches) needs a multiple of "
+                          f"learner.world_size sequences")
+    norms = [loss_normalizer(spec.normalizer, mask[mini[0]], spec.max_new_tokens) / ws for mini in full]
+    rows, plan = [], []
+    for mini in full:
+        share = len(mini[0]) // ws
+        rows.extend(mini[0][spec.rank * share: (spec.rank + 1) * share])
+        plan.append(chunks(share, spec.micro_size or share, len(rows) - share))
+    ends = [lengths[i] if r.responses[i] else 0 for i in rows]
+    if ws > 1:
+        idx = torch.tensor(rows, dtype=torch.long)
+        tokens, mask, gen_logp, advantages = tokens[idx], mask[idx], gen_logp[idx], advantages[idx]
+    d = spec.device
+    return Batch(tokens.to(d), mask.to(d), gen_logp.to(d), advantages.to(d), plan=plan, norms=norms, ends=ends)
 
 
 def chunks(n: int, size: int, start: int = 0) -> list[list[int]]:
@@ -75,13 +112,6 @@ def update_plan(n: int, mini_batches: int, micro_size: int) -> list[list[list[in
         plan.append(chunks(s, micro_size, start))
         start += s
     return plan
-
-
-def micro(batch: Batch, idx: list[int]) -> tuple[Tensor, Tensor]:
-    """Tokens and mask of a micro-batch, trimmed to its longest sequence."""
-    m = batch.mask[idx]
-    last = int(m.any(0).nonzero().max()) + 2 if bool(m.any()) else 2
-    return batch.tokens[idx, :last], m[:, : last - 1]
 
 
 def response_span(mask: Tensor) -> tuple[Tensor, Tensor]:

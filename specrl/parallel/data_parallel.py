@@ -5,10 +5,11 @@
 root (a `MixedPrecisionPolicy` with bf16 parameters and fp32 gradient reduction replaces autocast under
 `policy.precision: bf16-mixed`); the online drafter and the reference model are sharded at their root. Every rank
 receives the whole step's rollouts (advantages are computed over whole groups first) and trains 1/N of each mini-batch
-of the one-process plan, so optimizer step j sees the one-process mini-batch j (a step that dynamic sampling left with a
-group count N does not divide still splits, as long as each mini-batch holds a multiple of N sequences; otherwise a
-clear error). Each optimizer step's normaliser is the whole mini-batch's; FSDP's reduce-scatter averages gradients over
-ranks (gloo has no pre-scaled sum), so each rank normalises by it / N and the average is the single-process gradient.
+of the one-process plan (`specrl.algorithms.batch.collate` cuts the rank's rows), so optimizer step j sees the
+one-process mini-batch j (a step that dynamic sampling left with a group count N does not divide still splits, as long
+as each mini-batch holds a multiple of N sequences; otherwise a clear error). Each optimizer step's normaliser is the
+whole mini-batch's; FSDP's reduce-scatter averages gradients over ranks (gloo has no pre-scaled sum), so each rank
+normalises by it / N (collate computes both, no collective needed) and the average is the single-process gradient.
 The drafter trainer (`specrl.drafters.training.trainer`) runs on every rank after the policy's optimizer steps, on that
 rank's captured micro-batches: the drafter's loss, a mean over micro-batches, is averaged the same way (equal
 micro-batch counts per rank). Gradient clipping is global (`clip_grad_norm_` on DTensor gradients), the policy's and the
@@ -40,7 +41,6 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
-from specrl.algorithms.batch import chunks
 from specrl.algorithms.rollouts import Rollouts
 from specrl.checkpoint.sharded_state import load_dcp, save_dcp
 from specrl.config.schema import TrainConfig
@@ -132,39 +132,12 @@ class ShardedLearner(Learner):
             self._mirror.lm_head.weight.copy_(_full(self.policy.lm_head.weight))
 
     # ------------------------------------------------------------------ this rank's share of a step
-    def collate(self, r: Rollouts) -> Batch:
-        """This rank's rows: its 1/N of every mini-batch of the one-process plan, so optimizer step j trains on
-        the union of the ranks' mini-batches j, which is the one-process mini-batch j (whole step with one)."""
-        full = super().collate(r)
-        n, ws = full.tokens.shape[0], self.world_size
-        sizes = [sum(len(m) for m in mini) for mini in full.plan]
-        if any(s % ws for s in sizes):
-            raise SpecRLError(f"{n} sequences in {len(sizes)} mini-batch(es) of {sizes} cannot be split evenly over "
-                              f"{ws} learner ranks; every mini-batch (grpo.mini_batches) needs a multiple of "
-                              f"learner.world_size sequences")
-        rows, plan, a = [], [], 0
-        for s in sizes:
-            share = s // ws
-            rows.extend(range(a + self.rank * share, a + (self.rank + 1) * share))
-            plan.append(chunks(share, self.cfg.policy.train_micro_batch_size, len(rows) - share))
-            a += s
-        idx = torch.tensor(rows, dtype=torch.long, device=full.tokens.device)
-        batch = Batch(full.tokens[idx], full.mask[idx], full.gen_logp[idx], full.advantages[idx])
-        batch.plan = plan
-        return batch
-
-    def _global_normalizer(self, local: float) -> float:
-        """The ranks' normalisers summed (each optimizer step's mini-batch j is the union of the ranks' mini-batches
-        j), over world size: FSDP averages the ranks' gradients, so the result equals one process's gradient."""
-        t = torch.tensor([local], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return float(t) / self.world_size
-
-    def train_drafter(self, plan: list[list[list[int]]], al: float | None) -> dict[str, Any]:
-        """The drafter's mirror of the policy's embedding / LM head is refreshed first, so the drafter reads the
-        weights one process would read (the policy's after this step's optimizer steps)."""
+    def stage_train(self, batch: Batch, capture: bool | None = None) -> dict[str, Any]:
+        """The policy's optimizer steps, then the drafter's mirror of the policy's embedding / LM head refreshed, so
+        the drafter trainer reads the weights one process would read (the policy's after this step's updates)."""
+        out = super().stage_train(batch, capture)
         self._refresh_mirror()
-        return super().train_drafter(plan, al)
+        return out
 
     def learn_batch(self, r: Rollouts, seconds: dict[str, float]) -> tuple[StepRecord, Batch]:
         rec, batch = super().learn_batch(r, seconds)

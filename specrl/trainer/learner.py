@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specrl.algorithms.batch import Batch, collate, micro
+from specrl.algorithms.batch import Batch, CollateSpec, collate
 from specrl.algorithms.grpo import group_signal, token_mult_prob_error
-from specrl.algorithms.losses import clip_range, get_loss, loss_normalizer, scales_by_std
+from specrl.algorithms.losses import clip_range, get_loss, scales_by_std
 from specrl.algorithms.rollouts import Rollouts
 from specrl.checkpoint.sharded_state import DCP_PART, DcpPart, dcp_dir, load_dcp
 from specrl.config.hardware import hardware_fields, resolve_hardware
@@ -66,6 +66,7 @@ class Learner(LearnerProtocol):
     """Policy, its optimizer and the logprob/train stages of a GRPO step; calls the drafter trainer."""
 
     share_prefixes = True  # a group's samples run their common prompt once in every scoring forward
+    rank, world_size = 0, 1  # this learner's share of a step: all of it (a data-parallel rank sets its own)
 
     def __init__(self, cfg: TrainConfig, policy: torch.nn.Module, drafter: Any = None, max_policy_lag: int = 0):
         cfg = resolve_hardware(cfg)  # idempotent; a config straight from Python may still say auto
@@ -112,11 +113,6 @@ class Learner(LearnerProtocol):
             p.requires_grad_(False)
         return ref
 
-    def _global_normalizer(self, local: float) -> float:
-        """The loss normaliser of an optimizer step from this learner's share of it (one process: all of it; a
-        data-parallel rank sums the ranks' shares and scales for the gradient average)."""
-        return local
-
     def check_weights(self, step: int) -> None:
         """Before checkpoint `step`: `check_weights` on this learner's policy and drafter (NaN/inf scan, then the
         16-token probe forward + backward). Raises NonFiniteError / DrafterNonFiniteError naming the cause."""
@@ -138,11 +134,13 @@ class Learner(LearnerProtocol):
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ stages
-    def collate(self, r: Rollouts) -> Batch:
-        """The step's `Batch` on the policy's device, with its update plan (`specrl.algorithms.batch.collate`)."""
+    @property
+    def collate_spec(self) -> CollateSpec:
+        """How `specrl.algorithms.batch.collate` builds this learner's share of a step's `Batch`."""
         g = self.cfg.grpo
-        return collate(r, g.num_generations, scales_by_std(g.loss_type, g.normalize_rewards), g.mini_batches,
-                       self.cfg.policy.train_micro_batch_size, self.device)
+        return CollateSpec(g.num_generations, scales_by_std(g.loss_type, g.normalize_rewards), g.mini_batches,
+                           self.cfg.policy.train_micro_batch_size, self.loss.normalizer,
+                           self.cfg.generation.max_new_tokens, self.rank, self.world_size, self.device)
 
     @property
     def skips_logprob(self) -> bool:
@@ -160,11 +158,12 @@ class Learner(LearnerProtocol):
         return self.drafter_trainer.wants_capture(None) if capture is None else capture
 
     def _forward(self, batch: Batch, idx: list[int], keep: bool, proximal: str | None) -> tuple[Tensor, Tensor]:
-        """Micro-batch `idx` through the policy (`specrl.trainer.scoring`): its response log-probs (with gradient
-        under grad mode) and mask. With `proximal` (the stage's name) these log-probs are the proximal ones:
-        recorded in the batch (detached) with the reference's, and the drafter trainer keeps the forward's
-        captures with `keep`."""
-        toks, m = micro(batch, idx)
+        """Micro-batch `idx`, trimmed to its longest sequence, through the policy (`specrl.trainer.scoring`):
+        its response log-probs (with gradient under grad mode) and mask. With `proximal` (the stage's name)
+        these log-probs are the proximal ones: recorded in the batch (detached) with the reference's, and the
+        drafter trainer keeps the forward's captures with `keep`."""
+        last = max(2, *(batch.ends[i] for i in idx))
+        toks, m = batch.tokens[idx, :last], batch.mask[idx, : last - 1]
         dt = self.drafter_trainer
         with self._autocast():
             lp, captured = response_logprobs(self.policy, toks, m, self.cfg.generation.temperature,
@@ -216,14 +215,11 @@ class Learner(LearnerProtocol):
         clip_low, clip_high = clip_range(g.loss_type, g.clip_low, g.clip_high)
         n_steps = 0
         for _ in range(g.num_iterations):
-            for mini in batch.plan:
+            for mini, norm in zip(batch.plan, batch.norms, strict=True):
                 n_steps += 1
                 of = f" (optimizer step {n_steps} of {g.optimizer_steps}; earlier ones were applied)" \
                     if n_steps > 1 else ""
                 self.optimizer.zero_grad(set_to_none=True)
-                mask = batch.mask if len(batch.plan) == 1 else batch.mask[[i for idx in mini for i in idx]]
-                norm = self._global_normalizer(loss_normalizer(self.loss.normalizer, mask,
-                                                               self.cfg.generation.max_new_tokens))
                 for idx in mini:
                     logp, m = self._forward(batch, idx, fused and capture, "train forward" if fused else None)
                     w = m.shape[1]
@@ -262,17 +258,6 @@ class Learner(LearnerProtocol):
                 "is_ratio_max": stats["is_max"] if is_on else None,
                 "is_clipped_fraction": stats["is_clipped"] / ntok if is_on else None}
 
-    def train_drafter(self, plan: list[list[list[int]]], al: float | None) -> dict[str, Any]:
-        """The drafter trainer's part of this step, after the policy's optimizer steps (`stage_train`): its online
-        updates on the step's captures (micro-batch c of `plan`, the batch's plan, is capture c), the staleness loop
-        and the collapse check; the record's drafter fields. The policy holds no gradients between optimizer steps,
-        so any it holds afterwards came from the drafter."""
-        out = self.drafter_trainer.after_policy_update(plan, self.cfg.grpo.num_iterations, al, self.step_count + 1)
-        if any(p.grad is not None for p in self.policy.parameters()):
-            raise RuntimeError("the drafter's update produced policy gradients; the drafter loss must be detached "
-                               "from the policy")
-        return out
-
     # ------------------------------------------------------------------ one step
     def learn(self, r: Rollouts, seconds: dict[str, float]) -> StepRecord:
         """One step's record (`learn_batch` without the batch): the learner contract's `learn`."""
@@ -296,12 +281,18 @@ class Learner(LearnerProtocol):
         capture = self.drafter_trainer.wants_capture(al)  # this step's policy forward keeps the drafter's inputs
         t3 = time.perf_counter()
         skipped = self.skips_logprob
-        batch = self.collate(r)
+        batch = collate(r, self.collate_spec)
         if not skipped:
             self.stage_logprob(batch, capture)
         t4 = time.perf_counter()
         train = self.stage_train(batch, capture)
-        drafter = self.train_drafter(batch.plan, al)
+        # the drafter trainer's part, after the policy's optimizer steps: its online updates on the step's captures
+        # (micro-batch c of the plan is capture c), the staleness loop, the collapse check -> the record's fields
+        drafter = self.drafter_trainer.after_policy_update(batch.plan, self.cfg.grpo.num_iterations, al,
+                                                           self.step_count + 1)
+        if any(p.grad is not None for p in self.policy.parameters()):  # none are held between optimizer steps
+            raise RuntimeError("the drafter's update produced policy gradients; the drafter loss must be detached "
+                               "from the policy")
         release_free_memory()  # the step's temporaries back to the kernel (charged to train)
         t5 = time.perf_counter()
         times = {**seconds, "logprob": t4 - t3, "train": t5 - t4}
