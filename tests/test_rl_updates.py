@@ -135,6 +135,10 @@ def test_collate_refuses_mini_batches_the_ranks_cannot_share():
     with pytest.raises(SpecRLError, match=r"\[4, 4\].*over 3") as e:  # the sizes, the world size, the setting
         collate(_toy_rollouts(), CollateSpec(4, False, mini_batches=2, rank=0, world_size=3))
     assert "grpo.mini_batches" in str(e.value)
+    with pytest.raises(SpecRLError, match=r"rank 2 of world_size"):
+        collate(_toy_rollouts(), CollateSpec(4, False, rank=2, world_size=2))
+    with pytest.raises(SpecRLError, match=r"max_tokens normaliser needs"):
+        collate(_toy_rollouts(), CollateSpec(4, False, normalizer="max_tokens"))
 
 
 def test_mini_batches_step_the_optimizer_not_the_version(tiny):

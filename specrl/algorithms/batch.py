@@ -35,7 +35,7 @@ class CollateSpec:
     mini_batches: int = 1
     micro_size: int | None = None
     normalizer: str = "tokens"
-    max_new_tokens: int = 1
+    max_new_tokens: int | None = None  # the `max_tokens` normaliser's generation limit (required by it)
     rank: int = 0
     world_size: int = 1
     device: torch.device | str = "cpu"
@@ -65,6 +65,12 @@ def collate(r: Rollouts, spec: CollateSpec) -> Batch:
     """This rank's right-padded `Batch` of the step's samples on `spec.device`: group advantages (std-scaled when
     asked), its update plan and each mini-batch's loss normaliser (module docstring)."""
     n, ws = len(r.prompts), spec.world_size
+    if ws < 1 or not 0 <= spec.rank < ws:
+        raise SpecRLError(f"collate: rank {spec.rank} of world_size {ws}; a rank is 0 .. world_size - 1, "
+                          "world_size >= 1")
+    if spec.normalizer == "max_tokens" and spec.max_new_tokens is None:
+        raise SpecRLError("collate: the max_tokens normaliser needs CollateSpec.max_new_tokens "
+                          "(generation.max_new_tokens)")
     lengths = [len(p) + len(x) for p, x in zip(r.prompts, r.responses, strict=True)]
     t = max(lengths)
     tokens = torch.zeros(n, t, dtype=torch.long)
@@ -81,7 +87,7 @@ def collate(r: Rollouts, spec: CollateSpec) -> Batch:
         raise SpecRLError(f"{n} sequences in {len(sizes)} mini-batch(es) of {sizes} cannot be split evenly over "
                           f"{ws} learner ranks; every mini-batch (grpo.mini_batches) needs a multiple of "
                           f"learner.world_size sequences")
-    norms = [loss_normalizer(spec.normalizer, mask[mini[0]], spec.max_new_tokens) / ws for mini in full]
+    norms = [loss_normalizer(spec.normalizer, mask[mini[0]], spec.max_new_tokens or 0) / ws for mini in full]
     rows, plan = [], []
     for mini in full:
         share = len(mini[0]) // ws
