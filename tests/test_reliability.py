@@ -402,6 +402,7 @@ def test_preset_load_error_advises_prepare(tmp_path, monkeypatch):
     (OSError(errno.ENOSPC, "No space left on device"), "the disk is full: No space left on device"),
     (RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/3: "
                   "file write failed"), "the disk is full"),
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"), "the disk is full"),
     (PermissionError(errno.EACCES, "Permission denied"), "the directory is not writable: Permission denied"),
 ])
 def test_checkpoint_on_a_full_or_read_only_disk(tiny, tmp_path, monkeypatch, exc, match):

@@ -43,6 +43,19 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
 
 
+# What torch.save says when the disk fills under it: a short write ("file write failed"), or, when it writes into a
+# stream (DCP's files), the zip writer's position check at the end ("unexpected pos 704 vs 598").
+_FULL_DISK = ("write failed", "unexpected pos")
+
+
+def _free_space(path: Path) -> str:
+    """'N MiB free on PATH's filesystem', or why that is unknown (the path may not exist after a failed mkdir)."""
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:,.0f} MiB free there now"
+    except OSError as e:
+        return f"free space unknown: {e.strerror}"
+
+
 class CheckpointError(SpecRLError):
     """A checkpoint directory is corrupt, partial or from an incompatible run."""
 
@@ -185,11 +198,11 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError("... write failed")
         shutil.rmtree(tmp, ignore_errors=True)  # never leave a partial checkpoint behind
         why = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        full = isinstance(e, OSError) and e.errno == errno.ENOSPC or "write failed" in str(e)
+        full = isinstance(e, OSError) and e.errno == errno.ENOSPC or any(s in str(e) for s in _FULL_DISK)
         hint = "the disk is full" if full else "the directory is not writable" \
             if isinstance(e, PermissionError) else "the write failed"
-        raise CheckpointError(f"cannot write checkpoint {final} ({hint}: {why}); the partial write was "
-                              "removed") from None
+        raise CheckpointError(f"cannot write checkpoint {final} ({hint}: {why}; {_free_space(root)}); the "
+                              "partial write was removed") from None
     except SpecRLError:  # a directory part's writer failed (e.g. a learner rank died): nothing half-written stays
         shutil.rmtree(tmp, ignore_errors=True)
         raise
