@@ -40,6 +40,25 @@ def test_a_tiny_parallel_recipe_trains_packages_and_evaluates(tmp_path):
         Recipe(name="x", loss="tv")
 
 
+def test_a_markov_parallel_recipe_trains_and_packages_its_mix_and_a_resume_keeps_the_setting(tmp_path):
+    from specrl.drafters.storage.shipped import load_shipped
+    from specrl.drafters.training.build.release import run_package
+    from specrl.drafters.training.build.stages import run_train
+
+    model, recipe = tiny_build(tmp_path, kind="parallel", max_k=3, markov=True)
+    rec = run_train(recipe, tmp_path, model, progress=False)
+    assert rec["finished"] and rec["loss_per_epoch"][-1] < rec["loss_per_epoch"][0]
+    run_package(recipe, tmp_path, model)
+    d = load_shipped("parallel", "package", model, root=tmp_path)
+    assert d.config()["markov"] is True and d.markov.down.weight.abs().max() > 0  # the mix was trained
+    with pytest.raises(SpecRLError, match="other settings.*markov"):
+        run_train(Recipe(**{**recipe.as_dict(), "curve": (1, 2), "markov": False}), tmp_path, model, progress=False)
+    with pytest.raises(SpecRLError, match=r"markov.*kind parallel.*'eagle'"):
+        Recipe(name="x", markov=True)
+    with pytest.raises(SpecRLError, match=r"markov.*'on'"):
+        Recipe(name="x", kind="parallel", markov="on")
+
+
 def test_a_killed_ce_tv_training_resumes_bit_identically_and_the_tv_term_is_trained(tmp_path):
     from specrl.drafters.storage.io import load_drafter
     from specrl.drafters.training.build.stages import run_train

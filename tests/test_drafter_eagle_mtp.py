@@ -18,7 +18,7 @@ from specrl.model.transformer import tiny_model
 from tests.stats import SETTINGS, V, speculative_pvalue
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [3, 3, 3, 3, 3, 3, 3], [60, 61]]
-KINDS = ["eagle", "eagle-reduced", "mtp", "parallel", "parallel-reduced"]
+KINDS = ["eagle", "eagle-reduced", "mtp", "parallel", "parallel-reduced", "parallel-markov"]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,8 @@ def make(kind, target, seed=5):
         d = ParallelDrafter(target, max_k=4)
     elif kind == "parallel-reduced":
         d = ParallelDrafter(target, draft_vocab=list(range(0, target.args.vocab_size, 3))[::-1], max_k=3)
+    elif kind == "parallel-markov":
+        d = ParallelDrafter(target, draft_vocab=list(range(0, target.args.vocab_size, 2)), max_k=4, markov=True)
     else:
         d = MTPDrafter(target, num_modules=3)
     return randomise(d, seed).eval()
@@ -83,7 +85,8 @@ def reference_draft_logits(drafter, target, seq: list[int], drafts: list[int], k
         logits_t, captured = target(ext, capture=getattr(drafter, "fuse_layers", ()))
         if isinstance(drafter, ParallelDrafter):  # one forward: every draft from the context ending at entry n-2
             outs = drafter.forward_parallel(drafter.fuse(captured)[:, :n], ext[:, :n], depths=k)
-            return [drafter.full_logits(outs[i][0, n - 2]) for i in range(k)]
+            hidden = [outs[0][0, n - 2]] + [drafter.mix(outs[i][0, n - 2], ext[0, n - 1 + i]) for i in range(1, k)]
+            return [drafter.full_logits(h) for h in hidden]
         if isinstance(drafter, EagleDrafter):
             steps = drafter.forward_train(drafter.fuse(captured), ext, steps=k)
             return [drafter.to_full_vocab(steps[s][0, n - 2 + s]) for s in range(k)]
@@ -212,12 +215,13 @@ def small_target():
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
-@pytest.mark.parametrize("kind", ["eagle", "mtp", "parallel"])
+@pytest.mark.parametrize("kind", ["eagle", "mtp", "parallel", "parallel-markov"])
 def test_exact_distribution(small_target, kind, mode, setting):
     if kind == "eagle":  # a 2-layer target: the default (1, L//2-1, L-4) does not exist, pick valid layers
         d = randomise(EagleDrafter(small_target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6, 7]), seed=7)
-    elif kind == "parallel":
-        d = randomise(ParallelDrafter(small_target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6], max_k=2), seed=7)
+    elif kind.startswith("parallel"):
+        d = randomise(ParallelDrafter(small_target, layers=(0, 1, 1), draft_vocab=[0, 2, 3, 5, 6], max_k=2,
+                                      markov=kind == "parallel-markov"), seed=7)
     else:
         d = randomise(MTPDrafter(small_target, num_modules=2), seed=7)
     sp = SamplingParams(max_new_tokens=3, seed=99, **SETTINGS[setting])

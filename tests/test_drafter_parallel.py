@@ -113,3 +113,46 @@ def test_tv_distance_on_a_hand_example_is_one_minus_the_acceptance_probability()
 def test_a_bad_objective_is_refused(loss, weight, message):
     with pytest.raises(SpecRLError, match=message):
         Objective(loss, weight)
+
+
+def test_a_markov_head_trains_each_draft_on_the_sequence_token_before_it(target):
+    # training must feed draft i+1 the token the engine feeds it (draft i, i.e. x_{t+1+i} at anchor t), and a
+    # fresh mix (W_down = 0) must leave the plain head's states unchanged
+    torch.manual_seed(0)
+    h = target.args.hidden_size
+    d = randomise(ParallelDrafter(target, max_k=3, markov=True))
+    assert d.config()["markov"] is True
+    assert ParallelDrafter(target, max_k=3, markov=True).markov.down.weight.abs().max() == 0
+    tok = torch.randint(0, 64, (2, 10))
+    batch = {"tokens": tok, "feats": torch.randn(2, 10, 3 * h), "len": torch.tensor([10, 8]),
+             "loss_from": torch.tensor([3, 4]), "top_idx": torch.randint(0, 64, (2, 10, 4)),
+             "top_p": torch.softmax(torch.randn(2, 10, 4), -1), "top1": torch.randint(0, 64, (2, 10))}
+    seen, head = [], d.head
+    d.head = lambda x: seen.append(x.detach()) or head(x)
+    d.training_loss(batch, ttt_steps=1)
+    outs = d.forward_parallel(d.fuse_concat(batch["feats"]), tok, start=1)  # start = min(loss_from) - 2
+    pos = torch.arange(1, 10)[None, :]
+    for i, got in enumerate(seen):
+        valid = (pos <= batch["len"][:, None] - 2 - i) & (pos + 2 >= batch["loss_from"][:, None])
+        want = outs[i][valid]
+        if i > 0:
+            prev = torch.stack([tok[b, 1 + t + 1 + i] for b, t in valid.nonzero().tolist()])
+            want = d.mix(want, prev)
+        assert torch.allclose(got, want, atol=1e-5), i
+    assert len(seen) == 3
+
+
+def test_a_bad_markov_setting_is_refused(target, tmp_path):
+    with pytest.raises(SpecRLError, match=r"markov.*true or false"):
+        ParallelDrafter(target, max_k=3, markov="yes")
+    d = randomise(ParallelDrafter(target, max_k=3, markov=True))
+    save_drafter(d, tmp_path / "m")
+    back = load_drafter(tmp_path / "m", target, expected_kind="parallel")
+    assert back.markov is not None and torch.equal(back.markov.down.weight, d.markov.down.weight)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "markov": 1}))
+    with pytest.raises(SpecRLError, match=r"json: markov.*1$"):
+        load_drafter(tmp_path / "m", target)
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "markov": False}))  # weights it does not expect
+    with pytest.raises(SpecRLError, match=r"markov\.down\.weight"):
+        load_drafter(tmp_path / "m", target)

@@ -103,6 +103,7 @@ class TrainableDrafter:
     CONFIG_FIELDS: tuple[str, ...] = ()  # the fields a drafter directory's config.json must have
     objective: Objective = Objective()  # what `distill_loss` scores with (training sets it, `fit(objective=)`)
     builds_from_features = False  # `specrl draft build` trains it from the features stage (fused target layers)
+    takes_markov = False  # a recipe's `markov` option applies (drafts after the first read the token before them)
 
     # ---------------------------------------------------------------- training
     @property

@@ -13,17 +13,22 @@ length and are overwritten before they can be read, as EAGLE's drafted entries a
 pending-feature bookkeeping is EAGLE's. `forward_parallel` is the same computation for every anchor of a training
 sequence at once (`training_loss`: output i at anchor t learns the target's distribution of x_{t+2+i}, weighted
 DEPTH_WEIGHT^i), and tests compare what the engine drafted with it. A head drafts at most `max_k` tokens per
-forward; a larger k is refused naming that maximum.
+forward; a larger k is refused naming that maximum. With `markov` (DSpark's Markov head), draft i+1's output state
+also reads draft i's token before the LM head: h + W_down(silu(W_gate x) * W_up x) with x = [norm(h); embed(draft
+i)], a gated MLP of width H/2 (W_down starts at zero, so a fresh mix changes nothing); the layer still runs once per
+verify step, the k draws become sequential, and training feeds the sequence's own previous token.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specrl.drafters.base import DraftBatch, Proposal, cached_block
 from specrl.drafters.kinds.eagle import TTT_STEP_WEIGHT, EagleDrafter
 from specrl.errors import SpecRLError
+from specrl.model.transformer import RMSNorm
 
 DEFAULT_MAX_K = 7  # drafts per forward of a fresh head: its last context entry + 6 placeholders
 DEPTH_WEIGHT = TTT_STEP_WEIGHT  # draft i's share of the loss weighs DEPTH_WEIGHT ** (i - 1), as EAGLE's TTT steps
@@ -35,6 +40,31 @@ def _check_max_k(max_k, where: str = "max_k") -> int:
         raise SpecRLError(f"{where} must be an integer >= 1 (the most tokens the parallel head drafts per forward, "
                           f"e.g. {DEFAULT_MAX_K}), got {max_k!r}")
     return max_k
+
+
+def _check_markov(markov, where: str = "markov") -> bool:
+    if not isinstance(markov, bool):
+        raise SpecRLError(f"{where} must be true or false (whether each draft after the first reads the token "
+                          f"drafted before it), got {markov!r}")
+    return markov
+
+
+class MarkovMix(nn.Module):
+    """h + W_down(silu(W_gate x) * W_up x), x = [norm(h); e]: a draft's output state h [..., H] corrected by the
+    embedding e [..., H] of the token drafted before it. W_down starts at zero: a fresh mix is the identity."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        width = hidden_size // 2
+        self.norm = RMSNorm(hidden_size, eps)
+        self.gate = nn.Linear(2 * hidden_size, width, bias=False)
+        self.up = nn.Linear(2 * hidden_size, width, bias=False)
+        self.down = nn.Linear(width, hidden_size, bias=False)
+        nn.init.zeros_(self.down.weight)
+
+    def forward(self, hidden: Tensor, prev_embed: Tensor) -> Tensor:
+        x = torch.cat([self.norm(hidden), prev_embed.to(hidden.dtype)], dim=-1)
+        return hidden + self.down(F.silu(self.gate(x)) * self.up(x))
 
 
 def _ahead(x: Tensor, s: int, fill: float) -> Tensor:
@@ -49,16 +79,28 @@ class ParallelDrafter(EagleDrafter):
     kind = "parallel"
     training_methods = ("fuse_concat", "forward_parallel", "head")
     unrolls_steps = False
+    takes_markov = True
     CONFIG_FIELDS = (*EagleDrafter.CONFIG_FIELDS, "max_k")
 
     def __init__(self, target, layers: tuple[int, ...] | list[int] | None = None,
                  draft_vocab: list[int] | Tensor | None = None, intermediate_size: int | None = None,
-                 max_k: int = DEFAULT_MAX_K):
+                 max_k: int = DEFAULT_MAX_K, markov: bool = False):
         _check_max_k(max_k)
+        _check_markov(markov)
         super().__init__(target, layers=layers, draft_vocab=draft_vocab, intermediate_size=intermediate_size)
         self._set_max_k(max_k)
+        self._set_markov(markov)
         with torch.no_grad():
             self.placeholders.normal_(0.0, PLACEHOLDER_INIT_STD)
+
+    def _set_markov(self, markov: bool) -> None:
+        a = self.target_args
+        self.markov = MarkovMix(a.hidden_size, a.rms_norm_eps).to(self.device, self.dtype) if markov else None
+
+    def mix(self, hidden: Tensor, prev_tokens: Tensor) -> Tensor:
+        """Output states [..., H] of drafts after the first, given the tokens drafted before them [...]: the
+        Markov mix with `markov`, the states unchanged without."""
+        return hidden if self.markov is None else self.markov(hidden, self.embed(prev_tokens))
 
     def _set_max_k(self, max_k: int) -> None:
         self.max_k = max_k
@@ -67,7 +109,7 @@ class ParallelDrafter(EagleDrafter):
                                                      dtype=self.dtype, device=self.device))
 
     def config(self) -> dict:
-        return {**super().config(), "max_k": self.max_k}
+        return {**super().config(), "max_k": self.max_k, "markov": self.markov is not None}
 
     # ---------------------------------------------------------------- training
     def forward_parallel(self, fused: Tensor, tokens: Tensor, depths: int | None = None,
@@ -160,7 +202,10 @@ class ParallelDrafter(EagleDrafter):
             tgt_i = _ahead(batch["top_idx"], 1 + i, -1)[:, start:]
             tgt_p = _ahead(batch["top_p"], 1 + i, 0.0)[:, start:]
             valid = (pos <= lens[:, None] - 2 - i) & (pos + 2 >= loss_from[:, None])
-            logits = self.head(hidden[valid])
+            hidden = hidden[valid]
+            if i > 0:  # the token before x_{t+2+i}: x_{t+1+i}, the sequence's own (a drafted token when accepted)
+                hidden = self.mix(hidden, _ahead(tok, 1 + i, 0)[:, start:][valid])
+            logits = self.head(hidden)
             w = DEPTH_WEIGHT ** i
             total = total + w * self.distill_loss(logits, tgt_i[valid], tgt_p[valid]).sum() / valid.sum().clamp_min(1)
             weight_sum += w
@@ -178,10 +223,10 @@ class ParallelDrafter(EagleDrafter):
 
     @classmethod
     def from_recipe(cls, target, recipe, draft_vocab=None):
-        return cls(target, draft_vocab=draft_vocab, max_k=recipe.max_k)
+        return cls(target, draft_vocab=draft_vocab, max_k=recipe.max_k, markov=recipe.markov)
 
     def checkpoint_setting(self) -> dict:
-        return {"kind": self.kind, "max_k": self.max_k}
+        return {"kind": self.kind, "max_k": self.max_k, "markov": self.markov is not None}
 
     # ---------------------------------------------------------------- drafter directories
     @classmethod
@@ -191,8 +236,10 @@ class ParallelDrafter(EagleDrafter):
         if have is None or have.dim() != 2 or have.shape[0] != max_k - 1:
             raise SpecRLError(f"{where}: config says max_k {max_k} (so {max_k - 1} placeholder rows) but tensor "
                               f"'placeholders' is {None if have is None else list(have.shape)}")
+        markov = _check_markov(cfg.get("markov", False), f"{where}/config.json: markov")
         drafter = super().from_directory(target, cfg, state, where)
         drafter._set_max_k(max_k)
+        drafter._set_markov(markov)
         return drafter
 
     @classmethod
@@ -227,6 +274,16 @@ class ParallelDrafter(EagleDrafter):
         if k > 1:
             x = torch.cat([x, self._placeholder_input(last, 0, k - 1)], dim=1)
         pos = (batch.positions - 2)[:, None] + torch.arange(k)[None, :]
-        reduced = self.head(cached_block(self.block, self.rope, x, pos.to(self.device), self.cache.slots(0, n), 0))
-        toks, qs = self._draw(batch, reduced, torch.arange(k, device=batch.positions.device))
-        return Proposal(toks, qs)
+        out = cached_block(self.block, self.rope, x, pos.to(self.device), self.cache.slots(0, n), 0)
+        if self.markov is None:
+            toks, qs = self._draw(batch, self.head(out), torch.arange(k, device=batch.positions.device))
+            return Proposal(toks, qs)
+        # each draft after the first reads the token drawn before it: k sequential draws, q straight into [n, k, V]
+        buf = None if self.full_vocab else torch.zeros(n, k, self.target_args.vocab_size, device=out.device)
+        drawn, probs = [], []
+        for i in range(k):
+            h = out[:, i] if i == 0 else self.mix(out[:, i], drawn[-1].to(out.device))
+            tok, q = self._sample(batch, h, i, None if buf is None else buf[:, i])
+            drawn.append(tok)
+            probs.append(q)
+        return Proposal(torch.stack(drawn, 1), torch.stack(probs, 1) if buf is None else buf)

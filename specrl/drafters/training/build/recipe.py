@@ -3,8 +3,8 @@
 A recipe names the target model, the workload the drafter serves (task, difficulty, answer format, sampling
 temperature and length: the RL run's own, since on-policy rollouts at the workload's temperature and template are
 the data that matter most), how many prompts are rolled out and how they are sharded, and the training settings
-(drafter kind, draft vocabulary size, target top-K, training-time-test depth, the parallel head's `max_k`, the loss:
-"ce" or "ce+tv" with `tv_weight`, epochs, learning rate). The shipped recipes are
+(drafter kind, draft vocabulary size, target top-K, training-time-test depth, the parallel head's `max_k` and
+`markov`, the loss: "ce" or "ce+tv" with `tv_weight`, epochs, learning rate). The shipped recipes are
 `specrl/drafters/training/build/recipes/*.json`; `Recipe.load` validates a file and names every wrong or unknown
 key.
 `Recipe.hash()` identifies the rollout data a recipe produces (the fields that change the data), so a build
@@ -51,6 +51,7 @@ class Recipe:
     target_topk: int = 32
     ttt_steps: int = 3  # EAGLE's training-time-test depth
     max_k: int = 7  # parallel: the most tokens one forward drafts (its last context entry + max_k - 1 placeholders)
+    markov: bool = False  # parallel: each draft after the first also reads the token drafted before it (DSpark)
     loss: str = "ce"  # "ce" (soft cross-entropy against the target's top-K) or "ce+tv" (plus tv_weight * TV distance)
     tv_weight: float = 1.0  # the TV term's weight under loss "ce+tv"
     epochs: int = 6
@@ -105,6 +106,11 @@ class Recipe:
         if self.train_dtype not in ("float32", "bfloat16"):
             raise SpecRLError(f"recipe {self.name!r}: train_dtype must be float32 or bfloat16, got "
                               f"{self.train_dtype!r}")
+        if not isinstance(self.markov, bool):
+            raise SpecRLError(f"recipe {self.name!r}: markov must be true or false, got {self.markov!r}")
+        if self.markov and not build_class(self.kind, where=f"recipe {self.name!r}").takes_markov:
+            raise SpecRLError(f"recipe {self.name!r}: markov is an option of kind parallel (its drafts after the "
+                              f"first read the token drafted before them), not of kind {self.kind!r}")
         try:
             Objective(self.loss, self.tv_weight)
         except SpecRLError as e:
