@@ -36,7 +36,7 @@ SETTINGS = {
 CHI_SQUARE_CASES = {
     "tests/test_spec_proof.py::test_exact_distribution": 40,
     "tests/test_spec_proof.py::test_bonus_path_exact_distribution": 12,
-    "tests/test_drafter_eagle_mtp.py::test_exact_distribution": 30,
+    "tests/test_drafter_eagle_mtp.py::test_exact_distribution": 40,
     "tests/test_verify_power.py::test_verify_matches_exact_outcome_distribution": 9,
     "tests/test_seq_budget.py::test_rejection_with_budgets_keeps_the_exact_distribution": 2,
     "tests/test_spec_proof.py::test_exact_distribution_with_confidence_cut": 16,
