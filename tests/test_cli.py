@@ -3,6 +3,7 @@
 import json
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from specrl.cli import app
@@ -110,3 +111,24 @@ def test_draft_curve_partial_needs_separate(tmp_path):
     r = runner.invoke(app, ["draft", "curve", "--recipe", "think", "--work", str(tmp_path / "w"), "--partial"])
     assert r.exit_code == 2 and "--partial" in r.output and "--separate" in r.output
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_draft_curve_draws_into_the_build_directory_by_default(tmp_path, monkeypatch, separate):
+    """Without --plot the curve goes beside its JSON in WORK/eval/, never into the current directory's docs/."""
+    from specrl.drafters.training.build import curve, release
+
+    drawn = []
+    rows = [{"setting": {"prompts": 2}, "prompts": 2}]
+    monkeypatch.setattr(release, "run_curve", lambda *a, **k: rows)
+    monkeypatch.setattr(curve, "run_separate_curve", lambda *a, **k: rows)
+    monkeypatch.setattr(release, "plot_curve", lambda rows, path, title: drawn.append(path))
+    monkeypatch.setattr(curve, "plot_separate_curve", lambda rows, path, title, snapshots=None: drawn.append(path))
+    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "w"
+    args = ["draft", "curve", "--recipe", "think", "--work", str(work), *(["--separate", "--partial"] if separate
+                                                                           else [])]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert drawn == [work / "eval" / ("curve_separate.png" if separate else "curve.png")]
+    assert not (tmp_path / "docs").exists()

@@ -140,12 +140,17 @@ def draft_eval(drafter: str = typer.Option("eagle:think", help="eagle:DIR / para
         typer.echo(f"[specrl] wrote {json_out}")
 
 
+def curve_plot_path(work: Path, separate: bool) -> Path:
+    """Where `draft curve` draws without --plot: beside its JSON in the build directory, never the current one."""
+    return work / "eval" / ("curve_separate.png" if separate else "curve.png")
+
+
 @draft_app.command("curve")
 def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(None, help="the build directory"),
                 k: int = typer.Option(None, help="draft length (default: the recipe's k)"),
                 prompts: int = typer.Option(None, help="held-out prompts (default: the recipe's heldout_prompts)"),
-                plot: Path = typer.Option(None, help="where to draw the curve (default docs/img/drafter_scaling.png, "
-                                          "with --separate docs/img/drafter_scaling_separate.png)"),
+                plot: Path = typer.Option(None, help="where to draw the curve (default WORK/eval/curve.png, with "
+                                          "--separate WORK/eval/curve_separate.png)"),
                 separate: bool = typer.Option(False, "--separate", help="train a fresh head on the first N shards "
                                               "for each N in the recipe's curve (resumable, WORK/curve/) and "
                                               "evaluate each, instead of the one training's snapshots"),
@@ -179,13 +184,13 @@ def draft_curve(recipe: str = typer.Option("think"), work: Path = typer.Option(N
             if not partial and len(rows) < len({n for n in r.curve if n < r.n_shards}) + 1:
                 fail(SpecRLError(f"the curve is not complete ({len(rows)} points); run the same command again"))
             snap = w / "eval" / "curve.json"
-            plot = plot or Path("docs/img/drafter_scaling_separate.png")
+            plot = plot or curve_plot_path(w, separate=True)
             plot_separate_curve(rows, plot, f"{r.kind}:{r.name} ({r.model}, {r.task} {r.answer_format}, "
                                 f"T={r.temperature}): {rows[0]['setting']['prompts']} held-out prompts",
                                 snapshots=json.loads(snap.read_text()) if snap.exists() else None)
         else:
             rows = run_curve(r, w, source, k=k, n_prompts=prompts, log=typer.echo)
-            plot = plot or Path("docs/img/drafter_scaling.png")
+            plot = plot or curve_plot_path(w, separate=False)
             plot_curve(rows, plot, f"{r.kind}:{r.name} ({r.model}, {r.task} {r.answer_format}, T={r.temperature}): "
                                    f"{rows[0]['prompts']} held-out prompts")
     except SpecRLError as e:
