@@ -178,6 +178,39 @@ def test_package_then_eval_writes_a_verified_manifest_with_the_heldout_figures(t
     assert d.dtype.is_floating_point and str(d.dtype) == "torch.bfloat16"
 
 
+def test_a_killed_eval_resumes_from_its_finished_k_and_never_reuses_another_head_s(tmp_path, monkeypatch):
+    from specrl.drafters.training.build import heldout
+    from specrl.drafters.training.build.release import run_eval, run_package
+    from specrl.drafters.training.build.stages import run_train
+
+    model, recipe = tiny_build(tmp_path)
+    run_train(recipe, tmp_path, model, progress=False)
+    run_package(recipe, tmp_path, model)
+    held = [[1, 30 + i, 7, 9] for i in range(2)]
+    prompts = lambda tok: ([], held)  # noqa: E731
+    part = run_eval(recipe, tmp_path, prompts, model, ks=(1, 3), log=lambda *_: None, measure_only=True)
+    assert set(part["per_k"]) == {"1", "3"} and sorted(p.name for p in (tmp_path / "eval" / "per_k").iterdir()) \
+        == ["k1.json", "k3.json"]
+    assert not (tmp_path / "eval" / "eval.json").exists()  # measure_only stops before top-1, cost and manifest
+    engines = []
+    real = heldout._engine
+    monkeypatch.setattr(heldout, "_engine", lambda *a: engines.append(a[-1]) or real(*a))
+    ev = run_eval(recipe, tmp_path, prompts, model, ks=(1, 2, 3), log=lambda *_: None)
+    assert engines[0] == 2 and 1 not in engines  # only k = 2 was generated again (then the cost runs, at k = 3)
+    assert ev["per_k"]["1"] == part["per_k"]["1"] and ev["per_k"]["3"] == part["per_k"]["3"]
+    assert "token_ids" not in ev["per_k"]["1"] and 0 <= ev["heldout_top1"] <= 1
+    # a measurement kept under another key (another head's files, prompts, temperature, length or seed) is redone
+    f = tmp_path / "eval" / "per_k" / "k1.json"
+    rec = json.loads(f.read_text())
+    f.write_text(json.dumps({**rec, "key": {**rec["key"], "files": {"model.safetensors": "0" * 64}}}))
+    engines.clear()
+    run_eval(recipe, tmp_path, prompts, model, ks=(1,), log=lambda *_: None, measure_only=True)
+    assert engines == [1] and json.loads(f.read_text())["key"] == rec["key"]
+    assert heldout._cached((tmp_path / "eval" / "per_k", {"other": "key"}), 1) is None
+    (tmp_path / "eval" / "per_k" / "k1.json").write_text("{not json")
+    assert heldout._cached((tmp_path / "eval" / "per_k", {}), 1) is None  # a damaged file is measured again
+
+
 def test_a_shipped_drafter_refuses_a_tampered_file_or_a_manifest_that_disagrees(tmp_path):
     import shutil
 
@@ -312,3 +345,17 @@ def test_a_planted_training_checkpoint_is_refused_before_it_runs_code(tmp_path):
     torch.save(["not", "a", "checkpoint"], ck)
     with pytest.raises(SpecRLError, match=r"not a specrl drafter"):
         run_train(recipe, tmp_path, model, progress=False)
+
+
+def test_draft_build_measures_chosen_k_only_in_the_eval_stage(tmp_path):
+    from typer.testing import CliRunner
+
+    from specrl.cli import app
+
+    r = CliRunner().invoke(app, ["draft", "build", "--recipe", "think", "--work", str(tmp_path / "w"), "--stage",
+                                 "train", "--k", "2,4"])
+    assert r.exit_code == 2 and "--stage eval" in r.output and "'train'" in r.output, r.output
+    r = CliRunner().invoke(app, ["draft", "build", "--recipe", "think", "--work", str(tmp_path / "w"), "--stage",
+                                 "eval", "--k", "2,x"])
+    assert r.exit_code == 2 and "--k" in r.output, r.output
+    assert not (tmp_path / "w").exists()  # refused before any work

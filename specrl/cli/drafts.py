@@ -50,6 +50,8 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
                 data_from: Path = typer.Option(None, help="read the rollouts and features of this other build "
                                                "directory instead of making them (its recipe's data fields must "
                                                "equal this recipe's; recorded, so later stages read it too)"),
+                k: str = typer.Option(None, help="--stage eval: measure only these draft lengths (comma-separated) "
+                                      "into WORK/eval/per_k and stop; a later --stage eval reuses them"),
                 threads: str = typer.Option("auto", help=THREADS_HELP)):
     """Reproduce a drafter from its recipe: rollouts in checked shards, target features, the trained head, its
     held-out evaluation and the packaged files (every stage resumable after a kill)."""
@@ -63,6 +65,9 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
     try:
         if stage not in ("all", *pipeline.STAGES):
             raise SpecRLError(f"--stage must be all or one of {', '.join(pipeline.STAGES)}, got {stage!r}")
+        if k is not None and stage != "eval":
+            raise SpecRLError(f"--k measures draft lengths of the eval stage only; give --stage eval, not {stage!r}")
+        ks = parse_int_list(k, "--k") if k is not None else None
         r = Recipe.load(recipe)
         w = work or Path("builds") / r.name
         if data_from is not None:
@@ -85,7 +90,11 @@ def draft_build(recipe: str = typer.Option("think", help="a recipe JSON file, or
         if stage in ("all", "package"):
             out = release.run_package(r, w)
             typer.echo(f"[specrl] {r.name}: packaged in {out}")
-        if stage in ("all", "eval"):
+        if ks is not None:
+            ev = release.run_eval(r, w, prompts, ks=ks, measure_only=True)
+            typer.echo(f"[specrl] {r.name}: held-out AL " + ", ".join(
+                f"k={x}: {v['acceptance_length']:.2f}" for x, v in ev["per_k"].items()) + f" in {w / 'eval' / 'per_k'}")
+        elif stage in ("all", "eval"):
             ev = release.run_eval(r, w, prompts)
             typer.echo(f"[specrl] {r.name}: {summary(ev)}")
     except SpecRLError as e:

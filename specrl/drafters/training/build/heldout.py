@@ -9,16 +9,22 @@ share of held-out response positions where the drafter's first draft equals the 
 the engine generated (speculative sampling is lossless, so they are the target's own samples). The cost c is the
 drafter's wall time per draft token (its `propose` plus its bookkeeping after each verify, summed by the engine
 as `draft_seconds`) as a fraction of one plain decode step of the same engine at the same batch size B, both
-measured on the same held-out prompts after a warm-up run.
+measured on the same held-out prompts after a warm-up run. With `cache` (the build's `WORK/eval/per_k/`), each k's
+measurement is written to its own file as soon as it is done and read back on a later run with the same key (the
+drafter's files, the prompts, temperature, length and seed), so a killed evaluation resumes at the first k it had not
+finished, and separate processes can measure disjoint k's side by side (`measure_only`).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import torch
 
 from specrl.errors import SpecRLError
+from specrl.fileio import write_text_atomic
 
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7)
 COST_BATCHES = (1, 8)
@@ -64,10 +70,24 @@ def draft_cost(target, drafter, prompts: list[list[int]], batch: int, k: int, te
             "c": per_draft_s / step_s}
 
 
+def _cached(cache: tuple[Path, dict] | None, k: int) -> dict | None:
+    """k's stored measurement when its key matches this evaluation's; None otherwise (a damaged file too)."""
+    if cache is None:
+        return None
+    try:
+        rec = json.loads((cache[0] / f"k{k}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("key") == cache[1] else None
+
+
 def evaluate_drafter(target, drafter, prompts: list[list[int]], temperature: float, max_new_tokens: int,
                      stops: tuple[int, ...], ks=DEFAULT_KS, seed: int = 0, cost_batches=COST_BATCHES,
-                     ttt_steps: int = 3, log=print) -> dict:
-    """Held-out AL at every k in `ks`, per-position acceptance, top-1 and the cost c (see the module docstring)."""
+                     ttt_steps: int = 3, log=print, cache: tuple[Path, dict] | None = None,
+                     measure_only: bool = False) -> dict:
+    """Held-out AL at every k in `ks`, per-position acceptance, top-1 and the cost c (see the module docstring).
+    `cache` = (directory, key): per-k results are kept there and reused under the same key. `measure_only` returns
+    after the k's ({"per_k": ...}), with no top-1 and no cost."""
     from specrl.drafters.training.offline import collect, evaluate
 
     if not prompts:
@@ -80,19 +100,30 @@ def evaluate_drafter(target, drafter, prompts: list[list[int]], temperature: flo
     sp = _params(temperature, max_new_tokens, stops, seed)
     per_k, seqs = {}, None
     for k in ks:
-        t0 = time.perf_counter()
-        res = _engine(target, drafter, min(ENGINE_BATCH, len(prompts)), longest, max_new_tokens, k).generate(
-            prompts, sp)
-        m = res.metrics
-        cum = [float(x) for x in m["acceptance_rate_per_position"][:k]]
-        cond = [cum[0]] + [cum[i] / cum[i - 1] if cum[i - 1] else 0.0 for i in range(1, k)]
-        per_k[str(k)] = {"acceptance_length": float(m["acceptance_length"]), "accepted_at_least": cum,
-                         "conditional_acceptance": cond, "verify_steps": int(m["verify_steps"]),
-                         "generated_tokens": int(m["generated_tokens"]), "seconds": time.perf_counter() - t0}
-        log(f"[specrl] eval k={k}: AL {m['acceptance_length']:.3f} over {m['verify_steps']} verify steps "
-            f"({time.perf_counter() - t0:.0f} s)")
+        rec = _cached(cache, k)
+        if rec is not None:
+            log(f"[specrl] eval k={k}: AL {rec['acceptance_length']:.3f}, kept from {cache[0] / f'k{k}.json'}")
+        else:
+            t0 = time.perf_counter()
+            res = _engine(target, drafter, min(ENGINE_BATCH, len(prompts)), longest, max_new_tokens, k).generate(
+                prompts, sp)
+            m = res.metrics
+            cum = [float(x) for x in m["acceptance_rate_per_position"][:k]]
+            cond = [cum[0]] + [cum[i] / cum[i - 1] if cum[i - 1] else 0.0 for i in range(1, k)]
+            rec = {"acceptance_length": float(m["acceptance_length"]), "accepted_at_least": cum,
+                   "conditional_acceptance": cond, "verify_steps": int(m["verify_steps"]),
+                   "generated_tokens": int(m["generated_tokens"]), "seconds": time.perf_counter() - t0,
+                   "token_ids": [list(o.token_ids) for o in res.outputs]}
+            log(f"[specrl] eval k={k}: AL {m['acceptance_length']:.3f} over {m['verify_steps']} verify steps "
+                f"({time.perf_counter() - t0:.0f} s)")
+            if cache is not None:
+                cache[0].mkdir(parents=True, exist_ok=True)
+                write_text_atomic(cache[0] / f"k{k}.json", json.dumps({**rec, "key": cache[1]}) + "\n")
+        per_k[str(k)] = {f: v for f, v in rec.items() if f not in ("token_ids", "key")}
         if seqs is None:
-            seqs = [p + o.token_ids for p, o in zip(prompts, res.outputs, strict=True)]
+            seqs = [p + list(t) for p, t in zip(prompts, rec["token_ids"], strict=True)]
+    if measure_only:
+        return {"per_k": per_k}
     ex = collect(target, drafter, seqs, prompt_lens=[len(p) for p in prompts])
     q = evaluate(drafter, ex, ttt_steps=ttt_steps)
     cost = {}

@@ -52,12 +52,17 @@ def run_package(recipe: Recipe, work: Path, target=None, dest: Path | None = Non
 
 
 def run_eval(recipe: Recipe, work: Path, prompts: Callable, target=None, drafter_dir: Path | None = None,
-             ks=None, n_prompts: int | None = None, max_new_tokens: int | None = None, log=print) -> dict:
-    """Stage 5: held-out evaluation of the packaged head (or of `drafter_dir`); into WORK/eval and the manifest."""
+             ks=None, n_prompts: int | None = None, max_new_tokens: int | None = None, log=print,
+             measure_only: bool = False) -> dict:
+    """Stage 5: held-out evaluation of the packaged head (or of `drafter_dir`); into WORK/eval and the manifest.
+    Each k's measurement is kept in WORK/eval/per_k/ as it finishes, so a killed stage resumes at the first k not
+    done; `measure_only` measures `ks` into that folder and stops (separate processes can share the k's)."""
+    import hashlib
+
     import torch
 
     from specrl.drafters.storage.io import load_drafter
-    from specrl.drafters.storage.shipped import MANIFEST, check_shipped
+    from specrl.drafters.storage.shipped import FILES, MANIFEST, check_shipped, sha256_of
     from specrl.drafters.training.build.heldout import DEFAULT_KS, evaluate_drafter
 
     _claim(work, recipe)
@@ -67,9 +72,16 @@ def run_eval(recipe: Recipe, work: Path, prompts: Callable, target=None, drafter
     target, tokenizer, stops = _load_target(recipe, target)
     t0 = time.perf_counter()
     drafter = load_drafter(d, target, expected_kind=recipe.kind)
-    ev = evaluate_drafter(target, drafter, _heldout(recipe, prompts, tokenizer, n_prompts), recipe.temperature,
-                          max_new_tokens or recipe.max_new_tokens, stops, ks=ks or DEFAULT_KS, seed=recipe.seed,
-                          ttt_steps=recipe.ttt_steps, log=log)
+    held = _heldout(recipe, prompts, tokenizer, n_prompts)
+    new_tokens = max_new_tokens or recipe.max_new_tokens
+    key = {"files": {f: sha256_of(d / f) for f in FILES},
+           "prompts": hashlib.sha256(json.dumps(held).encode()).hexdigest(), "temperature": recipe.temperature,
+           "max_new_tokens": new_tokens, "seed": recipe.seed}
+    ev = evaluate_drafter(target, drafter, held, recipe.temperature, new_tokens, stops, ks=ks or DEFAULT_KS,
+                          seed=recipe.seed, ttt_steps=recipe.ttt_steps, log=log,
+                          cache=(work / "eval" / "per_k", key), measure_only=measure_only)
+    if measure_only:
+        return ev
     ev["drafter"] = str(d)
     (work / "eval").mkdir(parents=True, exist_ok=True)
     write_text_atomic(work / "eval" / "eval.json", json.dumps(ev, indent=1) + "\n")
