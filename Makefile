@@ -29,7 +29,7 @@ run: .venv/.installed
 
 test: .venv/.installed
 	.venv/bin/ruff check specrl tests benchmarks tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 	$(PY) tools/mutation_check.py
 	$(MAKE) test-vllm
 	$(MAKE) test-install
