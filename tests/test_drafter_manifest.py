@@ -77,6 +77,16 @@ def test_a_shipped_name_whose_kind_was_edited_is_an_error_not_a_build(package, t
         ensure_default_drafter("eagle", "default", progress=False)
 
 
+def test_a_shipped_name_asked_for_as_another_kind_is_refused_naming_its_kind(target):
+    from specrl.drafters.storage.default import resolve_drafter
+
+    with pytest.raises(SpecRLError, match=r"use parallel:think-parallel-markov$"):
+        resolve_drafter("eagle:think-parallel-markov", target)
+    with pytest.raises(SpecRLError, match=r"use eagle:think$"):
+        resolve_drafter("parallel:think", target)
+    assert resolve_drafter("parallel:think-parallel-markov", target).kind == "parallel"
+
+
 def test_a_shipped_directory_named_by_path_is_verified(tmp_path, target):
     from specrl.drafters.storage.default import resolve_drafter
 

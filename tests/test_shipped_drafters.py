@@ -2,7 +2,7 @@
 
 The floors are behavioural, far below the measured figures (each manifest's eval), so they are not flaky: an
 untrained or mis-loaded head accepts ~1.0 tokens per verify step. Each shipped drafter is checked at its own
-workload: `think` (reasoning replies, T=0.7) and `default` (short number answers, T=1).
+workload: `think` and `think-parallel-markov` (reasoning replies, T=0.7) and `default` (short number answers, T=1).
 """
 
 import json
@@ -13,8 +13,9 @@ from specrl.drafters.storage.shipped import MANIFEST, check_shipped, is_shipped,
 from specrl.errors import SpecRLError
 
 pytestmark = pytest.mark.slow
-# name -> (answer format, temperature, max new tokens, held-out prompts, AL floor at k=3)
-SHIPPED = {"think": ("reasoning", 0.7, 96, 4, 1.5), "default": ("number", 1.0, 32, 16, 1.2)}
+# name -> (kind, answer format, temperature, max new tokens, held-out prompts, AL floor at k=3)
+SHIPPED = {"think": ("eagle", "reasoning", 0.7, 96, 4, 1.5), "default": ("eagle", "number", 1.0, 32, 16, 1.2),
+           "think-parallel-markov": ("parallel", "reasoning", 0.7, 96, 4, 1.5)}
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +30,10 @@ def target():
 def test_each_shipped_drafter_s_manifest_matches_its_files_and_recipe(name):
     from specrl.drafters.training.build.recipe import Recipe
 
-    assert is_shipped("eagle", name)
+    kind = SHIPPED[name][0]
+    assert is_shipped(kind, name)
     m = check_shipped(shipped_dir(name), target_model="smollm2-135m")
-    assert m["kind"] == "eagle" and m["dtype"] == "bfloat16" and m["target"]["vocab_size"] == 49152
+    assert m["kind"] == kind and m["dtype"] == "bfloat16" and m["target"]["vocab_size"] == 49152
     recipe = Recipe.load(name)
     assert m["recipe"]["temperature"] == recipe.temperature and m["recipe"]["task"] == recipe.task
     assert len(m["data_hash"]) == 64 and m["commit"]
@@ -53,14 +55,15 @@ def test_each_shipped_drafter_loads_without_a_build_and_beats_its_al_floor_on_he
 
     monkeypatch.setattr(default_drafter.drafter_build, "train_drafter_offline", no_build)
     model, tok = target
-    fmt, temperature, new_tokens, prompts, floor = SHIPPED[name]
-    d = resolve_drafter(f"eagle:{name}", model)
+    kind, fmt, temperature, new_tokens, prompts, floor = SHIPPED[name]
+    d = resolve_drafter(f"{kind}:{name}", model)
     assert str(d.dtype) == "torch.bfloat16"
     _, held = task_prompts("chain_sum", 8, heldout=prompts, answer_format=fmt)(tok)
     al = heldout_acceptance(model, d, held, k=3, temperature=temperature, max_new_tokens=new_tokens,
                             stop_token_ids=stop_token_ids(tok, model.args), seed=0)
-    assert al >= floor, f"eagle:{name} accepts {al:.2f} tokens per verify step (floor {floor})"
-    assert default_drafter.ensure_default_drafter("eagle", name) == shipped_dir(name)
+    assert al >= floor, f"{kind}:{name} accepts {al:.2f} tokens per verify step (floor {floor})"
+    if kind in default_drafter.DEFAULT_KINDS:
+        assert default_drafter.ensure_default_drafter(kind, name) == shipped_dir(name)
 
 
 def test_a_tampered_shipped_file_is_refused_by_name(tmp_path, target):

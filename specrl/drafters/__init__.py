@@ -86,7 +86,9 @@ def make_drafter(spec: str | None, target=None, dtype=None,
     """Build a drafter from a spec string; None/'none' means plain autoregressive decoding.
 
     Every kind, built in or registered, is built by its row of the kinds table (`DrafterKind.build`).
-    `KIND:NAME` with NAME in EMBEDDED_NAMES (the kinds whose row is `embedded`: eagle, mtp) loads a cached drafter of
+    `KIND:NAME` naming a drafter shipped in the package (`storage.shipped.SHIPPED`: eagle:think, eagle:default,
+    parallel:think-parallel-markov) loads its verified files. `KIND:NAME` with NAME in EMBEDDED_NAMES (the kinds
+    whose row is `embedded`: eagle, mtp) otherwise loads a cached drafter of
     the embedded model; when it is not built yet, `build_default(kind, name)` builds it and returns its directory
     (`specrl.drafters.storage.default.resolve_drafter` passes the builder), and without one the error says how to
     build it.
@@ -105,15 +107,19 @@ def _build(parsed: DrafterSpec, target, dtype, build_default: Callable[[str, str
     if info.wraps:  # its argument is a learned drafter spec: built first, then wrapped
         return info.build(parsed, target, dtype, inner=_build(parsed.inner, target, dtype, build_default))
     kind, arg = parsed.kind, parsed.arg
-    if info.embedded and arg in EMBEDDED_NAMES:
-        from specrl.drafters.storage.shipped import is_shipped, load_shipped
+    from specrl.drafters.storage.shipped import SHIPPED, is_shipped, load_shipped
 
-        if is_shipped(kind, arg):  # trained ahead of time, inside the package: verified, never rebuilt
-            if target is None:
-                raise SpecRLError(f"{kind}:{arg} needs the target model it drafts for (pass target=)")
-            if not _is_embedded(target):
-                raise SpecRLError(_other_model(kind, arg))
-            return load_shipped(kind, arg, target)
+    shipped_as = SHIPPED.get(arg)
+    if shipped_as not in (None, kind) and not (info.embedded and arg in EMBEDDED_NAMES) and not Path(arg).exists():
+        raise SpecRLError(f"{kind}:{arg}: the package ships drafter {arg!r} of kind {shipped_as}, not {kind}; "
+                          f"use {shipped_as}:{arg}")
+    if is_shipped(kind, arg):  # trained ahead of time, inside the package: verified, never rebuilt
+        if target is None:
+            raise SpecRLError(f"{kind}:{arg} needs the target model it drafts for (pass target=)")
+        if not _is_embedded(target):
+            raise SpecRLError(_other_model(kind, arg))
+        return load_shipped(kind, arg, target)
+    if info.embedded and arg in EMBEDDED_NAMES:
         parsed = DrafterSpec(kind, str(_default_dir(kind, arg, target, build_default)))
     return info.build(parsed, target, dtype)
 

@@ -34,7 +34,8 @@ from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 
 SHIPPED_DTYPE = "bfloat16"
-SHIPPED = {"default": "eagle", "think": "eagle"}  # what the package ships: name -> kind (tests check the files)
+# what the package ships: name -> kind (tests check the files)
+SHIPPED = {"default": "eagle", "think": "eagle", "think-parallel-markov": "parallel"}
 
 
 def shipped_dir(name: str, root: Path | None = None) -> Path:
