@@ -8,8 +8,9 @@ with bf16 matrix units (the `avx512_bf16` or `amx_bf16` flags of /proc/cpuinfo),
 AVX2-only CPU a bf16 matrix product is emulated and runs ~6.6x slower than fp32 (measured: F.linear at the
 decode shape [32, 576] x [576, 1536], one thread, fp32 0.98 ms vs bf16 6.5 ms), so an explicit bf16 there is
 honoured with a warning that says so. `processor_class()` names the CPU class every benchmark records (torch's
-`get_cpu_capability()` reports AVX512 for CPUs with and without bf16 units alike). The tests fake the CPU flags
-with `cpu_flags.cache_clear()` and a monkeypatched `/proc/cpuinfo` reader.
+`get_cpu_capability()` reports AVX512 for CPUs with and without bf16 units alike); an instruction-set limit in the
+environment (`ONEDNN_MAX_CPU_ISA=AVX2` and the like) lowers the class to what the kernels may use. The tests fake
+the CPU flags with `cpu_flags.cache_clear()` and a monkeypatched `/proc/cpuinfo` reader.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
 PRECISIONS = ("auto", "fp32", "bf16-mixed")
 # The measured slowdown and its processor are in docs/benchmarks.md ("bf16 on AVX2-only CPUs").
+# Processor classes, least capable first, and the environment variables that limit the instruction set torch's
+# kernels (ATen), oneDNN and MKL use.
+CLASS_RANK = {"AVX2": 0, "AVX512": 1, "AVX512-BF16": 2, "AMX": 3}
+ISA_LIMIT_VARS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 AVX2_BF16_SLOWDOWN = "several times slower than float32 for matrix products (docs/benchmarks.md)"
 
 
@@ -53,8 +58,7 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def processor_class() -> str:
-    """AMX | AVX512-BF16 | AVX512 | AVX2 | the machine name: what bf16 and fp32 matrix products can use."""
+def _flags_class() -> str:
     flags = cpu_flags()
     if "amx_bf16" in flags:
         return "AMX"
@@ -66,6 +70,50 @@ def processor_class() -> str:
         return "AVX2"
     cap = torch.backends.cpu.get_cpu_capability()
     return cap if cap not in ("DEFAULT", "") else platform.machine()
+
+
+def isa_limit() -> dict[str, str]:
+    """The instruction-set limits set in the environment for torch's kernels and its matrix libraries
+    (`ISA_LIMIT_VARS` that are set, as given), empty when none is."""
+    return {k: os.environ[k] for k in ISA_LIMIT_VARS if os.environ.get(k, "").strip()}
+
+
+def _limit_rank(var: str, value: str) -> int | None:
+    v = value.strip().upper()
+    if var == "ONEDNN_MAX_CPU_ISA":
+        if v in ("ALL", "DEFAULT") or "AMX" in v:
+            return None
+        if "BF16" in v or "FP16" in v or v.startswith("AVX10"):
+            return CLASS_RANK["AVX512-BF16"]
+        return CLASS_RANK["AVX512"] if v.startswith("AVX512") else CLASS_RANK["AVX2"]
+    if var == "ATEN_CPU_CAPABILITY":
+        return CLASS_RANK["AVX2"] if v in ("AVX2", "DEFAULT") else None
+    if var == "MKL_ENABLE_INSTRUCTIONS":
+        return CLASS_RANK["AVX2"] if v.startswith(("AVX2", "SSE", "AVX")) and not v.startswith("AVX512") else None
+    return None
+
+
+def processor_class() -> str:
+    """AMX | AVX512-BF16 | AVX512 | AVX2 | the machine name: what bf16 and fp32 matrix products can use.
+
+    The CPU's flags give the class; an instruction-set limit in the environment (`isa_limit()`:
+    `ONEDNN_MAX_CPU_ISA=AVX2`, `ATEN_CPU_CAPABILITY=avx2`, `MKL_ENABLE_INSTRUCTIONS=AVX2`) lowers it to what the
+    kernels may use, so a newer CPU told to use AVX2 only is run, and named, as the AVX2 class."""
+    cls = _flags_class()
+    if cls not in CLASS_RANK:
+        return cls
+    ranks = [r for r in (_limit_rank(k, v) for k, v in isa_limit().items()) if r is not None]
+    rank = min([CLASS_RANK[cls], *ranks])
+    return next(name for name, r in CLASS_RANK.items() if r == rank)
+
+
+def describe_class() -> str:
+    """`processor_class()` for a log line: with any instruction-set limit, the variables and the CPU's own class."""
+    cls, limit = processor_class(), isa_limit()
+    if not limit:
+        return cls
+    given = ", ".join(f"{k}={v}" for k, v in limit.items())
+    return f"{cls} ({given}; the CPU's flags say {_flags_class()})"
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -137,7 +185,8 @@ def resolve_precision(spec: str, device: torch.device | str, key: str = "policy.
 def hardware_record(device: torch.device | str = "cpu") -> dict[str, Any]:
     """What a benchmark or run records about where it ran: processor class, cores, device (and GPU name)."""
     dev = torch.device(device)
-    rec: dict[str, Any] = {"processor_class": processor_class(), "cpu_cores": os.cpu_count(),
+    rec: dict[str, Any] = {"processor_class": processor_class(), "cpu_flags_class": _flags_class(),
+                           "isa_limit": isa_limit(), "cpu_cores": os.cpu_count(),
                            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "device": str(dev),
                            "torch": torch.__version__}
     if dev.type == "cuda":

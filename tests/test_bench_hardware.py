@@ -20,7 +20,8 @@ JSON_WRITERS = {"backend_overlay.py", "drafter_budget.py", "drafter_frozen_vs_on
                 "seq_k.py", "sim_fidelity.py", "sim_pipelines.py", "spec_vs_ar.py", "learner_scaling.py",
                 "history_memory.py", "draft_vocab_cost.py", "drafter_train_step.py", "task_difficulty.py",
                 "trl_rollouts.py"}
-KEYS = {"processor_class", "cpu_cores", "torch_cpu_capability", "device", "torch", "threads", "dtypes"}
+KEYS = {"processor_class", "cpu_flags_class", "isa_limit", "cpu_cores", "torch_cpu_capability", "device", "torch",
+        "threads", "dtypes"}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,8 @@ def test_run_header_records_processor_cores_threads_and_dtypes(common, capsys):
 def test_run_header_names_the_class_from_the_cpu_flags(common, monkeypatch, capsys):
     text = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_bf16\n"
     monkeypatch.setattr(dv, "_read_cpuinfo", lambda: text)
+    for var in dv.ISA_LIMIT_VARS:
+        monkeypatch.delenv(var, raising=False)
     dv.cpu_flags.cache_clear()
     try:
         rec = common.run_header({})
@@ -52,6 +55,11 @@ def test_run_header_names_the_class_from_the_cpu_flags(common, monkeypatch, caps
         assert isinstance(rec["threads"], int)  # None -> this process's torch threads
         assert "processor AVX512-BF16," in capsys.readouterr().out and "dtypes none" in common.hardware_line(rec)
         assert common.dtype_name("auto") == "bfloat16"
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+        rec = common.run_header({})
+        assert common.hardware_line(rec).startswith(
+            "processor AVX2 (ONEDNN_MAX_CPU_ISA=AVX2; the CPU's flags say AVX512-BF16), ")
+        assert common.dtype_name("auto") == "float32"
     finally:
         dv.cpu_flags.cache_clear()
 

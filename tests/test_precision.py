@@ -22,6 +22,9 @@ FLAGS = {
 @pytest.fixture
 def cpu_as(monkeypatch):
     """Pretend /proc/cpuinfo lists the flags of a processor class."""
+    for var in dv.ISA_LIMIT_VARS:
+        monkeypatch.delenv(var, raising=False)
+
     def set_class(name: str) -> None:
         text = f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: {FLAGS[name]}\n"
         monkeypatch.setattr(dv, "_read_cpuinfo", lambda: text)
@@ -43,6 +46,33 @@ def test_auto_follows_the_processor(cpu_as, cls, dtype, precision):
         ("cpu", dtype, precision, dtype)
     assert hardware_fields(cfg) == {"device": "cpu", "processor_class": cls, "rollout_dtype": dtype,
                                     "precision": precision}
+
+
+@pytest.mark.parametrize("var,value,cls", [
+    ("ONEDNN_MAX_CPU_ISA", "AVX2", "AVX2"), ("ONEDNN_MAX_CPU_ISA", "avx512_core", "AVX512"),
+    ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", "AVX512-BF16"), ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX", "AMX"),
+    ("ONEDNN_MAX_CPU_ISA", "ALL", "AMX"), ("ATEN_CPU_CAPABILITY", "avx2", "AVX2"),
+    ("ATEN_CPU_CAPABILITY", "avx512", "AMX"), ("MKL_ENABLE_INSTRUCTIONS", "AVX2", "AVX2"),
+    ("MKL_ENABLE_INSTRUCTIONS", "AVX512", "AMX")])
+def test_an_isa_limit_in_the_environment_lowers_the_class(cpu_as, monkeypatch, var, value, cls):
+    cpu_as("AMX")
+    monkeypatch.setenv(var, value)
+    assert dv.processor_class() == cls
+    rec = dv.hardware_record()
+    assert rec["processor_class"] == cls and rec["cpu_flags_class"] == "AMX" and rec["isa_limit"] == {var: value}
+    assert dv.describe_class() == f"{cls} ({var}={value}; the CPU's flags say AMX)"
+    fast = cls in ("AMX", "AVX512-BF16")
+    cfg = resolve_hardware(validate_config({}))
+    assert (cfg.model.rollout_dtype, cfg.policy.precision) == \
+        (("bfloat16", "bf16-mixed") if fast else ("float32", "fp32"))
+
+
+def test_a_limit_never_raises_the_class(cpu_as, monkeypatch):
+    cpu_as("AVX2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert dv.processor_class() == "AVX2" and dv.resolve_dtype("auto", "cpu") == "float32"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "")
+    assert dv.isa_limit() == {} and dv.describe_class() == "AVX2"
 
 
 def test_an_explicit_bf16_is_honoured_with_a_warning_on_avx2(cpu_as):

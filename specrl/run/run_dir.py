@@ -20,6 +20,7 @@ from filelock import FileLock, Timeout
 
 from specrl.config.hardware import hardware_fields, resolve_hardware
 from specrl.config.schema import TrainConfig, apply_override
+from specrl.device import describe_class
 from specrl.errors import SpecRLError
 from specrl.fileio import write_text_atomic
 from specrl.run.sizing import apply_sizing, write_sizing
@@ -221,7 +222,7 @@ def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], res
     cfg, sized = apply_sizing(cfg, hardware_fields(cfg)["processor_class"])  # run.min_steps: work sized to the CPU
     if sized is not None:
         print(f"[specrl] {sizing_line(sized)}", flush=True)
-    print(f"[specrl] device {cfg.run.device} ({hardware_fields(cfg)['processor_class']}): rollouts in "
+    print(f"[specrl] device {cfg.run.device} ({describe_class()}): rollouts in "
           f"{cfg.model.rollout_dtype}, training in {cfg.policy.precision}", flush=True)
     run_dir = Path(out) if out else Path(cfg.run.out_dir) / cfg.run.name
     if run_dir.exists() and not run_dir.is_dir():
