@@ -52,8 +52,13 @@ def test_prediction_scales_generation_but_not_training_with_the_cap():
 
 
 def test_a_class_without_units_uses_the_closest_and_cuda_is_not_sized():
-    d = size_run("AVX2", 10, 6, 256, 16, _step_for(2))
-    assert d["cost_class"] == "AMX" and d["rung"] == 2 and re.search(r"no units\b.*\bAVX2\b.*\bAMX\b", d["reason"])
+    d = size_run("AVX512", 10, 6, 256, 16, 0.05)
+    assert d["cost_class"] == "AVX2" and d["cost"] == sizing.asdict(COSTS["AVX2"])
+    assert re.search(r"no units\b.*\bAVX512\b.*\bAVX2\b", d["reason"])
+    assert size_run("weird-arch", 10, 6, 256, 16, 0.05)["cost_class"] == "AMX"
+    for cls in ("AMX", "AVX512-BF16", "AVX2"):
+        e = size_run(cls, 10, 6, 256, 16, 0.05)
+        assert e["cost_class"] == cls and "no units" not in e["reason"]
     g = size_run("AMX", 10, 6, 256, 16, None, device="cuda")
     assert g["sized"] is False and g["max_new_tokens"] == 256 and g["val_size"] == 16
 

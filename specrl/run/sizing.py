@@ -41,16 +41,26 @@ class ClassCost:
 
 
 REFERENCE = {"max_new_tokens": 256, "val_size": 16}
-# AMX: 4 pairs of the main job's steps at the reference work took 101.9 s on average (autoregressive generation
-# share 0.657) and a validation of both arms 117.6 s; the probe's plain step on the same machine, quiet, 68.9 ms.
+# Each class: 4 pairs of the main job's steps at the reference work, their mean seconds, the autoregressive arm's
+# generation share, the mean of the two validations of both arms, and the mean of six probes on the same machine
+# (three before the run, three after), quiet, 2 threads (the command is in docs/results.md, "Steps enough").
+# AVX512-BF16 and AVX2 were measured on the AMX machine limited by the environment (`specrl.device.isa_limit`): bf16
+# on AVX512-BF16 kernels, and fp32 rollouts and training on AVX2 kernels, what `auto` resolves to on each class.
 COSTS: dict[str, ClassCost] = {
-    "AMX": ClassCost(101.9 / 0.0689, 0.657, 117.6 / 0.0689,
+    "AMX": ClassCost(54.2 / 0.0499, 0.63, 58.1 / 0.0499,
                      "the main job at 256 new tokens and 16 validation questions on a 2-core Intel Xeon with AMX, "
                      "bf16 (docs/results.md)"),
+    "AVX512-BF16": ClassCost(65.7 / 0.0643, 0.53, 63.2 / 0.0643,
+                             "the main job at 256 new tokens and 16 validation questions, bf16, on a 2-core Intel "
+                             "Xeon limited to AVX512-BF16 (no AMX) by ONEDNN_MAX_CPU_ISA (docs/results.md)"),
+    "AVX2": ClassCost(62.2 / 0.0794, 0.59, 69.65 / 0.0794,
+                      "the main job at 256 new tokens and 16 validation questions, fp32, on a 2-core Intel Xeon "
+                      "limited to AVX2 by ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_ENABLE_INSTRUCTIONS "
+                      "(docs/results.md)"),
 }
-# The other classes have no measured units yet; they take the closest measured class's (the probe carries their
-# speed: bf16 or fp32 decode, memory bandwidth); `size_run` says so in its reason.
-CLOSEST = {"AVX512-BF16": "AMX", "AVX2": "AMX"}
+# A class without its own units takes the closest measured class's (the probe carries its speed: bf16 or fp32
+# decode, memory bandwidth); `size_run` says so in its reason. AVX512 without bf16 units computes in fp32 like AVX2.
+CLOSEST = {"AVX512": "AVX2"}
 # (fraction of generation.max_new_tokens, fraction of task.val_size), most work first
 LADDER: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.875, 1.0), (0.75, 1.0), (0.75, 0.5), (0.625, 0.5),
                                            (0.5, 0.5), (0.375, 0.5))
