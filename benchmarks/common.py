@@ -31,10 +31,10 @@ def hardware_line(rec: dict[str, Any]) -> str:
     """`processor AVX512-BF16, 2 cores, threads 1, dtypes rollout=bfloat16 train=fp32` for a record of run_header."""
     dtypes = " ".join(f"{k}={v}" for k, v in rec.get("dtypes", {}).items()) or "none"
     gpu = f", gpu {rec['gpu']}" if rec.get("gpu") else ""
-    limit = rec.get("isa_limit") or {}
-    given = ", ".join(f"{k}={v}" for k, v in limit.items())
-    lim = f" ({given}; the CPU's flags say {rec.get('cpu_flags_class')})" if limit else ""
-    return (f"processor {rec['processor_class']}{lim}, {rec['cpu_cores']} cores, threads {rec.get('threads')}, "
+    from specrl.device import class_label
+
+    cls = class_label(rec["processor_class"], rec.get("isa_limit"), rec.get("cpu_flags_class"))
+    return (f"processor {cls}, {rec['cpu_cores']} cores, threads {rec.get('threads')}, "
             f"dtypes {dtypes}{gpu}")
 
 

@@ -89,7 +89,7 @@ def _limit_rank(var: str, value: str) -> int | None:
     if var == "ATEN_CPU_CAPABILITY":
         return CLASS_RANK["AVX2"] if v in ("AVX2", "DEFAULT") else None
     if var == "MKL_ENABLE_INSTRUCTIONS":
-        return CLASS_RANK["AVX2"] if v.startswith(("AVX2", "SSE", "AVX")) and not v.startswith("AVX512") else None
+        return CLASS_RANK["AVX2"] if v.startswith(("SSE", "AVX")) and not v.startswith("AVX512") else None
     return None
 
 
@@ -107,13 +107,17 @@ def processor_class() -> str:
     return next(name for name, r in CLASS_RANK.items() if r == rank)
 
 
-def describe_class() -> str:
-    """`processor_class()` for a log line: with any instruction-set limit, the variables and the CPU's own class."""
-    cls, limit = processor_class(), isa_limit()
+def class_label(cls: str, limit: dict[str, str] | None, flags_class: str | None) -> str:
+    """A processor class for a log line: with an instruction-set limit, the variables and the CPU's own class."""
     if not limit:
         return cls
     given = ", ".join(f"{k}={v}" for k, v in limit.items())
-    return f"{cls} ({given}; the CPU's flags say {_flags_class()})"
+    return f"{cls} ({given}; the CPU's flags say {flags_class})"
+
+
+def describe_class() -> str:
+    """`processor_class()` of this process for a log line (`class_label`)."""
+    return class_label(processor_class(), isa_limit(), _flags_class())
 
 
 def cpu_has_fast_bf16() -> bool:
