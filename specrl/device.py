@@ -34,6 +34,9 @@ PRECISIONS = ("auto", "fp32", "bf16-mixed")
 # kernels (ATen), oneDNN and MKL use.
 CLASS_RANK = {"AVX2": 0, "AVX512": 1, "AVX512-BF16": 2, "AMX": 3}
 ISA_LIMIT_VARS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+               "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "ALL", "DEFAULT")
 AVX2_BF16_SLOWDOWN = "several times slower than float32 for matrix products (docs/benchmarks.md)"
 
 
@@ -81,6 +84,9 @@ def isa_limit() -> dict[str, str]:
 def _limit_rank(var: str, value: str) -> int | None:
     v = value.strip().upper()
     if var == "ONEDNN_MAX_CPU_ISA":
+        if v not in ONEDNN_ISAS:
+            raise SpecRLError(f"ONEDNN_MAX_CPU_ISA={value!r} is not an instruction set oneDNN knows; use one of "
+                              f"{', '.join(ONEDNN_ISAS)} (or unset it)")
         if v in ("ALL", "DEFAULT") or "AMX" in v:
             return None
         if "BF16" in v or "FP16" in v or v.startswith("AVX10"):

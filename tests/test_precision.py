@@ -68,6 +68,13 @@ def test_an_isa_limit_in_the_environment_lowers_the_class(cpu_as, monkeypatch, v
         (("bfloat16", "bf16-mixed") if fast else ("float32", "fp32"))
 
 
+def test_an_unknown_onednn_isa_is_a_clear_error(cpu_as, monkeypatch):
+    cpu_as("AMX")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX3")
+    with pytest.raises(SpecRLError, match=r"ONEDNN_MAX_CPU_ISA='AVX3'.*AVX2.*AVX512_CORE_BF16"):
+        dv.processor_class()
+
+
 def test_a_limit_never_raises_the_class(cpu_as, monkeypatch):
     cpu_as("AVX2")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
