@@ -25,7 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import hardware_line, run_header  # noqa: E402
+from common import config_dtypes, hardware_line, run_header  # noqa: E402
 
 
 def parse_candidate(spec: str) -> tuple[str, list[str]]:
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(a.threads)
     cands = [parse_candidate(c) for c in a.candidate]
-    hw = run_header({}, a.threads)
+    hw = run_header(config_dtypes(a.config, cands[0][1]), a.threads)  # the first candidate's (each row has its own)
     rows = {}
     print("| candidate | overrides | success rate (± SE) | groups with non-zero advantage | mean length | "
           "cut at max |\n|---|---|---|---|---|---|", flush=True)
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {' '.join(sets) or '(config)'} | {r['success_rate']:.3f} ± {r['success_rate_se']:.3f} | "
               f"{r['groups_nonzero_advantage']} of {r['groups']} ({r['nonzero_advantage_share']:.2f}) | "
               f"{r['response_length_mean']:.0f} | {r['truncated_share']:.2f} |", flush=True)
-    print(f"[bench] {hardware_line(hw)}; rollout dtype {rows[cands[0][0]]['rollout_dtype']}", flush=True)
+    dtypes = sorted({r['rollout_dtype'] for r in rows.values()})
+    print(f"[bench] {hardware_line(hw)}; rollout dtype of the candidates: {', '.join(dtypes)}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"hardware": hw, "prompts": a.prompts, "group": a.group,
                                             "candidates": rows}, indent=2) + "\n")

@@ -164,6 +164,10 @@ def test_a_time_budget_ends_the_compare_early_as_a_finished_run(tiny, tmp_path, 
         assert (a / "checkpoints" / "step_000001").is_dir() and (a / "final" / "model.safetensors").exists()
         assert note in (a / "report.md").read_text()
     assert json.loads((run_dir / "compare.json").read_text())["stopped_early"].startswith(note)
+    # step 0 (the same initial weights in both arms, greedy) was validated once and recorded for both arms
+    first = {arm: json.loads((run_dir / arm / "validation.jsonl").read_text().splitlines()[0]) for arm in ARMS}
+    assert first["speculative"].pop("shared_from") == "autoregressive"
+    assert "shared_from" not in first["autoregressive"] and first["speculative"] == first["autoregressive"]
 
 
 def test_a_time_budget_ends_a_training_run_early(tiny, tmp_path):

@@ -225,6 +225,7 @@ def test_headline_leads_report_and_terminal(tmp_path):
     assert figures(lead(bullets, "generation share R: ")) == ["0.71", f"{bound:.2f}"]
     assert figures(lead(bullets, "lossless (seed_exact): ")) == ["4/4", "4/4"]
     assert figures(lead(bullets, "learning: ")) == ["0.125", "0.500", "0.125", "0.375"]
+    assert "final policies are the same weights" in lead(bullets, "learning: ")  # identical after every step
     hw = lead(bullets, "hardware: ")
     assert all(HW[k] in hw for k in ("device", "processor_class", "rollout_dtype", "precision"))
     assert re.findall(r"\]\(([^)]+)\)", lead(bullets, "per-arm reports: ")) == [
@@ -248,19 +249,22 @@ def test_headline_says_plainly_when_speculation_is_slower():
 
 
 def test_headline_of_a_parted_run_says_where():
-    from specrl.run.compare_report import compare_summary, headline, identity_checks
+    from specrl.run.compare_report import compare_summary, headline, identity_checks, learning_summary
 
     checks = identity_checks("seed_exact", [True, True, False, False], [True, False, False, False])
     assert checks["parted_at_step"] == 2 and checks["rollouts_identical"] is False
     assert checks["weights_parted_at_step"] == 2
     ar, sd = _arms()
     summary = compare_summary(ar, sd, checks)
+    summary["learning"] = learning_summary(VAL, default_n=16)
     assert summary["gen_throughput_speedup"] == pytest.approx(2.0)
     lines = headline(summary, VAL)
     # once the arms differ the generation line adds the tokens-per-generation-second figure
     assert figures(lead(lines, "generation speed-up: ")) == ["2.00", "4.00", "2.00", "2.00"]
     identity = lead(lines, "lossless (seed_exact): ")
     assert figures(identity) == ["2/4", "1/4"] and "step 2" in identity
+    learned = lead(lines, "learning: ")  # parted: two policies, compared by their accuracies (TOST)
+    assert "same weights" not in learned and "TOST" in learned
 
 
 def test_headline_of_a_run_whose_rollouts_differed_but_weights_did_not():

@@ -44,11 +44,11 @@ def test_units_follow_the_configured_work_relative_to_the_reference():
 
 
 def test_prediction_scales_generation_but_not_training_with_the_cap():
-    c = sizing.ClassCost(100.0, 0.5, 40.0, "x")
-    assert predict_seconds(c, 1.0, 1.0, 1.0, 1) == pytest.approx(2 * 40 + 100)
-    assert predict_seconds(c, 1.0, 0.5, 1.0, 1) == pytest.approx(2 * 20 + 75)
-    assert predict_seconds(c, 1.0, 1.0, 0.5, 2) == pytest.approx(2 * 20 + 200)
-    assert predict_seconds(c, 0.1, 1.0, 1.0, 1) == pytest.approx(0.1 * (2 * 40 + 100))
+    c = sizing.ClassCost(100.0, 0.5, 40.0, "x")  # validation of both arms: 40; three single-arm ones: 60
+    assert predict_seconds(c, 1.0, 1.0, 1.0, 1) == pytest.approx(60 + 100)
+    assert predict_seconds(c, 1.0, 0.5, 1.0, 1) == pytest.approx(30 + 75)
+    assert predict_seconds(c, 1.0, 1.0, 0.5, 2) == pytest.approx(30 + 200)
+    assert predict_seconds(c, 0.1, 1.0, 1.0, 1) == pytest.approx(0.1 * (60 + 100))
 
 
 def test_a_class_without_units_uses_the_closest_and_cuda_is_not_sized():

@@ -72,7 +72,16 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
     budget = Budget(cfg.run.time_budget_minutes)
     for r in runs.values():
         (r.run_dir / "config.yaml").write_text(r.cfg.to_yaml())
-        if r.trainer.step_count == 0:
+    fresh = [r for r in runs.values() if r.trainer.step_count == 0]
+    if len(fresh) == 2:
+        # both arms hold the config's initial weights, and validation decodes greedily, so either engine gives the
+        # same answers: step 0 is validated once, by plain decoding, and recorded for both arms; the final
+        # validations of both arms are kept in the budget as two of this one
+        v = runs["autoregressive"].validate(0)
+        runs["speculative"].record_validation(0, {**v, "shared_from": "autoregressive"})
+        budget.reserve += 2 * v["val_seconds"]
+    else:  # resumed: an arm still at step 0 validates its own
+        for r in fresh:
             budget.reserve += r.validate(0)["val_seconds"]
     exact = cfg.speculative.verify == "seed_exact"
     same_rollouts: list[bool] = []

@@ -234,16 +234,19 @@ def _point(p: dict[str, Any]) -> str:
     return f"{p['accuracy']:.3f} ± {_f(p['se'])}"
 
 
-def _learning_detail(lrn: dict[str, Any] | None) -> str:
+def _learning_detail(lrn: dict[str, Any] | None, same_weights: bool = False) -> str:
     """`; with standard errors: speculative 0.125 ± 0.083 → 0.250 ± 0.108 (16 questions), ...; final accuracies: TOST
-    ...` from `learning_summary`."""
+    ...` from `learning_summary`; with `same_weights` (a seed_exact compare whose weights were identical after every
+    step) the final policies are one policy, which the line says instead of a test."""
     if not lrn:
         return ""
     parts = [f"{arm} {_point(x['first'])} → {_point(x['last'])} ({x['last']['n']} questions)"
              for arm in ("speculative", "autoregressive") if (x := lrn.get(arm)) and x["last"]["n"]]
     out = f"; value ± SE: {', '.join(parts)}" if parts else ""
     eq = lrn.get("equivalence")
-    if eq:
+    if same_weights:
+        out += "; the final policies are the same weights (identical after every step), so their accuracies are equal"
+    elif eq:
         out += (f"; final accuracies {'equivalent' if eq['equivalent'] else 'not shown equivalent'} within "
                 f"±{eq['margin']:.2f} (TOST, p = {eq['p_value']:.3f})")
     return out
@@ -324,7 +327,9 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
     ar_acc, _ = _accuracy(val.get("autoregressive"))
     where = f" (steps {span[0]} → {span[1]})" if span else ""
     lines.append(f"learning: validation accuracy {acc}{where}, speculative arm; autoregressive arm {ar_acc}"
-                 + _learning_detail(summary.get("learning")))
+                 + _learning_detail(summary.get("learning"), summary.get("verify") == "seed_exact"
+                                    and bool(summary.get("weights_identical_per_step"))
+                                    and summary.get("weights_identical") is True))
     if summary.get("sizing"):
         from specrl.run.sizing import line as sizing_line
 

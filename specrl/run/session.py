@@ -131,6 +131,11 @@ class Run:
         t = time.perf_counter()
         v = self.trainer.validate()
         v["val_seconds"] = time.perf_counter() - t
+        return self.record_validation(step, v)
+
+    def record_validation(self, step: int, v: dict[str, Any]) -> dict[str, Any]:
+        """Append validation `v` of `step` to validation.jsonl (`validate` measures it; a compare records its
+        shared step-0 validation in the second arm with this)."""
         _append_jsonl(self.val_path, {"step": step, **v})
         return v
 

@@ -2,7 +2,8 @@
 
 `make run` has a fixed wall-clock budget (`run.time_budget_minutes`). With `run.min_steps` set, `size_run` picks the
 largest rung of `LADDER` (fractions of the config's `generation.max_new_tokens` and `task.val_size`) whose predicted
-time fits the budget: two validations of both arms (step 0 and the end) plus `min_steps` pairs of steps. Seconds
+time fits the budget: the validations (step 0 once, shared by both arms, which hold the same weights then; the end in
+each arm: `VALIDATIONS` validations of both arms' worth) plus `min_steps` pairs of steps. Seconds
 per class do not predict a step: two 2-core machines of one class ran the same plain decode step 2.5x apart (a
 shared host's memory bandwidth). So the prediction is in units of this machine's plain decode step, measured at
 start-up (`specrl.run.speed_probe`): the pair of steps, its generation share R and the validations of the main job
@@ -26,6 +27,7 @@ from typing import Any
 from specrl.errors import SpecRLError
 
 MARGIN = 0.95  # plan within 95% of the budget (the run still stops before a step that would pass it)
+VALIDATIONS = 1.5  # three single-arm validations (step 0 shared, the end in both arms), in units of both arms' one
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,8 @@ class ClassCost:
 
 REFERENCE = {"max_new_tokens": 256, "val_size": 16}
 # Each class: 4 pairs of the main job's steps at the reference work, their mean seconds, the autoregressive arm's
-# generation share, the mean of the two validations of both arms, and the mean of six probes on the same machine
+# generation share, one validation of both arms (the mean of step 0's and the end's, each then run in both arms;
+# a compare now shares step 0's), and the mean of six probes on the same machine
 # (three before the run, three after), quiet, 2 threads (the command is in docs/results.md, "Steps enough").
 # AVX512-BF16 and AVX2 were measured on the AMX machine limited by the environment (`specrl.device.isa_limit`): bf16
 # on AVX512-BF16 kernels, and fp32 rollouts and training on AVX2 kernels, what `auto` resolves to on each class.
@@ -68,10 +71,10 @@ LADDER: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.875, 1.0), (0.75, 1.0)
 
 def predict_seconds(cost: ClassCost, step_seconds: float, token_fraction: float, val_fraction: float,
                     steps: int) -> float:
-    """Two validations of both arms plus `steps` pairs of steps, at the given fractions of the reference work, on a
-    machine whose plain decode step takes `step_seconds`."""
+    """The validations (`VALIDATIONS` of both arms' worth) plus `steps` pairs of steps, at the given fractions of the
+    reference work, on a machine whose plain decode step takes `step_seconds`."""
     pair = cost.pair_steps * (cost.gen_share * token_fraction + 1.0 - cost.gen_share)
-    return step_seconds * (2 * cost.validation_steps * token_fraction * val_fraction + steps * pair)
+    return step_seconds * (VALIDATIONS * cost.validation_steps * token_fraction * val_fraction + steps * pair)
 
 
 def size_run(processor: str, budget_minutes: float, min_steps: int, max_new_tokens: int, val_size: int,
@@ -102,7 +105,8 @@ def size_run(processor: str, budget_minutes: float, min_steps: int, max_new_toke
         if secs <= plan or i == len(LADDER) - 1:
             fits = secs <= plan
             on = f"a plain decode step of {step_seconds * 1e3:.0f} ms measured here, in {cls} units"
-            why = (f"{min_steps} steps per arm plus two validations of both arms are predicted to take {secs:.0f} s "
+            why = (f"{min_steps} steps per arm plus the validations (step 0 shared, the end in each arm) are "
+                   f"predicted to take {secs:.0f} s "
                    f"({on}) at {tokens} new tokens and {vals} validation questions, within {MARGIN:.0%} of the "
                    f"{budget_minutes:g}-minute budget" if fits else
                    f"even the smallest rung ({tokens} new tokens, {vals} questions) is predicted at {secs:.0f} s "
