@@ -225,7 +225,7 @@ def test_headline_leads_report_and_terminal(tmp_path):
     assert figures(lead(bullets, "generation share R: ")) == ["0.71", f"{bound:.2f}"]
     assert figures(lead(bullets, "lossless (seed_exact): ")) == ["4/4", "4/4"]
     assert figures(lead(bullets, "learning: ")) == ["0.125", "0.500", "0.125", "0.375"]
-    assert "final policies are the same weights" in lead(bullets, "learning: ")  # identical after every step
+    assert "same weights" in lead(bullets, "learning: ")  # the final policies: identical after every step
     hw = lead(bullets, "hardware: ")
     assert all(HW[k] in hw for k in ("device", "processor_class", "rollout_dtype", "precision"))
     assert re.findall(r"\]\(([^)]+)\)", lead(bullets, "per-arm reports: ")) == [
