@@ -1,7 +1,8 @@
 """Compare mode (the main job of `specrl run`, and `specrl train --compare`): the same config run autoregressively
-and speculatively with the same seeds, steps interleaved so machine noise hits both arms, seed-exact identity
-checked after every step; `report.md` (led by the speed-ups and the certificate, then the identity evidence) with
-`compare.json` / `compare.md` beside the two arms' own run directories. Where the arms part (a numeric difference
+and speculatively with the same seeds, steps interleaved so machine noise hits both arms, step 0 validated once for
+both (the same initial weights, greedy), seed-exact identity checked after every step; `report.md` (led by the
+speed-ups and the certificate, then the identity evidence) with `compare.json` / `compare.md` beside the two arms'
+own run directories. Where the arms part (a numeric difference
 between the verify forward and the plain one), the report says at which step; `specrl train --compare` then exits
 with an error, `specrl run` finishes normally.
 """

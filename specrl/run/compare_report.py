@@ -327,9 +327,8 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
     ar_acc, _ = _accuracy(val.get("autoregressive"))
     where = f" (steps {span[0]} → {span[1]})" if span else ""
     lines.append(f"learning: validation accuracy {acc}{where}, speculative arm; autoregressive arm {ar_acc}"
-                 + _learning_detail(summary.get("learning"), summary.get("verify") == "seed_exact"
-                                    and bool(summary.get("weights_identical_per_step"))
-                                    and summary.get("weights_identical") is True))
+                 + _learning_detail(summary.get("learning"), summary.get("weights_identical") is True
+                                    and bool(summary.get("weights_identical_per_step"))))
     if summary.get("sizing"):
         from specrl.run.sizing import line as sizing_line
 

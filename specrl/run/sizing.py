@@ -44,8 +44,8 @@ class ClassCost:
 
 REFERENCE = {"max_new_tokens": 256, "val_size": 16}
 # Each class: 4 pairs of the main job's steps at the reference work, their mean seconds, the autoregressive arm's
-# generation share, one validation of both arms (the mean of step 0's and the end's, each then run in both arms;
-# a compare now shares step 0's), and the mean of six probes on the same machine
+# generation share, one validation of both arms (the mean of step 0's and the end's, each run in both arms when
+# measured; a compare shares step 0's), and the mean of six probes on the same machine
 # (three before the run, three after), quiet, 2 threads (the command is in docs/results.md, "Steps enough").
 # AVX512-BF16 and AVX2 were measured on the AMX machine limited by the environment (`specrl.device.isa_limit`): bf16
 # on AVX512-BF16 kernels, and fp32 rollouts and training on AVX2 kernels, what `auto` resolves to on each class.
