@@ -20,7 +20,8 @@ Power is stated as the smallest Cohen's w (= sqrt(sum (obs - exp)^2 / exp) / N p
 chi-square test) that the test detects with probability `power_target` at the given alpha and token count. On a
 backend whose drafter the probe can watch (specrl's engine), every token also gets its draft position and each
 position its own test (`specrl.backends.probe_positions`); the pooled test then takes half of alpha and the
-position tests, as one Holm family, the other half.
+position tests, as one Holm family, the other half. The u's independence (neighbouring positions of a continuation,
+and two continuations of one prompt) is tested beside them at its own level (`specrl.backends.probe_dependence`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from specrl.backends.probe_dependence import DEPENDENCE_ALPHA, dependence_tests
+from specrl.backends.probe_dependence import summary as dependence_summary
 from specrl.backends.probe_positions import RoleRecorder, detectable_w, position_tests, token_roles
 from specrl.errors import SpecRLError
 from specrl.rollout.protocol import RolloutRequest
@@ -72,6 +75,9 @@ class ProbeResult:
     pooled_alpha: float | None = None
     k_histogram: dict = field(default_factory=dict)
     draft_lengths: dict = field(default_factory=dict)
+    # the independence tests (`specrl.backends.probe_dependence`: serial and sibling pairs) at their own alpha
+    dependence: list[dict] = field(default_factory=list)
+    dependence_alpha: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -87,7 +93,8 @@ class ProbeResult:
                 f"alpha={self.alpha:g} over {self.num_tokens} tokens (detects w>={self.detectable_w:.3f} with power "
                 f"{self.power_target:g}); mean log p of sampled tokens {self.mean_logp_sampled:.3f} vs expected "
                 f"{self.mean_logp_expected:.3f}; out of support {self.out_of_support}"
-                + per + (f"; {self.reason}" if self.reason else ""))
+                + per + (f"; independence (alpha {self.dependence_alpha:g}): {dependence_summary(self.dependence)}"
+                         if self.dependence else "") + (f"; {self.reason}" if self.reason else ""))
 
 
 def tokens_needed(w: float, dof: int, alpha: float, power: float) -> int:
@@ -153,8 +160,11 @@ def pit_values(reference, prompts: Sequence[Sequence[int]], samples: Sequence[Se
 def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: SamplingParams,
                   num_samples: int = 256, num_tokens: int = 8, bins: int = 10, alpha: float = 1e-3,
                   power_target: float = 0.99, max_out_of_support: float = 0.005, seed: int = 0,
-                  setting: str = "", target_w: float = 0.10) -> ProbeResult:
-    """Sample through `backend.generate` and test the samples against `reference`'s exact distributions."""
+                  setting: str = "", target_w: float = 0.10, dependence_alpha: float = DEPENDENCE_ALPHA
+                  ) -> ProbeResult:
+    """Sample through `backend.generate` and test the samples against `reference`'s exact distributions: their
+    marginal law at `alpha` and their independence (across positions and across a prompt's continuations) at
+    `dependence_alpha`, so the false-alarm rate is alpha + dependence_alpha."""
     from scipy.stats import chi2
 
     if params.temperature <= 0:
@@ -195,7 +205,11 @@ def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: 
     stat = float(((counts - expected) ** 2 / expected).sum())
     dof = bins - 1
     pval = float(chi2.sf(stat, dof))
-    passed, reason = pval >= pooled_alpha, ""
+    passed, reasons = pval >= pooled_alpha, []  # every failed test says why
+    if not passed:
+        last = counts[-1].item() / expected
+        reasons.append(("the backend samples unlikely tokens too often" if last > 1 else
+                        "the backend samples likely tokens too often") + f" (last bin {last:.2f}x its expected count)")
     m = getattr(result, "metrics", None) or {}
     rows, lengths = [], {}
     if recorder is not None:
@@ -206,16 +220,23 @@ def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: 
         flat = torch.tensor([c for i in order for c in codes[i]], dtype=torch.long, device=u.device)
         rows = position_tests(u, flat, backend.k_max, bins, alpha / 2, power_target, target_w)
         bad = [r["position"] for r in rows if r["rejected"]]
-        if bad and passed:
+        if bad:
             passed = False
-            reason = f"the tokens at {', '.join(bad)} are not drawn from the policy's distribution (Holm, " \
-                     f"alpha {alpha / 2:g})"
+            reasons.append(f"the tokens at {', '.join(bad)} are not drawn from the policy's distribution (Holm, "
+                           f"alpha {alpha / 2:g})")
+    dep = dependence_tests(u, [prompt_of.count(pi) for pi in range(len(prompts))], num_tokens, dependence_alpha,
+                           power_target)
+    broken = [r["test"] for r in dep if r["rejected"]]
+    if broken:
+        passed = False
+        reasons.append("the samples are not independent: " + " and ".join(
+            {"serial": "neighbouring tokens of a continuation", "siblings": "continuations of one prompt"}[t]
+            for t in broken) + f" depend on each other (alpha {dependence_alpha / 2:g} each; the same noise used "
+            "twice?)")
     if n_out > max_out_of_support * u.numel():
-        passed, reason = False, f"{n_out} sampled tokens have probability 0 under the reference"
-    elif not passed and not reason:
-        last = counts[-1].item() / expected
-        reason = ("the backend samples unlikely tokens too often" if last > 1 else
-                  "the backend samples likely tokens too often") + f" (last bin {last:.2f}x its expected count)"
+        passed = False
+        reasons.insert(0, f"{n_out} sampled tokens have probability 0 under the reference")
+    reason = "; ".join(reasons)
     drafted = [int(d) for d in m.get("drafted_per_position", [])]
     depth = max((i + 1 for i, d in enumerate(drafted) if d), default=0)  # the depths drafted at all
     accepted = [int(a) for a in m.get("accepted_per_position", [])][:depth]
@@ -225,4 +246,4 @@ def probe_backend(backend, reference, prompts: Sequence[Sequence[int]], params: 
                        [int(c) for c in counts.tolist()], reason, accepted, bonus, target_w,
                        rows or position_power(n, accepted, bonus, dof, alpha, power_target, target_w),
                        pooled_alpha if recorder is not None else None,
-                       {int(k): v for k, v in m.get("k_histogram", {}).items()}, lengths)
+                       {int(k): v for k, v in m.get("k_histogram", {}).items()}, lengths, dep, dependence_alpha)

@@ -1,22 +1,23 @@
 """A run's own losslessness certificate: the verifier's distribution test on the run's own decoding path.
 
-At the end of a speculative sync run, `certify` samples continuations of the task's validation prompts through
-the rollout engine the run's rollouts used — the same object, so its own k policy (auto k with the choices it
-learned per batch size, per-row draft lengths where the run has them), verify mode, batch size and drafter as
-synced, on the final policy weights, at the run's temperature / top-p / top-k — and tests them against that
-policy's exact distribution with the losslessness probe (`specrl.backends.probe`: a chi-square test of the
-randomised probability integral transform of every sampled token, pooled, and one per draft position under Holm's
-procedure). Before it samples it states its plan (`plan`: tokens, continuations, the bias it detects at power
-`POWER`, seconds estimated from the run's own generation tokens/s), sized from a target bias (`run.certificate.
-target_w`, Cohen's w: the tokens needed grow as 1 / w^2) and capped by a budget (`run.certificate.
-budget_seconds`; auto = a token budget of 3x the tokens the run generated, so a seeded run's certificate does not
-depend on timing): where the budget cannot reach the target, the plan and the
-result state the bias it can detect instead. The result (p-value, tokens, the k values and draft lengths the run's
-policy exercised, and per position its tokens, test and power: "not tested" where too few tokens for the target,
-"not used by the run" where neither the certificate nor the run's steps drafted that deep) is printed beside the
-speed-up and written to `certificate.json`; a compare fails when it does not pass. Greedy runs (T = 0) are
-checked token for token elsewhere and get no certificate; an async run's engines live in Ray workers and are not
-probed here (the start-up probe covers vLLM).
+At the end of a speculative sync run, `certify` samples continuations of the task's validation prompts through the
+rollout engine the run's rollouts used — the same object, so its own k policy (auto k with the choices it learned per
+batch size, per-row draft lengths where the run has them), verify mode, batch size and drafter as synced, on the
+final policy weights, at the run's temperature / top-p / top-k — and tests them against that policy's exact
+distribution with the losslessness probe (`specrl.backends.probe`: a chi-square test of the randomised probability
+integral transform of every sampled token, pooled, and one per draft position under Holm's procedure; and the
+independence of those values across a continuation's positions and across a prompt's continuations,
+`specrl.backends.probe_dependence`). Before it samples it states its plan (`plan`: tokens, continuations, the bias it
+detects at power `POWER`, seconds estimated from the run's own generation tokens/s), sized from a target bias
+(`run.certificate.target_w`, Cohen's w: the tokens needed grow as 1 / w^2) and capped by a budget
+(`run.certificate.budget_seconds`; auto = a token budget of 3x the tokens the run generated, so a seeded run's
+certificate does not depend on timing): where the budget cannot reach the target, the plan and the result state the
+bias it can detect instead. The result (p-value, tokens, the k values and draft lengths the run's policy exercised,
+and per position its tokens, test and power: "not tested" where too few tokens for the target, "not used by the run"
+where neither the certificate nor the run's steps drafted that deep) is printed beside the speed-up and written to
+`certificate.json`; a compare fails when it does not pass. Greedy runs (T = 0) are checked token for token elsewhere
+and get no certificate; an async run's engines live in Ray workers and are not probed here (the start-up probe covers
+vLLM).
 """
 
 from __future__ import annotations
@@ -212,7 +213,14 @@ def line(cert: dict[str, Any] | None) -> str:
     bound = f"w >= {w:.3f}" + ("" if not math.isfinite(w) or w <= target else f" (not the target {target:g})")
     return (f"losslessness certificate: {verdict} — p = {cert['p_value']:.3g} (alpha {cert['alpha']:g}) over "
             f"{cert['num_tokens']} tokens at k={cert['k']}; detects a bias of Cohen's {bound} with power "
-            f"{cert['power_target']:g} ({cert['seconds']:.0f} s){ks}{_positions(cert)}")
+            f"{cert['power_target']:g} ({cert['seconds']:.0f} s){ks}{_positions(cert)}{_independence(cert)}")
+
+
+def _independence(cert: dict[str, Any]) -> str:
+    from specrl.backends.probe_dependence import summary
+
+    rows = cert.get("dependence") or []
+    return f"; independence (alpha {cert['dependence_alpha']:g}): {summary(rows)}" if rows else ""
 
 
 def require(cert: dict[str, Any] | None, report: Path) -> None:
