@@ -22,3 +22,9 @@ def test_homogeneity_tells_equal_bin_counts_from_shifted_ones(sl):
     even = [1000] * 10
     assert sl.homogeneity([even, [1010, 990] * 5]) > 0.5
     assert sl.homogeneity([even, [1300] * 5 + [700] * 5]) < 1e-10
+
+
+def test_bad_sizes_are_refused_before_anything_loads(sl):
+    for argv in (["--prompts", "0"], ["--group", "1"], ["--tokens", "1"], ["--threads", "0"]):
+        with pytest.raises(SystemExit, match="--group >= 2"):
+            sl.main(argv)
