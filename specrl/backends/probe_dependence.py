@@ -71,18 +71,18 @@ def dependence_tests(u: torch.Tensor, rows_per_prompt: list[int], num_tokens: in
     out = []
     each = alpha / 2
     for name, (a, b) in dependence_pairs(u, rows_per_prompt, num_tokens).items():
-        n = int((~(torch.isnan(a) | torch.isnan(b))).sum())
+        stat, dof, p, counts = pair_test(a, b)
+        n = sum(counts)  # the pairs without a NaN
         row = {"test": name, "pairs": n, "alpha": each, "tested": n >= MIN_PAIRS, "rejected": False,
-               "statistic": None, "dof": BINS * BINS - 1, "p_value": None,
-               "detectable_w": detectable_w(n, BINS * BINS - 1, each, power) if n else float("inf")}
+               "statistic": None, "dof": dof, "p_value": None,
+               "detectable_w": detectable_w(n, dof, each, power) if n else float("inf")}
         if row["tested"]:
-            stat, _, p, _ = pair_test(a, b)
             row.update(statistic=stat, p_value=p, rejected=p < each)
         out.append(row)
     return out
 
 
 def summary(rows: list[dict]) -> str:
-    """`serial p=0.41 over 768 pairs; siblings p=0.73 over 768 pairs` (or `not run: N pairs`)."""
+    """`serial p=0.41 over 768 pairs; siblings p=0.73 over 768 pairs` (or `serial not run (40 pairs < 80)`)."""
     return "; ".join(f"{r['test']} p={r['p_value']:.3g} over {r['pairs']} pairs" if r["tested"] else
                      f"{r['test']} not run ({r['pairs']} pairs < {MIN_PAIRS})" for r in rows)
