@@ -51,14 +51,16 @@ def test_prediction_scales_generation_but_not_training_with_the_cap():
     assert predict_seconds(c, 0.1, 1.0, 1.0, 1) == pytest.approx(0.1 * (60 + 100))
 
 
-def test_a_class_without_units_uses_the_closest_and_cuda_is_not_sized():
-    d = size_run("AVX512", 10, 6, 256, 16, 0.05)
-    assert d["cost_class"] == "AVX2" and d["cost"] == sizing.asdict(COSTS["AVX2"])
-    assert re.search(r"no units\b.*\bAVX512\b.*\bAVX2\b", d["reason"])
-    assert size_run("weird-arch", 10, 6, 256, 16, 0.05)["cost_class"] == "AMX"
-    for cls in ("AMX", "AVX512-BF16", "AVX2"):
+def test_a_class_without_units_plans_with_the_most_demanding_units_and_cuda_is_not_sized():
+    d = size_run("aarch64", 10, 6, 256, 16, 0.05)
+    heaviest = max(COSTS, key=lambda c: predict_seconds(COSTS[c], 1.0, 1.0, 1.0, 6))
+    assert d["cost_class"] == sizing.FALLBACK == heaviest and d["cost"] == sizing.asdict(COSTS[heaviest])
+    assert re.search(r"no units\b.*\baarch64\b", d["reason"])
+    for cls in ("AMX", "AVX512-BF16", "AVX512", "AVX2"):
         e = size_run(cls, 10, 6, 256, 16, 0.05)
         assert e["cost_class"] == cls and "no units" not in e["reason"]
+        # the fallback never plans more work than the class's own units would
+        assert size_run("aarch64", 10, 6, 256, 16, 0.1)["rung"] >= size_run(cls, 10, 6, 256, 16, 0.1)["rung"]
     g = size_run("AMX", 10, 6, 256, 16, None, device="cuda")
     assert g["sized"] is False and g["max_new_tokens"] == 256 and g["val_size"] == 16
 
@@ -180,9 +182,12 @@ def test_the_probe_times_plain_decode_steps_of_the_runs_policy_and_restores_thre
     cfg = validate_config({"model": {"name": str(tiny), "rollout_dtype": "float32", "max_seq_len": 256},
                            "generation": {"max_batch_size": 4}, "run": {"threads": 1, "device": "cpu"}})
     before = torch.get_num_threads()
-    s = decode_step_seconds(cfg, steps=4, warmup=2)
+    s = decode_step_seconds(cfg, steps=4, warmup=2, readings=2)
     assert isinstance(s, float) and 0 < s < 60
     assert torch.get_num_threads() == before
+    for bad in ({"readings": 0}, {"steps": 0}, {"warmup": -1}):
+        with pytest.raises(ValueError, match=r"readings >= 1, steps >= 1 and warmup >= 0"):
+            decode_step_seconds(cfg, **bad)
     with pytest.raises(SpecRLError, match="run.threads"):
         decode_step_seconds(validate_config({"model": {"name": str(tiny), "rollout_dtype": "float32"},
                                              "run": {"threads": 4096, "device": "cpu"}}))

@@ -4,10 +4,11 @@ Two 2-core CPUs of one processor class can differ several-fold in speed (a share
 time of a small model's decode step), so a table of seconds per class cannot say how long a step takes here. The
 probe loads the run's policy in its rollout dtype, builds the plain (no drafter) engine the autoregressive arm uses,
 at the run's batch size and torch threads, and times `steps` decode steps of `max_batch_size` 64-token prompts
-(the difference of two generates of different lengths, so the prefill cancels, after a warm-up one; the
-faster of two tries, as a busy moment only slows a try): the seconds
-per plain decode step. It takes a few seconds and changes nothing the
-run does later (the run loads its own model and sets its own threads).
+(the difference of two generates of different lengths, so the prefill cancels, after a warm-up one): the seconds
+per plain decode step. A reading is the faster of two tries (a busy moment only slows a try), and the probe is the
+mean of `readings` readings: one reading on a shared host scatters by ~15% (six read 96-147 ms on one machine,
+docs/results.md), and sizing from one fast reading planned more work than the run then had time for. It takes
+about ten seconds and changes nothing the run does later (the run loads its own model and sets its own threads).
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from typing import Any
 PROMPT_TOKENS = 64
 
 
-def decode_step_seconds(cfg: Any, steps: int = 24, warmup: int = 4) -> float:
+def decode_step_seconds(cfg: Any, steps: int = 24, warmup: int = 4, readings: int = 3) -> float:
     """Seconds per plain decode step of `cfg`'s policy at `generation.max_batch_size` rows, on `cfg.run.device`
-    with `cfg.run.threads` (`cfg` resolved: its rollout dtype and device are concrete)."""
+    with `cfg.run.threads` (`cfg` resolved: its rollout dtype and device are concrete): the mean of `readings`
+    readings, each the faster of two tries."""
+    if readings < 1 or steps < 1 or warmup < 0:
+        raise ValueError(f"the probe needs readings >= 1, steps >= 1 and warmup >= 0, got {readings}, {steps}, "
+                         f"{warmup}")
     import torch
 
     from specrl.cpu import ThreadGovernor
@@ -45,6 +50,9 @@ def decode_step_seconds(cfg: Any, steps: int = 24, warmup: int = 4) -> float:
 
         timed(warmup)  # kernels and caches warm
         # prefill + `warmup` steps, then prefill + `warmup + steps`: the prefill cancels; the faster of two tries
-        return min(max(timed(warmup + steps) - timed(warmup), 1e-9) for _ in range(2)) / steps
+        def reading() -> float:
+            return min(max(timed(warmup + steps) - timed(warmup), 1e-9) for _ in range(2)) / steps
+
+        return sum(reading() for _ in range(readings)) / readings
     finally:
         torch.set_num_threads(before)
