@@ -76,6 +76,20 @@ def config_dtypes(config: str | None, sets: list[str] | None = None) -> dict[str
     return out
 
 
+def parse_candidate(spec: str) -> tuple[str, list[str]]:
+    """A `--candidate` of the scripts that compare configs: `name:key=value,key=value` -> (name, ["key=value",
+    ...]); `name:` is the config as it is."""
+    name, sep, rest = spec.partition(":")
+    if not sep or not name:
+        raise SystemExit(f"--candidate {spec!r}: expected NAME:KEY=VALUE[,KEY=VALUE...] (or NAME: for the config "
+                         "as it is)")
+    sets = [s for s in rest.split(",") if s]
+    bad = [s for s in sets if "=" not in s]
+    if bad:
+        raise SystemExit(f"--candidate {spec!r}: {bad[0]!r} is not KEY=VALUE (expected NAME:KEY=VALUE[,KEY=VALUE...])")
+    return name, sets
+
+
 def prompt_ids(tok, batch_size: int) -> list[list[int]]:
     from specrl.cli.training import DEMO_PROMPTS  # one prompt set for the demo and benchmarks
     from specrl.model.tokenizer import encode_chat

@@ -26,17 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import config_dtypes, hardware_line, run_header  # noqa: E402
-
-
-def parse_candidate(spec: str) -> tuple[str, list[str]]:
-    """`name:key=value,key=value` -> (name, ["key=value", ...]); `name:` is the config as it is."""
-    name, sep, rest = spec.partition(":")
-    sets = [s for s in rest.split(",") if s]
-    if not sep or not name or any("=" not in s for s in sets):
-        raise SystemExit(f"--candidate {spec!r}: expected NAME:KEY=VALUE[,KEY=VALUE...] (or NAME: for the config "
-                         "as it is)")
-    return name, sets
+from common import config_dtypes, hardware_line, parse_candidate, run_header  # noqa: E402
 
 
 def homogeneity(bin_counts: list[list[int]]) -> float:

@@ -25,20 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import config_dtypes, hardware_line, run_header  # noqa: E402
-
-
-def parse_candidate(spec: str) -> tuple[str, list[str]]:
-    """`name:key=value,key=value` -> (name, ["key=value", ...]); `name:` is the config as it is."""
-    name, sep, rest = spec.partition(":")
-    if not sep or not name:
-        raise SystemExit(f"--candidate {spec!r}: expected NAME:KEY=VALUE[,KEY=VALUE...] (or NAME: for the config "
-                         "as it is)")
-    sets = [s for s in rest.split(",") if s]
-    bad = [s for s in sets if "=" not in s]
-    if bad:
-        raise SystemExit(f"--candidate {spec!r}: {bad[0]!r} is not KEY=VALUE")
-    return name, sets
+from common import config_dtypes, hardware_line, parse_candidate, run_header  # noqa: E402
 
 
 def group_stats(correct: list[bool], rewards: list[float], group: int) -> dict[str, Any]:

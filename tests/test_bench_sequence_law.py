@@ -16,6 +16,10 @@ def test_candidates_parse_and_a_malformed_one_is_refused(sl):
     for bad in ("plain", ":x=1", "k3:num_draft_tokens"):
         with pytest.raises(SystemExit, match="NAME:KEY=VALUE"):
             sl.parse_candidate(bad)
+    with pytest.raises(SystemExit, match=r"'num_draft_tokens' is not KEY=VALUE"):
+        sl.parse_candidate("k3:a=1,num_draft_tokens")
+    # one parser for the scripts that compare configs
+    assert load_benchmark("task_difficulty", "bench_task_difficulty").parse_candidate is sl.parse_candidate
 
 
 def test_homogeneity_tells_equal_bin_counts_from_shifted_ones(sl):

@@ -186,7 +186,7 @@ def test_the_probe_times_plain_decode_steps_of_the_runs_policy_and_restores_thre
     assert isinstance(s, float) and 0 < s < 60
     assert torch.get_num_threads() == before
     for bad in ({"readings": 0}, {"steps": 0}, {"warmup": -1}):
-        with pytest.raises(ValueError, match=r"readings >= 1, steps >= 1 and warmup >= 0"):
+        with pytest.raises(ValueError, match=r"\breadings\b.*\bsteps\b.*\bwarmup\b"):
             decode_step_seconds(cfg, **bad)
     with pytest.raises(SpecRLError, match="run.threads"):
         decode_step_seconds(validate_config({"model": {"name": str(tiny), "rollout_dtype": "float32"},
