@@ -19,7 +19,7 @@ JSON_WRITERS = {"backend_overlay.py", "drafter_budget.py", "drafter_frozen_vs_on
                 "drafter_generic_vs_indomain.py", "engine_speed.py", "memory.py", "packed_fp32.py", "pipelines.py",
                 "seq_k.py", "sim_fidelity.py", "sim_pipelines.py", "spec_vs_ar.py", "learner_scaling.py",
                 "history_memory.py", "draft_vocab_cost.py", "drafter_train_step.py", "task_difficulty.py",
-                "trl_rollouts.py", "sequence_law.py"}
+                "trl_rollouts.py", "sequence_law.py", "rollout_stage.py"}
 KEYS = {"processor_class", "cpu_flags_class", "isa_limit", "cpu_cores", "torch_cpu_capability", "device", "torch",
         "threads", "dtypes"}
 

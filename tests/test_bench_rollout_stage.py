@@ -1,0 +1,30 @@
+"""benchmarks/rollout_stage.py's pieces: the per-token ratio over all groups, and bad arguments refused before
+anything loads."""
+
+import pytest
+
+from tests.bench import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def rs():
+    return load_benchmark("rollout_stage", "bench_rollout_stage")
+
+
+def test_the_ratio_is_tokens_per_second_over_all_groups_of_each_arm(rs):
+    groups = [{"arm": "autoregressive", "seconds": 10.0, "tokens": 500},
+              {"arm": "speculative", "seconds": 8.0, "tokens": 600},
+              {"arm": "autoregressive", "seconds": 30.0, "tokens": 1500},
+              {"arm": "speculative", "seconds": 12.0, "tokens": 400}]
+    r = rs.ratio(groups)
+    assert r["autoregressive_tokens_per_second"] == pytest.approx(50.0)
+    assert r["speculative_tokens_per_second"] == pytest.approx(50.0)
+    assert r["speedup_per_token"] == pytest.approx(1.0)  # not the mean of the groups' ratios (1.5 and 0.67)
+    with pytest.raises(ValueError, match="speculative"):
+        rs.ratio(groups[:1])
+
+
+def test_bad_arguments_are_refused_before_anything_loads(rs):
+    for argv in (["--groups", "0"], ["--threads", "0"]):
+        with pytest.raises(SystemExit, match="--groups >= 1"):
+            rs.main(argv)
