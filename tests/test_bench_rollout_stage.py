@@ -28,3 +28,8 @@ def test_bad_arguments_are_refused_before_anything_loads(rs):
     for argv in (["--groups", "0"], ["--threads", "0"]):
         with pytest.raises(SystemExit, match="--groups >= 1"):
             rs.main(argv)
+
+
+def test_a_config_without_a_drafter_is_refused_before_the_model_loads(rs):
+    with pytest.raises(SystemExit, match=r"speculative\.drafter is none"):
+        rs.main(["--set", "speculative.drafter=none", "--groups", "1"])
