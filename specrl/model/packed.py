@@ -1,18 +1,23 @@
-"""Prepacked oneDNN weights for inference forwards on CPU in bfloat16: the same numbers, up to 2x sooner.
+"""Inference weights laid out once for the CPU's decode kernels: bf16 prepacked for oneDNN, float32 column-major.
 
 `torch.nn.functional.linear` on a bf16 CPU tensor re-lays its weight out for oneDNN on every call; at decode
-(1..32 rows) that reorder costs as much as the product itself. `pack_for_inference(module)` marks a module tree
-so that, under `torch.no_grad()`, every linear layer runs oneDNN's matmul on a weight laid out once, and the
-q/k/v and gate/up projections of each decoder layer run as one product each (`fused_linear`). Packed copies are
-rebuilt lazily whenever a source tensor changes in place (weight sync, optimizer steps: the tensor's version
-counter moves) or is replaced (its storage moves), so a module is never run on stale weights. With gradients
-enabled, another dtype or another device, the plain `F.linear` path runs, so training is untouched. The packed
-product was measured bitwise equal to `F.linear` for bf16 (fused or not; `tests/test_packed.py` checks it per
-shape, and `check_bitwise` at pack time refuses a torch whose kernels differ); for float32 it is not
-(`benchmarks/packed_fp32.py`: not bitwise on AVX512-BF16 nor with AVX2 kernels, and within a few percent of
-`F.linear` at the decode projections), so float32 modules are never packed. Packing is a CPU kernel: on other
-devices nothing is packed. Packed copies live in a weak side table, not on the modules, so `state_dict`,
-`deepcopy` and pickling see plain modules.
+(1..32 rows) that reorder costs as much as the product itself. A float32 weight stored row by row ([out, in], as
+`nn.Linear` keeps it) sends the decode product `x @ W.T` to a transposed-operand GEMM that ran about 2x slower on an
+AVX512 Xeon at 8-32 rows than the same product on the weight stored column-major (`benchmarks/packed_fp32.py`; with
+AVX2 kernels the two were level at 8 rows and the column-major one 1.2x faster at 32). `pack_for_inference(module)`
+marks a module tree so that, under `torch.no_grad()`, every linear layer runs on a weight laid out once (bf16:
+oneDNN's packed format and matmul; float32: a column-major copy through `F.linear`), and the q/k/v and gate/up
+projections of each decoder layer run as one product each (`fused_linear`). Laid-out copies are rebuilt lazily
+whenever a source tensor changes in place (weight sync, optimizer steps: the tensor's version counter moves) or is
+replaced (its storage moves), so a module is never run on stale weights. With gradients enabled, another dtype or
+another device, the plain `F.linear` path runs, so training is untouched. The bf16 product was measured bitwise
+equal to `F.linear` (fused or not; `tests/test_packed.py` checks it per shape, and `check_bitwise` at pack time
+refuses a torch whose kernels differ). The float32 product is the same product summed in another order: within
+float32 rounding of `F.linear`, not bitwise (`tests/test_packed_fp32.py` bounds the difference), so a packed float32
+model samples from the same distribution to float32 precision, and every forward of an engine (plain steps, verify
+forwards, the certificate's probes) runs the same layout. Packing is a CPU kernel: on other devices nothing is
+packed. Copies live in a weak side table, not on the modules, so `state_dict`, `deepcopy` and pickling see plain
+modules; a packed float32 model holds a second copy of its linear weights.
 """
 
 from __future__ import annotations
@@ -30,8 +35,13 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner module 
 
 
 def supported(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether packing applies to weights of this dtype on this device (bf16 on a CPU with oneDNN bf16)."""
-    return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    """Whether packing applies to weights of this dtype on this device: float32 on a CPU, and bf16 on a CPU with
+    oneDNN bf16."""
+    if torch.device(device).type != "cpu":
+        return False
+    if dtype == torch.float32:
+        return True
+    return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
@@ -58,9 +68,14 @@ def fused_linear(owner: nn.Module, name: str, layers: list[nn.Linear], x: Tensor
         if any(t is not None for t in biases):
             b = torch.cat([(t.detach() if t is not None else torch.zeros(m.out_features, dtype=w.dtype))
                            for t, m in zip(biases, layers, strict=True)])
-        hit = (key, torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1), b)
+        if w.dtype == torch.float32:  # the same [out, in] matrix, stored column by column
+            hit = (key, w.t().contiguous().t(), b)
+        else:
+            hit = (key, torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1), b)
         table[name] = hit
     shape = x.shape
+    if w0.dtype == torch.float32:
+        return F.linear(x, hit[1], hit[2])
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), hit[1], hit[2], "none", [], "")
     return y.view(*shape[:-1], y.shape[-1])
 
@@ -75,19 +90,20 @@ class PackedLinear(nn.Linear):
 
 def pack_for_inference(module: nn.Module) -> int:
     """Mark `module` and its submodules for packed inference forwards; return how many linear layers now run
-    packed (0 when the module's dtype/device is not `supported`, or this torch's packed product is not bitwise
-    `F.linear`'s: then nothing changes). Idempotent."""
+    packed (0 when the module's dtype/device is not `supported`, or, in bf16, this torch's packed product is not
+    bitwise `F.linear`'s: then nothing changes). Idempotent."""
     params = [p for p in module.parameters()]
     if not params or not supported(params[0].dtype, params[0].device):
         return 0
+    dtype = params[0].dtype
     n = 0
     for m in module.modules():
-        if type(m) is nn.Linear and m.weight.dtype == torch.bfloat16:
+        if type(m) is nn.Linear and m.weight.dtype == dtype:
             m.__class__ = PackedLinear
         if isinstance(m, PackedLinear):
             n += 1
         setattr(m, _FLAG, True)
-    if not check_bitwise(module):
+    if dtype == torch.bfloat16 and not check_bitwise(module):
         unpack(module)
         log.warning("packed bf16 linear layers differ from F.linear on torch %s: running unpacked", torch.__version__)
         return 0
@@ -117,7 +133,7 @@ def _groups(module: nn.Module) -> list[list[nn.Linear]]:
 
 
 def check_bitwise(module: nn.Module) -> bool:
-    """Whether this torch's packed product equals `F.linear` bitwise for every product shape the tree runs
+    """Whether this torch's packed bf16 product equals `F.linear` bitwise for every product shape the tree runs
     (fused groups included; random weights and inputs at 1 and 9 rows; once per shape and process)."""
     for layers in _groups(module):
         sig = tuple((m.in_features, m.out_features, m.bias is not None) for m in layers)

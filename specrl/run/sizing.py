@@ -59,7 +59,7 @@ COSTS: dict[str, ClassCost] = {
     "AVX512-BF16": ClassCost(65.7 / 0.0643, 0.53, 63.2 / 0.0643,
                              "the main job at 256 new tokens and 16 validation questions, bf16, on a 2-core Intel "
                              "Xeon limited to AVX512-BF16 (no AMX) by ONEDNN_MAX_CPU_ISA (docs/results.md)"),
-    "AVX512": ClassCost(88.30 / 0.1217, 0.65, 94.33 / 0.1217,
+    "AVX512": ClassCost(86.04 / 0.0720, 0.60, 90.76 / 0.0720,
                         "the main job at 256 new tokens and 16 validation questions, fp32, on a 2-core Intel Xeon "
                         "with AVX512 and no bf16 units (docs/results.md)"),
     "AVX2": ClassCost(62.2 / 0.0794, 0.59, 69.65 / 0.0794,

@@ -1,0 +1,89 @@
+"""Packed float32 inference linears (`specrl.model.packed`): a column-major copy of each weight, the plain forward to
+float32 rounding, never stale, training untouched, and an engine's outputs unchanged by packing."""
+
+import torch
+from torch import nn
+
+from specrl import RolloutEngine, SamplingParams
+from specrl.model import packed
+from specrl.model.packed import PackedLinear, pack_for_inference, unpack
+from specrl.model.transformer import tiny_model
+
+TOL = dict(rtol=1e-4, atol=1e-5)  # float32 rounding of a sum over a few hundred products is ~1e-7 relative
+
+
+def _forward(model, tokens):
+    cache = model.new_cache(tokens.shape[0], 32)
+    with torch.no_grad():
+        pre, _ = model.forward(tokens, kv_cache=cache)  # prefill (many rows)
+        pos = torch.full((tokens.shape[0], 1), tokens.shape[1])
+        dec, cap = model.forward(tokens[:, -1:], pos, cache, capture=(1,))  # one decode row each
+    return pre, dec, cap[1]
+
+
+def test_float32_packs_every_linear_column_major_and_matches_the_plain_forward():
+    model = tiny_model("llama", vocab_size=96)
+    tokens = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(1))
+    want = _forward(model, tokens)
+    assert pack_for_inference(model) == 4 * 7 + 1  # 7 linears per layer, 4 layers, the LM head
+    got = _forward(model, tokens)
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, **TOL)
+    # the laid-out path really ran, on column-major copies of the fused weights
+    qkv = packed._CACHE[model.layers[0].self_attn]["qkv"][1]
+    gate_up = packed._CACHE[model.layers[0].mlp]["gate_up"][1]
+    head = packed._CACHE[model.lm_head]["w"][1]
+    for w in (qkv, gate_up, head):
+        assert w.stride() == (1, w.shape[0])
+    attn = model.layers[0].self_attn
+    assert torch.equal(qkv, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+
+
+def test_float32_weight_changes_in_place_are_picked_up():
+    model = tiny_model("llama", vocab_size=96)
+    pack_for_inference(model)
+    tokens = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(2))
+    before = _forward(model, tokens)
+    model.load_state_dict(tiny_model("llama", vocab_size=96, seed=7).state_dict())  # in place: versions move
+    after = _forward(model, tokens)
+    unpack(model)
+    plain = _forward(model, tokens)
+    for a, p, b in zip(after, plain, before, strict=True):
+        torch.testing.assert_close(a, p, **TOL)
+        assert not torch.allclose(a, b, **TOL)
+
+
+def test_float32_training_through_a_packed_model_is_the_plain_training():
+    tokens = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(3))
+    grads = []
+    for pack in (False, True):
+        model = tiny_model("llama", vocab_size=96)
+        if pack:
+            pack_for_inference(model)
+        logits, _ = model.forward(tokens)
+        logits.logsumexp(-1).sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)  # with gradients on, the plain F.linear path runs: bitwise the same
+
+
+def test_float32_unpack_and_state_dict_see_plain_modules():
+    model = tiny_model("llama", vocab_size=96)
+    pack_for_inference(model)
+    assert all(p.is_contiguous() for p in model.state_dict().values())
+    unpack(model)
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def test_engine_packs_float32_and_its_greedy_outputs_do_not_depend_on_it():
+    prompts = [[1, 5, 9, 2], [3, 3, 8], [7, 1, 4, 4, 6, 2]]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=12, seed=5)
+    outs = []
+    for pack in (False, True):
+        eng = RolloutEngine(tiny_model("llama", vocab_size=96), max_batch_size=2, max_seq_len=32, packed=pack)
+        assert (eng.packed_layers > 0) == pack
+        outs.append(eng.generate(prompts, sp).outputs)
+    for a, b in zip(*outs, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4)
