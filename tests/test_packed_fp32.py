@@ -1,6 +1,7 @@
 """Packed float32 inference linears (`specrl.model.packed`): a column-major copy of each weight, the plain forward to
 float32 rounding, never stale, training untouched, and an engine's outputs unchanged by packing."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -8,6 +9,14 @@ from specrl import RolloutEngine, SamplingParams
 from specrl.model import packed
 from specrl.model.packed import PackedLinear, pack_for_inference, unpack
 from specrl.model.transformer import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _avx512_kernels(monkeypatch):
+    """float32 is packed where torch runs AVX512 kernels; the column-major product is correct on any CPU, so these
+    tests run it everywhere."""
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+
 
 TOL = dict(rtol=1e-4, atol=1e-5)  # float32 rounding of a sum over a few hundred products is ~1e-7 relative
 
@@ -87,3 +96,10 @@ def test_engine_packs_float32_and_its_greedy_outputs_do_not_depend_on_it():
     for a, b in zip(*outs, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4)
+
+
+def test_float32_is_not_packed_with_avx2_kernels(monkeypatch):
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    model = tiny_model("llama", vocab_size=96)
+    assert pack_for_inference(model) == 0
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())

@@ -2,22 +2,22 @@
 
 `torch.nn.functional.linear` on a bf16 CPU tensor re-lays its weight out for oneDNN on every call; at decode
 (1..32 rows) that reorder costs as much as the product itself. A float32 weight stored row by row ([out, in], as
-`nn.Linear` keeps it) sends the decode product `x @ W.T` to a transposed-operand GEMM that ran about 2x slower on an
-AVX512 Xeon at 8-32 rows than the same product on the weight stored column-major (`benchmarks/packed_fp32.py`; with
-AVX2 kernels the two were level at 8 rows and the column-major one 1.2x faster at 32). `pack_for_inference(module)`
-marks a module tree so that, under `torch.no_grad()`, every linear layer runs on a weight laid out once (bf16:
-oneDNN's packed format and matmul; float32: a column-major copy through `F.linear`), and the q/k/v and gate/up
-projections of each decoder layer run as one product each (`fused_linear`). Laid-out copies are rebuilt lazily
-whenever a source tensor changes in place (weight sync, optimizer steps: the tensor's version counter moves) or is
-replaced (its storage moves), so a module is never run on stale weights. With gradients enabled, another dtype or
-another device, the plain `F.linear` path runs, so training is untouched. The bf16 product was measured bitwise
-equal to `F.linear` (fused or not; `tests/test_packed.py` checks it per shape, and `check_bitwise` at pack time
-refuses a torch whose kernels differ). The float32 product is the same product summed in another order: within
-float32 rounding of `F.linear`, not bitwise (`tests/test_packed_fp32.py` bounds the difference), so a packed float32
-model samples from the same distribution to float32 precision, and every forward of an engine (plain steps, verify
-forwards, the certificate's probes) runs the same layout. Packing is a CPU kernel: on other devices nothing is
-packed. Copies live in a weak side table, not on the modules, so `state_dict`, `deepcopy` and pickling see plain
-modules; a packed float32 model holds a second copy of its linear weights.
+`nn.Linear` keeps it) sends the decode product `x @ W.T` to a transposed-operand GEMM that ran about 2x slower with
+AVX512 kernels at 8-32 rows than the same product on the weight stored column-major (`benchmarks/packed_fp32.py`;
+with AVX2 kernels the two were level, so float32 is packed only where torch runs AVX512 kernels).
+`pack_for_inference(module)` marks a module tree so that, under `torch.no_grad()`, every linear layer runs on a
+weight laid out once (bf16: oneDNN's packed format and matmul; float32: a column-major copy through `F.linear`),
+and the q/k/v and gate/up projections of each decoder layer run as one product each (`fused_linear`). Copies are
+rebuilt lazily whenever a source tensor changes in place (weight sync, optimizer steps: the tensor's version
+counter moves) or is replaced (its storage moves), so a module is never run on stale weights. With gradients
+enabled, another dtype or another device, the plain `F.linear` path runs, so training is untouched. The bf16
+product was measured bitwise equal to `F.linear` (fused or not; `tests/test_packed.py` checks it per shape, and
+`check_bitwise` at pack time refuses a torch whose kernels differ). The float32 product is the same sum in another
+order: within float32 rounding of `F.linear`, not always bitwise (`tests/test_packed_fp32.py` bounds it), and every
+forward of an engine (plain steps, verify forwards, the certificate's probes) runs the same layout, so both arms of
+a compare sample from the same model. Packing is a CPU kernel: on other devices nothing is packed. Copies live in
+a weak side table, not on the modules, so `state_dict`, `deepcopy` and pickling see plain modules; a packed
+float32 model holds a second copy of its linear weights.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner module 
 
 
 def supported(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether packing applies to weights of this dtype on this device: float32 on a CPU, and bf16 on a CPU with
-    oneDNN bf16."""
+    """Whether packing applies to weights of this dtype on this device: float32 on a CPU whose torch kernels are
+    AVX512 (where the column-major product measured faster; with AVX2 kernels it measured level, so nothing is
+    copied), and bf16 on a CPU with oneDNN bf16."""
     if torch.device(device).type != "cpu":
         return False
     if dtype == torch.float32:
-        return True
+        return torch.backends.cpu.get_cpu_capability() == "AVX512"
     return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
