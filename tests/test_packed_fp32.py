@@ -103,3 +103,17 @@ def test_float32_is_not_packed_with_avx2_kernels(monkeypatch):
     model = tiny_model("llama", vocab_size=96)
     assert pack_for_inference(model) == 0
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def test_float32_products_of_few_rows_run_on_the_plain_weight():
+    model = tiny_model("llama", vocab_size=96)
+    tokens = torch.randint(0, 96, (packed.FLOAT32_MIN_ROWS - 1, 5), generator=torch.Generator().manual_seed(4))
+    cache = model.new_cache(tokens.shape[0], 32)
+    pos = torch.full((tokens.shape[0], 1), 0)
+    with torch.no_grad():
+        want, _ = model.forward(tokens[:, :1], pos, cache)
+    pack_for_inference(model)
+    with torch.no_grad():
+        got, _ = model.forward(tokens[:, :1], pos, model.new_cache(tokens.shape[0], 32))
+    assert torch.equal(got, want)  # below FLOAT32_MIN_ROWS the plain F.linear runs: bitwise the same
+    assert not packed._CACHE.get(model.lm_head)  # and nothing was laid out

@@ -3,8 +3,9 @@
 `torch.nn.functional.linear` on a bf16 CPU tensor re-lays its weight out for oneDNN on every call; at decode
 (1..32 rows) that reorder costs as much as the product itself. A float32 weight stored row by row ([out, in], as
 `nn.Linear` keeps it) sends the decode product `x @ W.T` to a transposed-operand GEMM that ran about 2x slower with
-AVX512 kernels at 8-32 rows than the same product on the weight stored column-major (`benchmarks/packed_fp32.py`;
-with AVX2 kernels the two were level, so float32 is packed only where torch runs AVX512 kernels).
+AVX512 kernels at 4-32 rows than the same product on the weight stored column-major (`benchmarks/packed_fp32.py`;
+at 1-3 rows the plain kernel is as fast, so those products stay plain (`FLOAT32_MIN_ROWS`); with AVX2 kernels the
+two were level, so float32 is packed only where torch runs AVX512 kernels).
 `pack_for_inference(module)` marks a module tree so that, under `torch.no_grad()`, every linear layer runs on a
 weight laid out once (bf16: oneDNN's packed format and matmul; float32: a column-major copy through `F.linear`),
 and the q/k/v and gate/up projections of each decoder layer run as one product each (`fused_linear`). Copies are
@@ -31,6 +32,9 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 _FLAG = "_specrl_packed"
+# Fewer rows than this run float32 products on the plain weight: the row-major F.linear kernels at 1-3 rows ran
+# level with or faster than the column-major product, from 4 rows on about 3x slower (benchmarks/packed_fp32.py).
+FLOAT32_MIN_ROWS = 4
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner module -> {name: (key, weight, bias)}
 
 
@@ -58,6 +62,8 @@ def fused_linear(owner: nn.Module, name: str, layers: list[nn.Linear], x: Tensor
     w0 = layers[0].weight
     if x.dtype != w0.dtype or x.device.type != "cpu":
         return None
+    if w0.dtype == torch.float32 and x.numel() < FLOAT32_MIN_ROWS * x.shape[-1]:
+        return None  # below it, the plain row-major product is the faster kernel
     weights = [m.weight for m in layers]
     biases = [m.bias for m in layers]
     key = _key(weights + biases)
