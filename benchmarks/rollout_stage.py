@@ -12,6 +12,9 @@ autoregressive): the same tokens-per-generation-second figure a compare reports 
 
     .venv/bin/python benchmarks/rollout_stage.py --groups 8 --threads 2 --set generation.max_new_tokens=192
 
+`--drafter-dtype bfloat16` adds a third arm: the speculative backend with its drafter cast to that dtype (a learned
+drafter otherwise runs in the rollout model's dtype), so the drafter's precision is timed against the same two arms.
+
 Both backends sample from the same frozen weights with the same seeds per group, but rejection sampling emits other
 tokens than plain decoding, so the two arms' groups differ in length; the ratio is taken over all tokens. Machine
 noise moves both arms alike only within a group's pair; a host whose speed drifts over minutes (the AVX512 machine
@@ -34,16 +37,22 @@ from common import config_dtypes, hardware_line, run_header  # noqa: E402
 
 
 def ratio(groups: list[dict[str, Any]]) -> dict[str, float]:
-    """Tokens per second of each arm over all its groups, and speculative ÷ autoregressive."""
+    """Tokens per second of each arm over all its groups, speculative ÷ autoregressive, and each further arm (a
+    cast drafter) ÷ autoregressive."""
+    extra = sorted({g["arm"] for g in groups} - {"autoregressive", "speculative"})
     tps = {}
-    for arm in ("autoregressive", "speculative"):
+    for arm in ("autoregressive", "speculative", *extra):
         rows = [g for g in groups if g["arm"] == arm]
         secs = sum(g["seconds"] for g in rows)
         if not rows or secs <= 0:
             raise ValueError(f"no timed groups of the {arm} arm")
         tps[arm] = sum(g["tokens"] for g in rows) / secs
     return {**{f"{a}_tokens_per_second": v for a, v in tps.items()},
-            "speedup_per_token": tps["speculative"] / tps["autoregressive"]}
+            "speedup_per_token": tps["speculative"] / tps["autoregressive"],
+            **{f"{a}_speedup_per_token": tps[a] / tps["autoregressive"] for a in extra}}
+
+
+DRAFTER_DTYPES = ("float32", "bfloat16")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=8, help="train prompts, one group each per arm")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--drafter-dtype", default=None, choices=DRAFTER_DTYPES,
+                    help="add an arm whose drafter is cast to this dtype")
     a = ap.parse_args(argv)
     if a.groups < 1 or a.threads < 1:
         raise SystemExit(f"--groups >= 1 and --threads >= 1 are required, got {a.groups} and {a.threads}")
@@ -78,6 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     hw = run_header(config_dtypes(a.config, sets), a.threads)
     policy, tok = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
     backends = {"autoregressive": build_backend(plain, policy), "speculative": build_backend(cfg, policy)}
+    if a.drafter_dtype:  # the same backend, its drafter built in that dtype (the builder's `dtype` argument)
+        from specrl.drafters.storage import default as default_drafter
+
+        resolve = default_drafter.resolve_drafter
+        default_drafter.resolve_drafter = lambda spec, target, dtype=None: resolve(
+            spec, target, getattr(torch, a.drafter_dtype))
+        try:
+            backends[f"speculative_drafter_{a.drafter_dtype}"] = build_backend(cfg, policy)
+        finally:
+            default_drafter.resolve_drafter = resolve
+    arms = list(backends)
     stops = tuple(stop_token_ids(tok, policy.args))
     producer = RolloutProducer(cfg, tok, backends["autoregressive"], list(stops))
     if a.groups > len(producer.train_data):
@@ -90,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     groups: list[dict[str, Any]] = []
     for i in range(a.groups):
         ids = producer.prompt("train", i)
-        order = ("autoregressive", "speculative") if i % 2 == 0 else ("speculative", "autoregressive")
-        for arm in order:
+        for arm in arms[i % len(arms):] + arms[:i % len(arms)]:  # the arms' order rotates
             reqs = [RolloutRequest(ids, request_id=i * n + j) for j in range(n)]
             params = SamplingParams(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
                                     max_new_tokens=g.max_new_tokens, stop_token_ids=stops, seed=cfg.run.seed + i)
@@ -99,14 +120,15 @@ def main(argv: list[str] | None = None) -> int:
             res = backends[arm].generate(reqs, params)
             secs = time.perf_counter() - t0
             tokens = sum(len(o.token_ids) for o in res.outputs)
-            k = res.metrics.get("num_draft_tokens_mean") if arm == "speculative" else 0.0
+            k = res.metrics.get("num_draft_tokens_mean") if arm != "autoregressive" else 0.0
             groups.append({"group": i, "arm": arm, "seconds": secs, "tokens": tokens, "mean_k": k})
             print(f"| {i} | {arm} | {secs:.2f} | {tokens} | {tokens / secs:.1f} | "
                   f"{'-' if k is None else f'{k:.2f}'} |", flush=True)
     r = ratio(groups)
     print(f"[bench] generated tokens per second: autoregressive {r['autoregressive_tokens_per_second']:.1f}, "
-          f"speculative {r['speculative_tokens_per_second']:.1f}: {r['speedup_per_token']:.2f}x per token; "
-          f"{hardware_line(hw)}", flush=True)
+          f"speculative {r['speculative_tokens_per_second']:.1f}: {r['speedup_per_token']:.2f}x per token" +
+          "".join(f"; {a} {r[f'{a}_tokens_per_second']:.1f}: {r[f'{a}_speedup_per_token']:.2f}x"
+                  for a in arms[2:]) + f"; {hardware_line(hw)}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"hardware": hw, "config": a.config, "sets": a.sets, "groups": groups,
                                             **r}, indent=2) + "\n")

@@ -33,3 +33,14 @@ def test_bad_arguments_are_refused_before_anything_loads(rs):
 def test_a_config_without_a_drafter_is_refused_before_the_model_loads(rs):
     with pytest.raises(SystemExit, match=r"speculative\.drafter is none"):
         rs.main(["--set", "speculative.drafter=none", "--groups", "1"])
+
+
+def test_a_further_arm_is_divided_by_the_autoregressive_arm(rs):
+    groups = [{"arm": "autoregressive", "seconds": 10.0, "tokens": 500},
+              {"arm": "speculative", "seconds": 8.0, "tokens": 600},
+              {"arm": "speculative_drafter_bfloat16", "seconds": 10.0, "tokens": 600}]
+    r = rs.ratio(groups)
+    assert r["speculative_drafter_bfloat16_speedup_per_token"] == pytest.approx(1.2)
+    assert r["speedup_per_token"] == pytest.approx(1.5)
+    with pytest.raises(SystemExit):
+        rs.main(["--drafter-dtype", "float16"])

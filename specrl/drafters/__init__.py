@@ -91,10 +91,13 @@ def make_drafter(spec: str | None, target=None, dtype=None,
     whose row is `embedded`: eagle, mtp) otherwise loads a cached drafter of
     the embedded model; when it is not built yet, `build_default(kind, name)` builds it and returns its directory
     (`specrl.drafters.storage.default.resolve_drafter` passes the builder), and without one the error says how to
-    build it.
+    build it. A learned drafter runs in `dtype`, else in its target's dtype (a head stored in bf16 runs in fp32
+    beside an fp32 target, where the CPU may lack bf16 units).
     """
     if not drafts(spec):
         return None
+    if dtype is None:
+        dtype = getattr(target, "dtype", None)
     try:
         parsed = parse_drafter_spec(spec)
     except SpecRLError as e:
@@ -118,7 +121,7 @@ def _build(parsed: DrafterSpec, target, dtype, build_default: Callable[[str, str
             raise SpecRLError(f"{kind}:{arg} needs the target model it drafts for (pass target=)")
         if not _is_embedded(target):
             raise SpecRLError(_other_model(kind, arg))
-        return load_shipped(kind, arg, target)
+        return load_shipped(kind, arg, target, dtype=dtype)
     if info.embedded and arg in EMBEDDED_NAMES:
         parsed = DrafterSpec(kind, str(_default_dir(kind, arg, target, build_default)))
     return info.build(parsed, target, dtype)

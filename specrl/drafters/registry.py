@@ -66,10 +66,11 @@ def _build_draft_model(spec: DrafterSpec, target, dtype) -> DraftModelDrafter:
 
 
 def _build_from_directory(spec: DrafterSpec, target, dtype) -> Drafter:
-    """A drafter directory written by `save_drafter` / `specrl draft init` (`specrl.drafters.storage.io`)."""
+    """A drafter directory written by `save_drafter` / `specrl draft init` (`specrl.drafters.storage.io`), in `dtype`
+    (`make_drafter` passes the target's dtype unless told otherwise)."""
     from specrl.drafters.storage.io import load_drafter
 
-    return load_drafter(spec.arg, target, expected_kind=spec.kind)
+    return load_drafter(spec.arg, target, expected_kind=spec.kind, dtype=dtype)
 
 
 def _build_hybrid(spec: DrafterSpec, target, dtype, inner: Drafter) -> HybridDrafter:

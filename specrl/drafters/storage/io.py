@@ -118,9 +118,11 @@ def read_config(path: str | os.PathLike) -> dict:
     return cfg
 
 
-def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = None):
+def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = None,
+                 dtype: torch.dtype | None = None):
     """Load a drafter directory for `target` (a specrl Transformer); `expected_kind` (a kind saved as a drafter
-    directory: eagle, mtp) is checked. A directory holding a manifest (a shipped or packaged drafter) is verified
+    directory: eagle, mtp) is checked. The drafter is cast to `dtype` when given, else kept in the dtype it was
+    saved in (`config.json`'s `dtype`). A directory holding a manifest (a shipped or packaged drafter) is verified
     against it and against `target` first (`manifest.verify_manifest`), whatever spec named it."""
     kind = expected_kind
     if kind is not None and kind not in directory_kinds():
@@ -162,7 +164,9 @@ def load_drafter(path: str | os.PathLike, target, expected_kind: str | None = No
     copy_state(drafter, state, str(state_path), expected_by="config.json")
     check_finite(drafter, str(state_path), f"this {cfg['kind']} drafter is corrupt or its training diverged; "
                                            "rebuild it with `specrl draft init`")
-    dtype = cfg.get("dtype")
-    if dtype:
-        drafter.to(getattr(torch, dtype))
+    stored = cfg.get("dtype")
+    if dtype is None and stored:
+        dtype = getattr(torch, stored)
+    if dtype is not None:
+        drafter.to(dtype)
     return drafter.to(target.embed_tokens.weight.device).eval()  # the target's device (run.device)

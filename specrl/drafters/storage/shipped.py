@@ -92,8 +92,9 @@ def check_shipped(d: Path, target=None, target_model: str | None = None) -> dict
     return m
 
 
-def load_shipped(kind: str, name: str, target, root: Path | None = None):
-    """The shipped drafter `kind:name` for `target`, verified against its manifest and the target first."""
+def load_shipped(kind: str, name: str, target, root: Path | None = None, dtype=None):
+    """The shipped drafter `kind:name` for `target`, verified against its manifest and the target first, in `dtype`
+    (default: the dtype it is stored in, `SHIPPED_DTYPE`)."""
     from specrl.drafters.storage.io import load_drafter
 
     d = shipped_dir(name, root)
@@ -101,7 +102,7 @@ def load_shipped(kind: str, name: str, target, root: Path | None = None):
     if m.get("kind") != kind:
         raise SpecRLError(f"shipped drafter {d}: manifest kind is {m.get('kind')!r}, but {kind}:{name} asks for a "
                           f"{kind} drafter; use {m.get('kind')}:{name}")
-    return load_drafter(d, target, expected_kind=kind)
+    return load_drafter(d, target, expected_kind=kind, dtype=dtype)
 
 
 def package_size(d: Path) -> int:
