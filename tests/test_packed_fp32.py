@@ -1,5 +1,6 @@
-"""Packed float32 inference linears (`specrl.model.packed`): a column-major copy of each weight, the plain forward to
-float32 rounding, never stale, training untouched, and an engine's outputs unchanged by packing."""
+"""Packed float32 inference linears (`specrl.model.packed`): per kernel class a column-major copy (AVX512) or oneDNN's
+prepacked weight (AVX2) of each weight, the plain forward to float32 rounding, never stale, training untouched, an
+engine's outputs unchanged by packing, and nothing packed where no layout is named."""
 
 import pytest
 import torch
@@ -11,11 +12,12 @@ from specrl.model.packed import PackedLinear, pack_for_inference, unpack
 from specrl.model.transformer import tiny_model
 
 
-@pytest.fixture(autouse=True)
-def _avx512_kernels(monkeypatch):
-    """float32 is packed where torch runs AVX512 kernels; the column-major product is correct on any CPU, so these
-    tests run it everywhere."""
-    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+@pytest.fixture(autouse=True, params=["AVX512", "AVX2"])
+def kernels(request, monkeypatch):
+    """The float32 layout follows torch's kernel class; both layouts are correct on any CPU, so these tests run each
+    of them everywhere."""
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: request.param)
+    return request.param
 
 
 TOL = dict(rtol=1e-4, atol=1e-5)  # float32 rounding of a sum over a few hundred products is ~1e-7 relative
@@ -30,7 +32,7 @@ def _forward(model, tokens):
     return pre, dec, cap[1]
 
 
-def test_float32_packs_every_linear_column_major_and_matches_the_plain_forward():
+def test_float32_packs_every_linear_and_matches_the_plain_forward(kernels):
     model = tiny_model("llama", vocab_size=96)
     tokens = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(1))
     want = _forward(model, tokens)
@@ -38,14 +40,15 @@ def test_float32_packs_every_linear_column_major_and_matches_the_plain_forward()
     got = _forward(model, tokens)
     for w, g in zip(want, got, strict=True):
         torch.testing.assert_close(g, w, **TOL)
-    # the laid-out path really ran, on column-major copies of the fused weights
-    qkv = packed._CACHE[model.layers[0].self_attn]["qkv"][1]
-    gate_up = packed._CACHE[model.layers[0].mlp]["gate_up"][1]
-    head = packed._CACHE[model.lm_head]["w"][1]
-    for w in (qkv, gate_up, head):
-        assert w.stride() == (1, w.shape[0])
-    attn = model.layers[0].self_attn
-    assert torch.equal(qkv, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    # the laid-out path really ran, on laid-out copies of the fused weights
+    hits = [packed._CACHE[model.layers[0].self_attn]["qkv"], packed._CACHE[model.layers[0].mlp]["gate_up"],
+            packed._CACHE[model.lm_head]["w"]]
+    assert {h[0][0] for h in hits} == {packed.FLOAT32_LAYOUT[kernels]}
+    if kernels == "AVX512":
+        for w in (h[1] for h in hits):
+            assert w.stride() == (1, w.shape[0])
+        attn = model.layers[0].self_attn
+        assert torch.equal(hits[0][1], torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
 
 
 def test_float32_weight_changes_in_place_are_picked_up():
@@ -98,14 +101,15 @@ def test_engine_packs_float32_and_its_greedy_outputs_do_not_depend_on_it():
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4)
 
 
-def test_float32_is_not_packed_with_avx2_kernels(monkeypatch):
-    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+def test_float32_is_not_packed_where_no_layout_is_named(monkeypatch):
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     model = tiny_model("llama", vocab_size=96)
     assert pack_for_inference(model) == 0
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
 
 
-def test_float32_products_of_few_rows_run_on_the_plain_weight():
+def test_float32_products_of_few_rows_run_on_the_plain_weight(monkeypatch):
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")  # the column-major rule
     model = tiny_model("llama", vocab_size=96)
     tokens = torch.randint(0, 96, (packed.FLOAT32_MIN_ROWS - 1, 5), generator=torch.Generator().manual_seed(4))
     cache = model.new_cache(tokens.shape[0], 32)

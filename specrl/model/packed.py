@@ -1,24 +1,26 @@
-"""Inference weights laid out once for the CPU's decode kernels: bf16 prepacked for oneDNN, float32 column-major.
+"""Inference weights laid out once for the CPU's decode kernels: oneDNN's prepacked format, or float32 column-major.
 
 `torch.nn.functional.linear` on a bf16 CPU tensor re-lays its weight out for oneDNN on every call; at decode
 (1..32 rows) that reorder costs as much as the product itself. A float32 weight stored row by row ([out, in], as
-`nn.Linear` keeps it) sends the decode product `x @ W.T` to a transposed-operand GEMM that ran about 2x slower with
-AVX512 kernels at 4-32 rows than the same product on the weight stored column-major (`benchmarks/packed_fp32.py`;
-at 1-3 rows the plain kernel is as fast, so those products stay plain (`FLOAT32_MIN_ROWS`); with AVX2 kernels the
-two were level, so float32 is packed only where torch runs AVX512 kernels).
+`nn.Linear` keeps it) sends the decode product `x @ W.T` to a transposed-operand GEMM whose speed depends on the
+kernels torch runs (`benchmarks/packed_fp32.py`, per processor class in docs/benchmarks.md): with AVX512 kernels it
+ran about 2x slower at 4-32 rows than the same product on the weight stored column-major (at 1-3 rows level, so those
+products stay plain: `FLOAT32_MIN_ROWS`); with AVX2 kernels column-major was level or slower, and oneDNN's prepacked
+float32 product 1.2-2.9x faster on the LM head and the MLP at 1-32 rows. So `FLOAT32_LAYOUT` names the layout per
+kernel class, and a class it does not name runs plain.
 `pack_for_inference(module)` marks a module tree so that, under `torch.no_grad()`, every linear layer runs on a
-weight laid out once (bf16: oneDNN's packed format and matmul; float32: a column-major copy through `F.linear`),
-and the q/k/v and gate/up projections of each decoder layer run as one product each (`fused_linear`). Copies are
-rebuilt lazily whenever a source tensor changes in place (weight sync, optimizer steps: the tensor's version
-counter moves) or is replaced (its storage moves), so a module is never run on stale weights. With gradients
-enabled, another dtype or another device, the plain `F.linear` path runs, so training is untouched. The bf16
-product was measured bitwise equal to `F.linear` (fused or not; `tests/test_packed.py` checks it per shape, and
-`check_bitwise` at pack time refuses a torch whose kernels differ). The float32 product is the same sum in another
-order: within float32 rounding of `F.linear`, not always bitwise (`tests/test_packed_fp32.py` bounds it), and every
-forward of an engine (plain steps, verify forwards, the certificate's probes) runs the same layout, so both arms of
-a compare sample from the same model. Packing is a CPU kernel: on other devices nothing is packed. Copies live in
-a weak side table, not on the modules, so `state_dict`, `deepcopy` and pickling see plain modules; a packed
-float32 model holds a second copy of its linear weights.
+weight laid out once (bf16 and AVX2 float32: oneDNN's packed format and matmul; AVX512 float32: a column-major copy
+through `F.linear`), and the q/k/v and gate/up projections of each decoder layer run as one product each
+(`fused_linear`). Copies are rebuilt lazily whenever a source tensor changes in place (weight sync, optimizer steps:
+the tensor's version counter moves) or is replaced (its storage moves), so a module is never run on stale weights.
+With gradients enabled, another dtype or another device, the plain `F.linear` path runs, so training is untouched.
+The bf16 product was measured bitwise equal to `F.linear` (fused or not; `tests/test_packed.py` checks it per
+shape, and `check_bitwise` at pack time refuses a torch whose kernels differ). A float32 product is the same sum in
+another order: within float32 rounding of `F.linear`, not always bitwise (`tests/test_packed_fp32.py` bounds it),
+and every forward of an engine (plain steps, verify forwards, the certificate's probes) runs the same layout, so
+both arms of a compare sample from the same model. Packing is a CPU kernel: on other devices nothing is packed.
+Copies live in a weak side table, not on the modules, so `state_dict`, `deepcopy` and pickling see plain modules; a
+packed float32 model holds a second copy of its linear weights.
 """
 
 from __future__ import annotations
@@ -32,20 +34,27 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 _FLAG = "_specrl_packed"
-# Fewer rows than this run float32 products on the plain weight: the row-major F.linear kernels at 1-3 rows ran
-# level with or faster than the column-major product, from 4 rows on about 3x slower (benchmarks/packed_fp32.py).
+# Fewer rows than this run column-major float32 products on the plain weight: the row-major F.linear kernels at 1-3
+# rows ran level with or faster than the column-major product, from 4 rows on about 3x slower (benchmarks/packed_fp32.py).
 FLOAT32_MIN_ROWS = 4
+# torch's CPU kernel class (`torch.backends.cpu.get_cpu_capability()`) -> the float32 layout that measured fastest there
+FLOAT32_LAYOUT = {"AVX512": "column_major", "AVX2": "onednn"}
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner module -> {name: (key, weight, bias)}
 
 
+def float32_layout() -> str | None:
+    """The float32 layout for this CPU's kernels (`FLOAT32_LAYOUT`), or None (run plain)."""
+    layout = FLOAT32_LAYOUT.get(torch.backends.cpu.get_cpu_capability())
+    return None if layout == "onednn" and not torch.backends.mkldnn.is_available() else layout
+
+
 def supported(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether packing applies to weights of this dtype on this device: float32 on a CPU whose torch kernels are
-    AVX512 (where the column-major product measured faster; with AVX2 kernels it measured level, so nothing is
-    copied), and bf16 on a CPU with oneDNN bf16."""
+    """Whether packing applies to weights of this dtype on this device: float32 on a CPU whose kernel class has a
+    layout (`FLOAT32_LAYOUT`), and bf16 on a CPU with oneDNN bf16."""
     if torch.device(device).type != "cpu":
         return False
     if dtype == torch.float32:
-        return torch.backends.cpu.get_cpu_capability() == "AVX512"
+        return float32_layout() is not None
     return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
@@ -62,11 +71,12 @@ def fused_linear(owner: nn.Module, name: str, layers: list[nn.Linear], x: Tensor
     w0 = layers[0].weight
     if x.dtype != w0.dtype or x.device.type != "cpu":
         return None
-    if w0.dtype == torch.float32 and x.numel() < FLOAT32_MIN_ROWS * x.shape[-1]:
-        return None  # below it, the plain row-major product is the faster kernel
+    layout = float32_layout() if w0.dtype == torch.float32 else "onednn"
+    if layout is None or (layout == "column_major" and x.numel() < FLOAT32_MIN_ROWS * x.shape[-1]):
+        return None  # no float32 layout here, or few rows, where the plain row-major product is the faster kernel
     weights = [m.weight for m in layers]
     biases = [m.bias for m in layers]
-    key = _key(weights + biases)
+    key = (layout, _key(weights + biases))
     table = _CACHE.setdefault(owner, {})
     hit = table.get(name)
     if hit is None or hit[0] != key:
@@ -75,13 +85,13 @@ def fused_linear(owner: nn.Module, name: str, layers: list[nn.Linear], x: Tensor
         if any(t is not None for t in biases):
             b = torch.cat([(t.detach() if t is not None else torch.zeros(m.out_features, dtype=w.dtype))
                            for t, m in zip(biases, layers, strict=True)])
-        if w.dtype == torch.float32:  # the same [out, in] matrix, stored column by column
+        if layout == "column_major":  # the same [out, in] matrix, stored column by column
             hit = (key, w.t().contiguous().t(), b)
         else:
             hit = (key, torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1), b)
         table[name] = hit
     shape = x.shape
-    if w0.dtype == torch.float32:
+    if layout == "column_major":
         return F.linear(x, hit[1], hit[2])
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), hit[1], hit[2], "none", [], "")
     return y.view(*shape[:-1], y.shape[-1])
