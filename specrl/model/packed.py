@@ -34,8 +34,9 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 _FLAG = "_specrl_packed"
-# Fewer rows than this run column-major float32 products on the plain weight: the row-major F.linear kernels at 1-3
-# rows ran level with or faster than the column-major product, from 4 rows on about 3x slower (benchmarks/packed_fp32.py).
+# Fewer rows than this run column-major float32 products on the plain weight: the row-major F.linear kernels at
+# 1-3 rows ran level with or faster than the column-major product, from 4 rows on about 3x slower
+# (benchmarks/packed_fp32.py).
 FLOAT32_MIN_ROWS = 4
 # torch's CPU kernel class (`torch.backends.cpu.get_cpu_capability()`) -> the float32 layout that measured fastest there
 FLOAT32_LAYOUT = {"AVX512": "column_major", "AVX2": "onednn"}
