@@ -85,20 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.speculative.enabled:
         raise SystemExit(f"{a.config}: speculative.drafter is none; the script compares it against plain decoding, "
                          "so the config needs a drafter (e.g. --set speculative.drafter=eagle:think)")
+    if a.drafter_dtype and cfg.rollout.backend != "native":
+        raise SystemExit(f"--drafter-dtype builds specrl's own engine; {a.config} has rollout.backend="
+                         f"{cfg.rollout.backend} (set rollout.backend=native)")
     plain = resolve_hardware(load_config(a.config, [*sets, "speculative.drafter=none"]))
     hw = run_header(config_dtypes(a.config, sets), a.threads)
     policy, tok = load_model(cfg.model.name, dtype=parse_dtype(cfg.model.dtype), device=cfg.run.device)
     backends = {"autoregressive": build_backend(plain, policy), "speculative": build_backend(cfg, policy)}
-    if a.drafter_dtype:  # the same backend, its drafter built in that dtype (the builder's `dtype` argument)
-        from specrl.drafters.storage import default as default_drafter
+    if a.drafter_dtype:  # the same backend, its drafter built in that dtype
+        from specrl.backends.registry import check_backend, native_backend
 
-        resolve = default_drafter.resolve_drafter
-        default_drafter.resolve_drafter = lambda spec, target, dtype=None: resolve(
-            spec, target, getattr(torch, a.drafter_dtype))
-        try:
-            backends[f"speculative_drafter_{a.drafter_dtype}"] = build_backend(cfg, policy)
-        finally:
-            default_drafter.resolve_drafter = resolve
+        backend = native_backend(cfg, policy, drafter_dtype=getattr(torch, a.drafter_dtype))
+        check_backend(backend, cfg)
+        backends[f"speculative_drafter_{a.drafter_dtype}"] = backend
     arms = list(backends)
     stops = tuple(stop_token_ids(tok, policy.args))
     producer = RolloutProducer(cfg, tok, backends["autoregressive"], list(stops))

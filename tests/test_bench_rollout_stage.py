@@ -44,3 +44,9 @@ def test_a_further_arm_is_divided_by_the_autoregressive_arm(rs):
     assert r["speedup_per_token"] == pytest.approx(1.5)
     with pytest.raises(SystemExit):
         rs.main(["--drafter-dtype", "float16"])
+
+
+def test_a_drafter_dtype_arm_needs_the_native_backend(rs):
+    with pytest.raises(SystemExit, match="rollout.backend=native"):
+        rs.main(["--drafter-dtype", "bfloat16", "--set", "rollout.backend=vllm", "--set",
+                 "speculative.num_draft_tokens=3", "--groups", "1"])

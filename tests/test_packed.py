@@ -12,6 +12,7 @@ from specrl import RolloutEngine, SamplingParams
 from specrl.model import packed
 from specrl.model.packed import PackedLinear, pack_for_inference, unpack
 from specrl.model.transformer import tiny_model
+from tests.tiny import prefill_and_decode
 
 pytestmark = pytest.mark.skipif(not packed.supported(torch.bfloat16, "cpu"), reason="no oneDNN bf16 on this CPU")
 
@@ -20,24 +21,15 @@ def _bf16(arch="llama", seed=0):
     return tiny_model(arch, vocab_size=96, seed=seed).to(torch.bfloat16)
 
 
-def _forward(model, tokens):
-    cache = model.new_cache(tokens.shape[0], 32)
-    with torch.no_grad():
-        pre, _ = model.forward(tokens, kv_cache=cache)  # prefill (many rows)
-        pos = torch.full((tokens.shape[0], 1), tokens.shape[1])
-        dec, cap = model.forward(tokens[:, -1:], pos, cache, capture=(1,))  # one decode row each
-    return pre, dec, cap[1]
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_packed_forward_is_bitwise_the_plain_forward(arch):
     model = _bf16(arch)
     tokens = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(1))
-    want = _forward(model, tokens)
+    want = prefill_and_decode(model, tokens)
     n = pack_for_inference(model)
     assert n == 4 * 7 + 1  # 7 linears per layer, 4 layers, the LM head
     assert all(isinstance(m, PackedLinear) for m in model.modules() if isinstance(m, nn.Linear))
-    got = _forward(model, tokens)
+    got = prefill_and_decode(model, tokens)
     for w, g in zip(want, got, strict=True):
         assert torch.equal(w, g)
     # and the packed path really ran (else this test would prove nothing)
@@ -49,11 +41,11 @@ def test_weight_changes_in_place_are_picked_up():
     model = _bf16()
     pack_for_inference(model)
     tokens = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(2))
-    before = _forward(model, tokens)
+    before = prefill_and_decode(model, tokens)
     other = _bf16(seed=7)
     model.load_state_dict(other.state_dict())  # in-place copies: version counters move
-    after = _forward(model, tokens)
-    want = _forward(other, tokens)  # other is unpacked
+    after = prefill_and_decode(model, tokens)
+    want = prefill_and_decode(other, tokens)  # other is unpacked
     assert not torch.equal(before[0], after[0])
     for w, g in zip(want, after, strict=True):
         assert torch.equal(w, g)
@@ -61,7 +53,7 @@ def test_weight_changes_in_place_are_picked_up():
     with torch.no_grad():
         model.lm_head.weight.data = model.lm_head.weight.data.clone() * 2
         other.lm_head.weight.data = other.lm_head.weight.data.clone() * 2
-    assert torch.equal(_forward(model, tokens)[1], _forward(other, tokens)[1])
+    assert torch.equal(prefill_and_decode(model, tokens)[1], prefill_and_decode(other, tokens)[1])
 
 
 def test_training_through_a_packed_model_is_the_plain_training():
@@ -81,7 +73,7 @@ def test_copies_pickles_and_state_dict_see_plain_modules():
     keys = list(model.state_dict())
     pack_for_inference(model)
     tokens = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(4))
-    want = _forward(model, tokens)
+    want = prefill_and_decode(model, tokens)
     assert list(model.state_dict()) == keys
     clone = copy.deepcopy(model)
     buf = io.BytesIO()
@@ -89,12 +81,12 @@ def test_copies_pickles_and_state_dict_see_plain_modules():
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     for other in (clone, loaded):
-        for w, g in zip(want, _forward(other, tokens), strict=True):
+        for w, g in zip(want, prefill_and_decode(other, tokens), strict=True):
             assert torch.equal(w, g)
     with torch.no_grad():  # the copy runs on its own weights, not the original's packed ones
         clone.lm_head.weight.mul_(2)
-    assert not torch.equal(_forward(clone, tokens)[1], want[1])
-    assert torch.equal(_forward(model, tokens)[1], want[1])
+    assert not torch.equal(prefill_and_decode(clone, tokens)[1], want[1])
+    assert torch.equal(prefill_and_decode(model, tokens)[1], want[1])
 
 
 def test_unpack_restores_plain_linears():

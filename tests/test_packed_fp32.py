@@ -10,6 +10,7 @@ from specrl import RolloutEngine, SamplingParams
 from specrl.model import packed
 from specrl.model.packed import PackedLinear, pack_for_inference, unpack
 from specrl.model.transformer import tiny_model
+from tests.tiny import prefill_and_decode
 
 
 @pytest.fixture(autouse=True, params=["AVX512", "AVX2"])
@@ -23,21 +24,12 @@ def kernels(request, monkeypatch):
 TOL = dict(rtol=1e-4, atol=1e-5)  # float32 rounding of a sum over a few hundred products is ~1e-7 relative
 
 
-def _forward(model, tokens):
-    cache = model.new_cache(tokens.shape[0], 32)
-    with torch.no_grad():
-        pre, _ = model.forward(tokens, kv_cache=cache)  # prefill (many rows)
-        pos = torch.full((tokens.shape[0], 1), tokens.shape[1])
-        dec, cap = model.forward(tokens[:, -1:], pos, cache, capture=(1,))  # one decode row each
-    return pre, dec, cap[1]
-
-
 def test_float32_packs_every_linear_and_matches_the_plain_forward(kernels):
     model = tiny_model("llama", vocab_size=96)
     tokens = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(1))
-    want = _forward(model, tokens)
+    want = prefill_and_decode(model, tokens)
     assert pack_for_inference(model) == 4 * 7 + 1  # 7 linears per layer, 4 layers, the LM head
-    got = _forward(model, tokens)
+    got = prefill_and_decode(model, tokens)
     for w, g in zip(want, got, strict=True):
         torch.testing.assert_close(g, w, **TOL)
     # the laid-out path really ran, on laid-out copies of the fused weights
@@ -55,11 +47,11 @@ def test_float32_weight_changes_in_place_are_picked_up():
     model = tiny_model("llama", vocab_size=96)
     pack_for_inference(model)
     tokens = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(2))
-    before = _forward(model, tokens)
+    before = prefill_and_decode(model, tokens)
     model.load_state_dict(tiny_model("llama", vocab_size=96, seed=7).state_dict())  # in place: versions move
-    after = _forward(model, tokens)
+    after = prefill_and_decode(model, tokens)
     unpack(model)
-    plain = _forward(model, tokens)
+    plain = prefill_and_decode(model, tokens)
     for a, p, b in zip(after, plain, before, strict=True):
         torch.testing.assert_close(a, p, **TOL)
         assert not torch.allclose(a, b, **TOL)
@@ -121,3 +113,22 @@ def test_float32_products_of_few_rows_run_on_the_plain_weight(monkeypatch):
         got, _ = model.forward(tokens[:, :1], pos, model.new_cache(tokens.shape[0], 32))
     assert torch.equal(got, want)  # below FLOAT32_MIN_ROWS the plain F.linear runs: bitwise the same
     assert not packed._CACHE.get(model.lm_head)  # and nothing was laid out
+
+
+def test_the_layout_is_chosen_when_packing_not_per_product(monkeypatch):
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    model = tiny_model("llama", vocab_size=96)
+    pack_for_inference(model)
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")  # after packing
+    tokens = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(5))
+    prefill_and_decode(model, tokens)
+    assert packed._CACHE[model.lm_head]["w"][0][0] == "onednn"  # the layout packed for, not the current class
+
+
+def test_a_tree_cast_after_packing_runs_plain(kernels):
+    model = tiny_model("llama", vocab_size=96)
+    pack_for_inference(model)
+    model.to(torch.float64)  # no layout was chosen for this dtype
+    tokens = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(6))
+    prefill_and_decode(model, tokens)
+    assert not packed._CACHE.get(model.lm_head)

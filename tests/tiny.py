@@ -44,3 +44,16 @@ def make_tiny_checkpoint(path: str | Path, seed: int = 0, arch: str = "llama", *
     out = save_hf_checkpoint(model, path)
     char_tokenizer().save_pretrained(str(out))
     return out
+
+
+def prefill_and_decode(model, tokens):
+    """`model` (a specrl transformer) on `tokens` [B, T] under no_grad: the prefill's logits (many rows), then one
+    decode row each with layer 1's capture: (prefill logits, decode logits, capture)."""
+    import torch
+
+    cache = model.new_cache(tokens.shape[0], 32)
+    with torch.no_grad():
+        pre, _ = model.forward(tokens, kv_cache=cache)
+        pos = torch.full((tokens.shape[0], 1), tokens.shape[1])
+        dec, cap = model.forward(tokens[:, -1:], pos, cache, capture=(1,))
+    return pre, dec, cap[1]

@@ -72,8 +72,10 @@ def check_backend(backend: RolloutBackend, cfg: TrainConfig) -> None:
                                  where="speculative")
 
 
-def native_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
-    """specrl's engine on a frozen copy of the policy in `model.rollout_dtype`, with the configured drafter."""
+def native_backend(cfg: TrainConfig, policy: torch.nn.Module,
+                   drafter_dtype: torch.dtype | None = None) -> RolloutBackend:
+    """specrl's engine on a frozen copy of the policy in `model.rollout_dtype`, with the configured drafter (in
+    the rollout model's dtype, or `drafter_dtype`)."""
     from specrl.drafters.storage import default as default_drafter
     from specrl.model.hf_checkpoint import parse_dtype
     from specrl.rollout.engine import RolloutEngine
@@ -82,9 +84,9 @@ def native_backend(cfg: TrainConfig, policy: torch.nn.Module) -> RolloutBackend:
     for p in rollout_model.parameters():
         p.requires_grad_(False)
     sc = cfg.speculative
+    drafter = default_drafter.resolve_drafter(sc.drafter, rollout_model, drafter_dtype) if sc.enabled else None
     return RolloutEngine(rollout_model, max_batch_size=cfg.generation.max_batch_size,
-                         max_seq_len=cfg.model.max_seq_len,
-                         drafter=default_drafter.resolve_drafter(sc.drafter, rollout_model) if sc.enabled else None,
+                         max_seq_len=cfg.model.max_seq_len, drafter=drafter,
                          num_draft_tokens=sc.num_draft_tokens if sc.enabled else 0, verify=sc.verify,
                          per_sequence_k=sc.per_sequence_k, confidence_cut=sc.confidence_cut)
 

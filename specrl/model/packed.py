@@ -66,15 +66,17 @@ def _key(tensors: list[Tensor | None]) -> tuple:
 
 def fused_linear(owner: nn.Module, name: str, layers: list[nn.Linear], x: Tensor) -> Tensor | None:
     """x through `layers` (same input width) as one packed product [..., sum of out widths], or None when the
-    packed path does not apply (owner not packed, gradients on, dtype or device differs): then run the layers."""
-    if not getattr(owner, _FLAG, False) or torch.is_grad_enabled():
+    packed path does not apply (owner not packed, gradients on, dtype or device differs from what was packed): then
+    run the layers. The layout is the one `pack_for_inference` chose for the owner's dtype."""
+    packed = getattr(owner, _FLAG, None)  # {dtype: layout}, chosen once by pack_for_inference
+    if not packed or torch.is_grad_enabled():
         return None
     w0 = layers[0].weight
-    if x.dtype != w0.dtype or x.device.type != "cpu":
+    layout = packed.get(w0.dtype)
+    if layout is None or x.dtype != w0.dtype or x.device.type != "cpu":
         return None
-    layout = float32_layout() if w0.dtype == torch.float32 else "onednn"
-    if layout is None or (layout == "column_major" and x.numel() < FLOAT32_MIN_ROWS * x.shape[-1]):
-        return None  # no float32 layout here, or few rows, where the plain row-major product is the faster kernel
+    if layout == "column_major" and x.numel() < FLOAT32_MIN_ROWS * x.shape[-1]:
+        return None  # few rows, where the plain row-major product is the faster kernel
     weights = [m.weight for m in layers]
     biases = [m.bias for m in layers]
     key = (layout, _key(weights + biases))
@@ -114,13 +116,14 @@ def pack_for_inference(module: nn.Module) -> int:
     if not params or not supported(params[0].dtype, params[0].device):
         return 0
     dtype = params[0].dtype
+    layout = float32_layout() if dtype == torch.float32 else "onednn"  # once: not looked up per product
     n = 0
     for m in module.modules():
         if type(m) is nn.Linear and m.weight.dtype == dtype:
             m.__class__ = PackedLinear
         if isinstance(m, PackedLinear):
             n += 1
-        setattr(m, _FLAG, True)
+        setattr(m, _FLAG, {**(getattr(m, _FLAG, None) or {}), dtype: layout})  # a module shared by two trees
     if dtype == torch.bfloat16 and not check_bitwise(module):
         unpack(module)
         log.warning("packed bf16 linear layers differ from F.linear on torch %s: running unpacked", torch.__version__)
@@ -133,8 +136,8 @@ def unpack(module: nn.Module) -> None:
     for m in module.modules():
         if isinstance(m, PackedLinear):
             m.__class__ = nn.Linear
-        if getattr(m, _FLAG, False):
-            setattr(m, _FLAG, False)
+        if getattr(m, _FLAG, None):
+            setattr(m, _FLAG, None)
         _CACHE.pop(m, None)
 
 
@@ -167,7 +170,7 @@ def check_bitwise(module: nn.Module) -> bool:
                     p.bias.copy_(torch.randn(p.bias.shape, generator=g))
             probes.append(p)
         owner = nn.Module()
-        setattr(owner, _FLAG, True)
+        setattr(owner, _FLAG, {torch.bfloat16: "onednn"})
         with torch.no_grad():
             for rows in (1, 9):
                 x = torch.randn(rows, layers[0].in_features, generator=g).to(torch.bfloat16)
