@@ -4,7 +4,7 @@ PIP := .venv/bin/pip
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
-# pip installs without byte-compiling every module (--no-compile: 26 s instead of 90 s for .venv on a 2-core AMD EPYC),
+# pip installs without byte-compiling every module (--no-compile: under half the install's time; docs/results.md),
 # and Python compiles what a process imports on first use, written to __pycache__ for the next process, which a
 # PYTHONDONTWRITEBYTECODE set outside would forbid (every process would compile its imports again)
 unexport PYTHONDONTWRITEBYTECODE
