@@ -84,7 +84,8 @@ def native_backend(cfg: TrainConfig, policy: torch.nn.Module,
     for p in rollout_model.parameters():
         p.requires_grad_(False)
     sc = cfg.speculative
-    drafter = default_drafter.resolve_drafter(sc.drafter, rollout_model, drafter_dtype) if sc.enabled else None
+    dtype = {} if drafter_dtype is None else {"dtype": drafter_dtype}  # none given: the builder's default
+    drafter = default_drafter.resolve_drafter(sc.drafter, rollout_model, **dtype) if sc.enabled else None
     return RolloutEngine(rollout_model, max_batch_size=cfg.generation.max_batch_size,
                          max_seq_len=cfg.model.max_seq_len, drafter=drafter,
                          num_draft_tokens=sc.num_draft_tokens if sc.enabled else 0, verify=sc.verify,
