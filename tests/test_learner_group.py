@@ -248,7 +248,9 @@ def test_killed_rank_stops_the_run_with_the_last_checkpoint_and_resume(tiny, tmp
     t0 = time.monotonic()
     with pytest.raises(SpecRLError) as e:
         train_main(str(cfg), [], None, str(tmp_path / "kill"), make_trainer=killing_trainer)
-    assert time.monotonic() - t0 < 5.0 + 30.0 + 30.0  # bounded by the collective timeout, not a hang
+    # bounded by the 5 s collective timeout, not a hang until gloo's default of 30 minutes: a loose bound, so a slow
+    # or busy machine cannot fail it
+    assert time.monotonic() - t0 < 300.0
     msg = str(e.value)
     assert "learner rank 1 died" in msg and "step_000001" in msg, msg
     assert f"specrl train --resume {tmp_path / 'kill'}" in msg
