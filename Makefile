@@ -31,9 +31,14 @@ run: .venv/.installed
 	$(PY) -m specrl.cli prepare --drafter eagle:think
 	$(PY) -m specrl.cli run
 
+# The suite in two parts: TEST_WORKERS xdist workers (one torch thread each; whole files per worker, so a module's
+# fixtures are built once), then the tests marked `serial` alone (they start Ray, or processes that must meet in a
+# process group or within short timeouts: tests/test_serial_marks.py).
+TEST_WORKERS ?= 2
 test: .venv/.installed
 	.venv/bin/ruff check specrl tests benchmarks tools
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=25
+	$(PY) -m pytest -q -m serial --durations=10
 	$(PY) tools/mutation_check.py
 	$(MAKE) test-vllm
 	$(MAKE) test-install

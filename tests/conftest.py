@@ -79,3 +79,23 @@ def local_ray():
     start_local_ray(4)
     yield
     ray.shutdown()
+
+
+# `make test` runs the suite in two parts: the tests marked `serial` (they start Ray, or processes that must meet in a
+# process group or within short timeouts) alone, and everything else on several xdist workers before them. A test
+# that uses `local_ray` must carry the mark (tests/test_serial_marks.py checks the other ways of starting them), and
+# a worker never runs one.
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected
+def pytest_collection_modifyitems(config, items):
+    unmarked = [i.nodeid for i in items if "local_ray" in getattr(i, "fixturenames", ())
+                and i.get_closest_marker("serial") is None]
+    if unmarked:
+        raise pytest.UsageError(f"{len(unmarked)} test(s) use the local_ray fixture without @pytest.mark.serial "
+                                f"(first: {unmarked[0]}); mark them, or their module with "
+                                f"`pytestmark = pytest.mark.serial`")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        serial = [i.nodeid for i in items if i.get_closest_marker("serial") is not None]
+        if serial:
+            raise pytest.UsageError(f"{len(serial)} test(s) marked serial were given to an xdist worker (first: "
+                                    f"{serial[0]}); run `pytest -n N -m 'not serial'`, then `pytest -m serial` "
+                                    f"alone (`make test` does both)")

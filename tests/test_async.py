@@ -23,6 +23,10 @@ from tests.faults import subprocess_code
 from tests.test_rl_trainer import cfg_dict
 from tests.tiny import make_tiny_checkpoint
 
+# `make test` runs this module alone, after its parallel part:
+# it starts a local Ray and async pipelines of several processes.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

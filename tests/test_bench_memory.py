@@ -11,6 +11,10 @@ import pytest
 
 from tests.bench import load_benchmark
 
+# `make test` runs this module alone, after its parallel part:
+# it samples live process trees on 0.1 s intervals and kills them at short timeouts.
+pytestmark = pytest.mark.serial
+
 MB = 1e6
 
 

@@ -18,6 +18,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import device_guard_run as runner  # noqa: E402
 
+# `make test` runs this module alone, after its parallel part:
+# it runs the main job in a spawned child under the device guard.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(autouse=True)
 def _one_thread(monkeypatch):

@@ -22,6 +22,10 @@ from specrl.trainer.sync_trainer import seed_everything
 from tests.test_rl_trainer import cfg_dict
 from tests.tiny import make_tiny_checkpoint
 
+# `make test` runs this module alone, after its parallel part:
+# it starts a local Ray and learner ranks that meet in gloo process groups.
+pytestmark = pytest.mark.serial
+
 SECONDS = {"data": 0.0, "prepare": 0.0, "gen": 0.0}
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import ray
 
 from specrl.cluster.local_ray import start_local_ray
+
+# `make test` runs this module alone, after its parallel part: it starts a local Ray.
+pytestmark = pytest.mark.serial
 
 
 def test_workers_run_at_the_drivers_niceness():

@@ -12,6 +12,9 @@ import pytest
 
 from specrl.errors import SpecRLError
 
+# `make test` runs this module alone, after its parallel part: it starts a local two-node Ray cluster.
+pytestmark = pytest.mark.serial
+
 PKG = '''
 from specrl.algorithms.losses import LOSSES, register_loss
 

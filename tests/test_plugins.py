@@ -15,6 +15,10 @@ from specrl.errors import SpecRLError
 from tests.test_rl_trainer import cfg_dict
 from tests.tiny import make_tiny_checkpoint
 
+# `make test` runs this module alone, after its parallel part:
+# it starts a local Ray, async actors and two learner ranks.
+pytestmark = pytest.mark.serial
+
 PLUGIN = '''
 import os
 from pathlib import Path

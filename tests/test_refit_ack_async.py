@@ -13,6 +13,9 @@ from specrl.trainer.config_check import validate_config
 from tests.test_async import async_cfg
 from tests.tiny import make_tiny_checkpoint
 
+# `make test` runs this module alone, after its parallel part: it starts a local Ray and async rollout workers.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

@@ -203,6 +203,7 @@ def test_embedded_model_logprobs_match_trls_recomputation(tmp_path):
     assert token_mult_prob_error <= 1.01
 
 
+@pytest.mark.serial  # two torchrun ranks meet in a gloo process group: `make test` runs it alone
 def test_each_process_of_a_two_rank_run_generates_its_slice_on_its_own_engine(tiny_dir, tmp_path):
     """torchrun with 2 CPU processes (gloo): each rank's engine gets its own prompts and seed, and both hold the
     same (DDP-synchronised) weights at every step."""
