@@ -38,7 +38,7 @@ def test_signal_reads_step0_success_and_the_nonzero_advantage_share():
     recs = [rec(1, [1.0, 0, 0, 0], [1, 0, 0, 0], 1, 1), rec(2, [0.0] * 4, [0] * 4, 1, 0),
             rec(3, [1.0, 1, 0, 0], [1, 1, 0, 0], 1, 1)]
     s = learning.signal(recs)
-    assert s["step0_success_rate"] == 0.25 and s["step0_completions"] == 4
+    assert s["step0_success_rate"] == 0.25 and s["step0_completions"] == 4 and s["step0_prompts"] == 1
     assert s["step0_success_rate_se"] == pytest.approx(math.sqrt(0.25 * 0.75 / 4))
     assert (s["groups"], s["groups_nonzero_advantage"], s["steps_with_signal"]) == (3, 2, 2)
     assert s["nonzero_advantage_share"] == pytest.approx(2 / 3)

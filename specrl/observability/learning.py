@@ -49,7 +49,8 @@ def reward_curve(records: Any) -> list[dict[str, Any]]:
 
 def signal(records: Any) -> dict[str, Any]:
     """The reward signal of a run: step-0 success rate (share of the first step's completions scored right) with its
-    standard error, and the groups with a non-zero advantage per step and over the run."""
+    standard error and the prompts it comes from (the first step's groups: with few prompts it is those prompts'
+    rate, not the task's), and the groups with a non-zero advantage per step and over the run."""
     recs = _recs(records)
     first = recs[0] if recs else None
     p0 = first.train_accuracy if first is not None else None
@@ -61,6 +62,7 @@ def signal(records: Any) -> dict[str, Any]:
     return {"step0_success_rate": p0,
             "step0_success_rate_se": proportion_se(p0, n0) if p0 is not None and n0 else None,
             "step0_completions": n0 or None,
+            "step0_prompts": first.groups if first is not None else None,
             "nonzero_advantage_per_step": per_step,
             "groups": groups, "groups_nonzero_advantage": nonzero,
             "nonzero_advantage_share": nonzero / groups if groups else None,

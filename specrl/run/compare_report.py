@@ -78,7 +78,8 @@ def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = No
 
 def reward_signal(ar: Records, sd: Records) -> dict[str, Any]:
     """compare.json's `signal`: each arm's `learning.signal`, and pooled over both arms the step-0 success rate (both
-    arms' first rollouts come from the same untrained policy) and the share of groups with a non-zero advantage."""
+    arms' first rollouts come from the same untrained policy on the same prompts) and the share of groups with a
+    non-zero advantage."""
     arms = {"autoregressive": learning.signal(ar), "speculative": learning.signal(sd)}
     firsts = [a for a in arms.values() if a["step0_success_rate"] is not None and a["step0_completions"]]
     n0 = sum(a["step0_completions"] for a in firsts)
@@ -86,7 +87,9 @@ def reward_signal(ar: Records, sd: Records) -> dict[str, Any]:
     groups = sum(a["groups"] for a in arms.values())
     nonzero = sum(a["groups_nonzero_advantage"] for a in arms.values())
     return {"step0_success_rate": p0, "step0_success_rate_se": learning.proportion_se(p0, n0) if n0 else None,
-            "step0_completions": n0 or None, "groups": groups, "groups_nonzero_advantage": nonzero,
+            "step0_completions": n0 or None,  # both arms drew their first prompts from the same seeded order:
+            "step0_prompts": max((a["step0_prompts"] or 0 for a in firsts), default=0) or None,  # the same prompts
+            "groups": groups, "groups_nonzero_advantage": nonzero,
             "nonzero_advantage_share": nonzero / groups if groups else None, **arms}
 
 
@@ -220,8 +223,10 @@ def _accuracy(validation: Records | None) -> tuple[str, tuple[int, int] | None]:
 def signal_line(sig: dict[str, Any]) -> str:
     """`reward signal: step-0 success rate 0.312 ± 0.082 (32 completions ...); groups with a non-zero advantage ...`"""
     p0, se, n0 = sig.get("step0_success_rate"), sig.get("step0_success_rate_se"), sig.get("step0_completions")
-    first = f"{_f(p0)} ± {_f(se)} ({n0} completions of the untrained policy, both arms' first step)" if p0 is not None \
-        else "n/a"
+    prompts = sig.get("step0_prompts")
+    of = f" of {prompts} prompt{'s' if prompts != 1 else ''}" if prompts else ""
+    first = f"{_f(p0)} ± {_f(se)} ({n0} completions{of} by the untrained policy, both arms' first step)" \
+        if p0 is not None else "n/a"
     per = "; ".join(f"{arm} {sig[arm]['groups_nonzero_advantage']}/{sig[arm]['groups']}"
                     for arm in ARMS if sig.get(arm))
     share = _f(sig.get("nonzero_advantage_share"), ".2f")
