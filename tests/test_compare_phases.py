@@ -1,0 +1,72 @@
+"""tools/compare_phases.py: a compare's speed-ups over ranges of steps, and its refusals of bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from specrl.errors import SpecRLError
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "compare_phases.py"
+
+
+@pytest.fixture(scope="module")
+def cp():
+    spec = importlib.util.spec_from_file_location("compare_phases", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rec(step: int, gen: float, train: float, lengths: list[int], al: float | None, nonzero: int) -> dict:
+    return {"step": step, "reward_mean": 0.5, "reward_std": 0.5, "accuracy": None, "train_accuracy": 0.5,
+            "response_length_mean": sum(lengths) / len(lengths), "response_lengths": lengths,
+            "stage_seconds": {"gen": gen, "train": train}, "step_seconds": gen + train,
+            "gen_share": gen / (gen + train), "acceptance_length": al, "generated_tokens": sum(lengths),
+            "gen_tokens_per_second": sum(lengths) / gen, "groups": 1, "groups_nonzero_advantage": nonzero}
+
+
+def _run(tmp_path: Path, ar: list[dict], sd: list[dict]) -> Path:
+    for arm, recs in (("autoregressive", ar), ("speculative", sd)):
+        (tmp_path / arm).mkdir(parents=True)
+        (tmp_path / arm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return tmp_path
+
+
+def test_rows_are_compare_summary_over_each_range(cp, tmp_path, capsys):
+    # steps 1-2: both arms 100-token replies, speculative generation 2x faster; steps 3-4: AR replies shrink to 10
+    ar = [_rec(1, 8.0, 4.0, [100, 100], None, 1), _rec(2, 8.0, 4.0, [100, 100], None, 1),
+          _rec(3, 1.0, 3.0, [10, 10], None, 0), _rec(4, 1.0, 3.0, [10, 10], None, 0)]
+    sd = [_rec(1, 4.0, 4.0, [100, 100], 2.0, 1), _rec(2, 4.0, 4.0, [100, 100], 3.0, 0),
+          _rec(3, 4.0, 4.0, [100, 100], 2.0, 1), _rec(4, 4.0, 4.0, [100, 100], 3.0, 1)]
+    run = _run(tmp_path, ar, sd)
+    cp.main([str(run), "--ranges", "1-2,3-4,1-4"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| steps | gen ×/step | gen ×/token |") and len(out) == 5
+    assert out[2] == "| 1–2 | 2.00 | 2.00 | 1.50 | 1.50 | 2.50 | 0.67 | 100; 100 tokens | 3 of 4 |"
+    # AR 2 s of gen for 40 tokens (20 tok/s) vs spec 8 s for 400 (50 tok/s): 2.5x per token, 0.25x per step
+    assert out[3] == "| 3–4 | 0.25 | 2.50 | 0.50 | 5.00 | 2.50 | 0.25 | 10; 100 tokens | 2 of 4 |"
+    assert out[4].startswith("| 1–4 | 1.12 | ") and "| 55; 100 tokens | 5 of 8 |" in out[4]
+    cp.main([str(run)])  # default: every step both arms completed
+    assert capsys.readouterr().out.splitlines()[2].startswith("| 1–4 | 1.12 |")
+
+
+@pytest.mark.parametrize("ranges", ["5-x", "0-3", "4-2", "3", ""])
+def test_a_bad_range_is_refused_with_an_example(cp, ranges):
+    with pytest.raises(SpecRLError, match=r"not a range of steps FIRST-LAST.*e\.g\. --ranges 1-60"):
+        cp.parse_ranges(ranges)
+
+
+def test_a_range_past_the_arms_last_step_or_a_missing_arm_is_refused(cp, tmp_path):
+    ar = [_rec(s, 8.0, 4.0, [100], None, 1) for s in (1, 2, 3)]
+    sd = [_rec(s, 4.0, 4.0, [100], 2.0, 1) for s in (1, 2)]  # killed one step behind
+    run = _run(tmp_path / "run", ar, sd)
+    with pytest.raises(SystemExit, match=r"completed steps up to 3 \(autoregressive\) and 2 \(speculative\)"):
+        cp.main([str(run), "--ranges", "1-3"])
+    with pytest.raises(SystemExit, match=r"speculative/metrics\.jsonl does not exist: pass the directory of a "
+                                         r"compare"):
+        (run / "speculative" / "metrics.jsonl").unlink()
+        cp.main([str(run)])
