@@ -46,12 +46,25 @@ def test_rows_are_compare_summary_over_each_range(cp, tmp_path, capsys):
     cp.main([str(run), "--ranges", "1-2,3-4,1-4"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| steps | gen ×/step | gen ×/token |") and len(out) == 5
-    assert out[2] == "| 1–2 | 2.00 | 2.00 | 1.50 | 1.50 | 2.50 | 0.67 | 100; 100 tokens | 3 of 4 |"
+    # no batch traces in these records: no estimate on the autoregressive arm's work
+    assert out[2] == "| 1–2 | 2.00 | 2.00 | 1.50 | 1.50 | 2.50 | 0.67 | 100; 100 tokens | 3 of 4 | n/a | n/a |"
     # AR 2 s of gen for 40 tokens (20 tok/s) vs spec 8 s for 400 (50 tok/s): 2.5x per token, 0.25x per step
-    assert out[3] == "| 3–4 | 0.25 | 2.50 | 0.50 | 5.00 | 2.50 | 0.25 | 10; 100 tokens | 2 of 4 |"
+    assert out[3] == "| 3–4 | 0.25 | 2.50 | 0.50 | 5.00 | 2.50 | 0.25 | 10; 100 tokens | 2 of 4 | n/a | n/a |"
     assert out[4].startswith("| 1–4 | 1.12 | ") and "| 55; 100 tokens | 5 of 8 |" in out[4]
     cp.main([str(run)])  # default: every step both arms completed
     assert capsys.readouterr().out.splitlines()[2].startswith("| 1–4 | 1.12 |")
+
+
+def test_the_last_columns_are_the_estimate_on_the_autoregressive_arms_work(cp, tmp_path, capsys):
+    from specrl.run.compare_report import compare_summary
+
+    ar = [{**_rec(1, 3.0, 1.0, [4, 4], None, 1), "batch_trace": [[0.5 * (i + 1), 2, 0, 2] for i in range(6)]}]
+    sd = [{**_rec(1, 3.0, 1.0, [12, 12], 3.0, 1), "batch_trace": [[0.25 * (i + 1), 2, 3, 2] for i in range(12)]}]
+    run = _run(tmp_path, ar, sd)
+    s = compare_summary(ar, sd)
+    assert s["gen_speedup_ar_work"] == pytest.approx(3.0 / 1.5) and s["step_speedup_ar_work"] == pytest.approx(4 / 2.5)
+    cp.main([str(run)])
+    assert capsys.readouterr().out.splitlines()[2].endswith("| 2.00 | 1.60 |")
 
 
 @pytest.mark.parametrize("ranges", ["5-x", "0-3", "4-2", "3", ""])

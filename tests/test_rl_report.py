@@ -136,6 +136,30 @@ def test_compare_phase_speedups_by_active_batch():
     assert compare_summary([record(1)], [record(1, al=2.0)])["phase_speedup_min"] is None  # no traces
 
 
+def test_speedup_on_the_autoregressive_arms_work():
+    from specrl.run.compare_report import headline
+    # AR decodes 2 s with 2 sequences active and 1 s with 1; speculative decodes twice as fast at n=2 and at the
+    # same speed at n=1, with replies three times as long (its tokens/s favour it: the batch stays full)
+    ar_trace = [[0.5 * (i + 1), 2, 0, 2] for i in range(4)] + [[2.0 + 0.5 * (i + 1), 1, 0, 1] for i in range(2)]
+    sd_trace = [[0.25 * (i + 1), 2, 3, 2] for i in range(24)] + [[6.0 + 0.5 * (i + 1), 1, 3, 1] for i in range(2)]
+    ar = [{**record(1, gen=3.2), "batch_trace": ar_trace, "generated_tokens": 10}]
+    sd = [{**record(1, gen=7.2, al=2.0), "batch_trace": sd_trace, "generated_tokens": 50}]
+    s = compare_summary(ar, sd)
+    assert s["phase_speedups"] == {2: pytest.approx(2.0), 1: pytest.approx(1.0)}
+    # the AR arm's 2 s at n=2 would take 1 s: gen 3.2 -> 2.2 s, step 4.81 -> 3.81 s
+    assert s["gen_speedup_ar_work"] == pytest.approx(3.2 / 2.2)
+    assert s["step_speedup_ar_work"] == pytest.approx(4.81 / 3.81)
+    assert s["gen_speedup"] == pytest.approx(3.2 / 7.2) and s["gen_throughput_speedup"] == pytest.approx(
+        (50 / 7.2) / (10 / 3.2))
+    lines = headline({**s, "verify": "rejection"})
+    assert figures(lead(lines, "generation speed-up: "))[-1] == f"{3.2 / 2.2:.2f}"
+    assert lead(lines, "RL step speed-up: ").endswith(f"on the autoregressive arm's work {4.81 / 3.81:.2f}×")
+    assert "autoregressive arm's work" not in " ".join(headline({**s, "verify": "seed_exact"}))  # same tokens
+    no_trace = compare_summary([record(1)], [record(1, al=2.0)])
+    assert no_trace["gen_speedup_ar_work"] is None and no_trace["step_speedup_ar_work"] is None
+    assert "autoregressive arm's work" not in " ".join(headline({**no_trace, "verify": "rejection"}))
+
+
 def test_progress_rich_panel_renders():
     import io
 

@@ -7,6 +7,12 @@ of steps given, and prints one markdown row per range with `specrl.run.compare_r
 generation and RL-step speed-ups per step and per generated token, the speculative arm's mean AL, the
 autoregressive arm's generation share R, each arm's mean reply and the groups with a non-zero advantage.
 
+Once the arms' replies differ in length, neither per-step nor per-token ratios compare the same work (a step of
+10-token replies is mostly fixed costs; one of 250-token replies mostly decoding). The last two columns do
+(`compare_report.on_autoregressive_work`): the autoregressive arm's own steps with each decode phase (active batch
+size n) at the speculative arm's measured decode speed there, from both arms' batch traces. It is an estimate from
+measured rates, and it takes the speculative arm's acceptance on its own replies to hold on the other arm's.
+
     .venv/bin/python tools/compare_phases.py runs/overlay --ranges 1-60,1-10,11-30,31-60
 """
 
@@ -24,7 +30,7 @@ from specrl.observability.step_record import read_records  # noqa: E402
 from specrl.run.compare_report import ARMS, compare_summary  # noqa: E402
 
 HEADER = ("| steps | gen ×/step | gen ×/token | step ×/step | step ×/token | AL | R | mean reply (AR; spec) | "
-          "groups with signal |\n|---|---|---|---|---|---|---|---|---|")
+          "groups with signal | gen ×, AR's work | step ×, AR's work |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def parse_ranges(text: str) -> list[tuple[int, int]]:
@@ -73,7 +79,8 @@ def row(recs: dict[str, list], first: int, last: int) -> str:
     steps = f"{first}–{last}" if first != last else str(first)
     return (f"| {steps} | {_x(s['gen_speedup'])} | {_x(s['gen_throughput_speedup'])} | {_x(s['step_speedup'])} | "
             f"{_x(s['step_per_token_speedup'])} | {_x(s['acceptance_length'])} | {_x(s['gen_share'])} | "
-            f"{reply[0]:.0f}; {reply[1]:.0f} tokens | {sig['groups_nonzero_advantage']} of {sig['groups']} |")
+            f"{reply[0]:.0f}; {reply[1]:.0f} tokens | {sig['groups_nonzero_advantage']} of {sig['groups']} | "
+            f"{_x(s['gen_speedup_ar_work'])} | {_x(s['step_speedup_ar_work'])} |")
 
 
 def main(argv: list[str] | None = None) -> None:

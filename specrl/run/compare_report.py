@@ -43,8 +43,9 @@ def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = No
     gen_speedup = sa["gen_seconds"] / ss["gen_seconds"] if n and ss["gen_seconds"] > 0 else None
     step_speedup = sa["step_seconds"] / ss["step_seconds"] if n and ss["step_seconds"] > 0 else None
     # generated tokens per gen second, speculative ÷ autoregressive: equal to gen_speedup when both arms generated
-    # the same tokens (seed_exact), and the fair number when they did not (rejection, or seed_exact runs that
-    # parted: then the arms' rollouts differ in length and gen time alone compares different work)
+    # the same tokens (seed_exact). When they did not (rejection, or seed_exact runs that parted), gen time alone
+    # compares different work, and so does this: an arm with longer replies keeps its batch full, where tokens/s is
+    # highest. `on_autoregressive_work` compares the same work.
     tps = [x["generated_tokens"] / x["gen_seconds"] if x["gen_seconds"] > 0 else None for x in (sa, ss)] \
         if n else [None, None]
     out = {
@@ -71,6 +72,7 @@ def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = No
     out["cold_warm"] = cold_warm.cold_warm_split(ar, sd)
     phases = phase_speedups(ar, sd)
     out["phase_speedups"] = phases
+    out["gen_speedup_ar_work"], out["step_speedup_ar_work"] = on_autoregressive_work(ar, sd)
     out["phase_speedup_min"] = min(phases.values()) if phases else None
     out.update(checks or {})
     return out
@@ -129,6 +131,25 @@ def phase_speedups(ar: Records, sd: Records) -> dict[int, float]:
     return out
 
 
+def on_autoregressive_work(ar: Records, sd: Records) -> tuple[float | None, float | None]:
+    """(generation, step) speed-up on the autoregressive arm's own work: its steps with each decode phase (active
+    batch size n) at the speculative arm's measured decode speed there (`phase_speedups`; a phase the speculative
+    arm did not run, prefill and training unchanged). Once the arms' replies differ in length this compares the same
+    work, which per step and per token do not (long replies keep the batch full, where tokens/s is highest). An
+    estimate from measured rates: it takes the speculative arm's acceptance to hold on the other arm's replies."""
+    from specrl.rollout.generation_metrics import phase_rates
+
+    g = phase_speedups(ar, sd)
+    ar = _records(ar)
+    if not g or not ar:
+        return None, None
+    saved = sum(sec * (1.0 - 1.0 / g[n]) for r in ar for n, (_, sec) in phase_rates(r.batch_trace or []).items()
+                if n in g)
+    gen = sum(float(r.stage_seconds.get("gen", 0.0)) for r in ar)
+    step = sum(float(r.step_seconds) for r in ar)
+    return (gen / (gen - saved) if gen > saved else None), (step / (step - saved) if step > saved else None)
+
+
 def full_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = None,
                  certificate: dict[str, Any] | None = None, validation: dict[str, Records] | None = None
                  ) -> dict[str, Any]:
@@ -166,6 +187,8 @@ def write_compare(out_dir: str | Path, ar: Records, sd: Records,
         f"| gen throughput speedup (generated tokens per gen second, SD ÷ AR) | "
         f"{_f(summary['gen_throughput_speedup'], '.2f')}× |",
         f"| step speedup | {_f(summary['step_speedup'], '.2f')}× |",
+        f"| on the AR arm's work: gen / step speedup (its decode phases at SD's speed per active batch size) | "
+        f"{_f(summary.get('gen_speedup_ar_work'), '.2f')}× / {_f(summary.get('step_speedup_ar_work'), '.2f')}× |",
         f"| gen share R_gen (autoregressive run) | {_f(summary['gen_share'], '.2f')} |",
         f"| mean acceptance length AL | {_f(summary['acceptance_length'], '.2f')} |",
         f"| bound 1/(R_gen/AL + 1 − R_gen) | {_f(summary['bound'], '.2f')}× |",
@@ -282,15 +305,22 @@ def headline(summary: dict[str, Any], validation: dict[str, Records] | None = No
                                         for arm in (sa, ss))
     gen = (f"generation speed-up: {_f(summary['gen_speedup'], '.2f')}× ({ar_gen} s autoregressive / {sd_gen} s "
            "speculative per step)")
-    if parted is not None or summary.get("verify") not in (None, "seed_exact"):  # the arms' tokens differ
-        gen += (f"; generated tokens per generation second {_f(summary['gen_throughput_speedup'], '.2f')}× (the fair "
-                "figure once the arms generate different tokens)")
+    differ = parted is not None or summary.get("verify") not in (None, "seed_exact")  # the arms' tokens differ
+    work = {k: summary.get(f"{k}_speedup_ar_work") for k in ("gen", "step")}
+    on_work = {k: f"; on the autoregressive arm's work {_f(v, '.2f')}×" if differ and v is not None else ""
+               for k, v in work.items()}
+    if differ:
+        gen += (f"; generated tokens per generation second {_f(summary['gen_throughput_speedup'], '.2f')}× (it "
+                f"favours the arm with longer replies, which keep the batch full){on_work['gen']}")
+        if work["gen"] is not None:
+            gen += (" (its decode phases at the speculative arm's speed per active batch size: the same work once "
+                    "the arms' replies differ)")
     lines.append(gen)
     step = summary["step_speedup"]
     verdict = "" if step is None or step >= 1.0 else "; speculation is slower than plain decoding here"
     per_tok = summary.get("step_per_token_speedup")
     lines.append(f"RL step speed-up: {_f(step, '.2f')}× ({ar_step} s / {sd_step} s per step, validation not "
-                 f"counted{verdict}); per generated token {_f(per_tok, '.2f')}×")
+                 f"counted{verdict}); per generated token {_f(per_tok, '.2f')}×{on_work['step']}")
     if summary.get("certificate") is not None:
         from specrl.run.certificate import line as certificate_line
 
