@@ -6,7 +6,7 @@ with the run's own sampling settings (temperature, top-p, max_new_tokens, seed) 
 decoding by default (speculation leaves the distribution unchanged), scores them with the task's reward, and reports:
 the success rate (share of completions the scorer gives full marks) with its binomial standard error, the share of
 groups whose rewards are not all equal (the groups with a non-zero GRPO advantage: the others give no gradient),
-mean response length and the share cut at max_new_tokens. A candidate that sets `speculative.drafter` samples with
+mean response length and the share cut at max_new_tokens (each completion's length in the JSON). A candidate that sets `speculative.drafter` samples with
 that drafter instead, so the same prompts and seed measured under plain and speculative decoding test, at the level
 of rewards, that speculation leaves the distribution unchanged. Nothing here is timed, so the figures hold on a busy
 machine; `--threads 1` keeps them reproducible. Output: one table row per candidate, and JSON with `--json`.
@@ -71,7 +71,8 @@ def measure(config: str, sets: list[str], prompts: int, group: int, batch_size: 
             "task": t.name, "difficulty": t.difficulty, "options": dict(t.options), "answer_format": t.answer_format,
             "temperature": cfg.generation.temperature, "max_new_tokens": cfg.generation.max_new_tokens,
             "rollout_dtype": cfg.model.rollout_dtype, "response_length_mean": sum(lengths) / len(lengths),
-            "truncated_share": sum(o.finish_reason == "length" for o in outs) / len(outs)}
+            "truncated_share": sum(o.finish_reason == "length" for o in outs) / len(outs),
+            "response_lengths": lengths}
 
 
 def main(argv: list[str] | None = None) -> int:
