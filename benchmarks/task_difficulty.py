@@ -3,13 +3,14 @@
 For each candidate (a config plus `--set` overrides, e.g. another task difficulty or answer format) it samples
 `--group` completions for each of `--prompts` held-out prompts (the validation split, which training never sees)
 with the run's own sampling settings (temperature, top-p, max_new_tokens, seed) on the native engine with plain
-decoding by default (speculation leaves the distribution unchanged), scores them with the task's reward, and reports:
-the success rate (share of completions the scorer gives full marks) with its binomial standard error, the share of
-groups whose rewards are not all equal (the groups with a non-zero GRPO advantage: the others give no gradient),
-mean response length and the share cut at max_new_tokens (each completion's length in the JSON). A candidate that sets `speculative.drafter` samples with
-that drafter instead, so the same prompts and seed measured under plain and speculative decoding test, at the level
-of rewards, that speculation leaves the distribution unchanged. Nothing here is timed, so the figures hold on a busy
-machine; `--threads 1` keeps them reproducible. Output: one table row per candidate, and JSON with `--json`.
+decoding by default (speculation leaves the distribution unchanged), scores them with the task's reward, and
+reports: the success rate (share of completions the scorer gives full marks) with its binomial standard error, the
+share of groups whose rewards are not all equal (the groups with a non-zero GRPO advantage: the others give no
+gradient), mean response length and the share cut at max_new_tokens (each completion's length in the JSON). A
+candidate that sets `speculative.drafter` samples with that drafter instead, so the same prompts and seed measured
+under plain and speculative decoding test, at the level of rewards, that speculation leaves the distribution
+unchanged. Nothing here is timed, so the figures hold on a busy machine; `--threads 1` keeps them reproducible.
+Output: one table row per candidate, and JSON with `--json`.
 
     .venv/bin/python benchmarks/task_difficulty.py --config examples/default.yaml --prompts 16 --group 8 \
         --candidate easy: --candidate single:task.difficulty=single_digit --threads 1

@@ -142,6 +142,6 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
                           "because GEMM kernels round B "
                           "and B*(k+1) rows differently; a uniform that falls within that rounding of a CDF boundary "
                           "picks another token and the runs part (float32 makes it rarer, not impossible). The "
-                          "sampled distribution is exact either way; for runs that parted, compare.md's speed-up on the "
-                          "autoregressive arm's work compares the same work")
+                          "sampled distribution is exact either way; for runs that parted, compare.md's speed-up on "
+                          "the autoregressive arm's work compares the same work")
     return run_dir
