@@ -15,6 +15,8 @@ import re
 import tokenize
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 STARTS = re.compile(r"\bray\.init\(|\bstart_local_ray\(|\bcluster_utils\b|\btorchrun\b|\bLearnerGroup\(|"
                     r"\blocal_ray\b|\bkill_tree\(|\bmem\.measure\(")
@@ -68,3 +70,30 @@ def test_every_test_that_starts_ray_or_meeting_processes_is_marked_serial():
     bad = {name: lines for name, lines in found.items() if lines}
     assert not bad, ("these start Ray or meeting processes without @pytest.mark.serial (or the module's "
                      f"`pytestmark = pytest.mark.serial`): {bad}")
+
+
+def _pytest_on(tmp_path: Path, body: str, worker: str | None) -> tuple[int, str]:
+    """Run pytest with this suite's conftest (as a plugin) and ini on one test file written to tmp_path."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "test_probe.py").write_text("import pytest\n\n\n" + body)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    if worker:
+        env["PYTEST_XDIST_WORKER"] = worker
+    root = TESTS.parent
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                        "-c", str(root / "pyproject.toml"), "--rootdir", str(root), str(tmp_path / "test_probe.py")],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_conftest_refuses_a_serial_test_on_a_worker_and_local_ray_unmarked(tmp_path):
+    marked = "@pytest.mark.serial\ndef test_a():\n    pass\n"
+    code, out = _pytest_on(tmp_path, marked, "gw0")
+    assert code == pytest.ExitCode.USAGE_ERROR and "::test_a" in out and "-m serial" in out
+    code, out = _pytest_on(tmp_path, marked, None)  # the serial pass, not on a worker: it runs
+    assert code == pytest.ExitCode.OK, out
+    code, out = _pytest_on(tmp_path, "def test_b(local_ray):\n    pass\n", None)
+    assert code == pytest.ExitCode.USAGE_ERROR and "::test_b" in out and "local_ray" in out
