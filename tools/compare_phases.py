@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specrl.errors import SpecRLError  # noqa: E402
+from specrl.observability.run_report import _f  # noqa: E402
 from specrl.observability.step_record import read_records  # noqa: E402
 from specrl.run.compare_report import ARMS, compare_summary  # noqa: E402
 
@@ -56,10 +57,6 @@ def arm_records(run: Path) -> dict[str, list]:
     return recs
 
 
-def _x(v: float | None, fmt: str = ".2f") -> str:
-    return "n/a" if v is None else format(v, fmt)
-
-
 def row(recs: dict[str, list], first: int, last: int) -> str:
     """One table row over steps first..last, both arms."""
     ends = {arm: max((r.step for r in rs), default=0) for arm, rs in recs.items()}
@@ -77,10 +74,11 @@ def row(recs: dict[str, list], first: int, last: int) -> str:
              for a in ARMS]
     sig = s["signal"]
     steps = f"{first}–{last}" if first != last else str(first)
-    return (f"| {steps} | {_x(s['gen_speedup'])} | {_x(s['gen_throughput_speedup'])} | {_x(s['step_speedup'])} | "
-            f"{_x(s['step_per_token_speedup'])} | {_x(s['acceptance_length'])} | {_x(s['gen_share'])} | "
-            f"{reply[0]:.0f}; {reply[1]:.0f} tokens | {sig['groups_nonzero_advantage']} of {sig['groups']} | "
-            f"{_x(s['gen_speedup_ar_work'])} | {_x(s['step_speedup_ar_work'])} |")
+    figs = " | ".join(_f(s[k], ".2f") for k in ("gen_speedup", "gen_throughput_speedup", "step_speedup",
+                                                 "step_per_token_speedup", "acceptance_length", "gen_share"))
+    work = " | ".join(_f(s[k], ".2f") for k in ("gen_speedup_ar_work", "step_speedup_ar_work"))
+    return (f"| {steps} | {figs} | {reply[0]:.0f}; {reply[1]:.0f} tokens | "
+            f"{sig['groups_nonzero_advantage']} of {sig['groups']} | {work} |")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -72,7 +72,7 @@ def compare_summary(ar: Records, sd: Records, checks: dict[str, Any] | None = No
     out["cold_warm"] = cold_warm.cold_warm_split(ar, sd)
     phases = phase_speedups(ar, sd)
     out["phase_speedups"] = phases
-    out["gen_speedup_ar_work"], out["step_speedup_ar_work"] = on_autoregressive_work(ar, sd)
+    out["gen_speedup_ar_work"], out["step_speedup_ar_work"] = on_autoregressive_work(ar, sd, phases)
     out["phase_speedup_min"] = min(phases.values()) if phases else None
     out.update(checks or {})
     return out
@@ -131,15 +131,17 @@ def phase_speedups(ar: Records, sd: Records) -> dict[int, float]:
     return out
 
 
-def on_autoregressive_work(ar: Records, sd: Records) -> tuple[float | None, float | None]:
+def on_autoregressive_work(ar: Records, sd: Records, phases: dict[int, float] | None = None
+                           ) -> tuple[float | None, float | None]:
     """(generation, step) speed-up on the autoregressive arm's own work: its steps with each decode phase (active
     batch size n) at the speculative arm's measured decode speed there (`phase_speedups`; a phase the speculative
     arm did not run, prefill and training unchanged). Once the arms' replies differ in length this compares the same
     work, which per step and per token do not (long replies keep the batch full, where tokens/s is highest). An
-    estimate from measured rates: it takes the speculative arm's acceptance to hold on the other arm's replies."""
+    estimate from measured rates: it takes the speculative arm's acceptance to hold on the other arm's replies.
+    `phases`: `phase_speedups(ar, sd)` where the caller has it."""
     from specrl.rollout.generation_metrics import phase_rates
 
-    g = phase_speedups(ar, sd)
+    g = phase_speedups(ar, sd) if phases is None else phases
     ar = _records(ar)
     if not g or not ar:
         return None, None
