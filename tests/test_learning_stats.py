@@ -86,3 +86,31 @@ def test_final_equivalence_uses_the_last_evaluation_of_each_arm():
 def test_proportion_se_rejects_bad_input():
     with pytest.raises(SpecRLError, match=r"n >= 1.*\bn=0\b"):
         learning.proportion_se(0.5, 0)
+
+
+def test_tost_runs_matches_scipy_welch_tests():
+    from scipy.stats import ttest_ind
+
+    a, b, m = [0.64, 0.82, 0.71, 0.77], [0.91, 0.70, 0.85], 0.15
+    t = learning.tost_runs(a, b, margin=m)
+    lower = ttest_ind([x + m for x in a], b, equal_var=False, alternative="greater").pvalue
+    upper = ttest_ind([x - m for x in a], b, equal_var=False, alternative="less").pvalue
+    assert t["p_value"] == pytest.approx(max(lower, upper), rel=1e-9)
+    assert t["difference_p_value"] == pytest.approx(ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
+    assert (t["n_a"], t["n_b"]) == (4, 3) and t["difference"] == pytest.approx(sum(a) / 4 - sum(b) / 3)
+    assert not t["equivalent"]  # 3-4 runs this far apart cannot show equivalence within 15 points
+    close = learning.tost_runs([0.80, 0.82, 0.81, 0.79], [0.81, 0.80, 0.83, 0.80], margin=m)
+    assert close["equivalent"] and close["difference_p_value"] > 0.3 and -m < close["ci"][0] < close["ci"][1] < m
+    # no spread at all: the difference is exact
+    assert learning.tost_runs([0.5, 0.5], [0.5, 0.5])["equivalent"]
+    apart = learning.tost_runs([0.9, 0.9], [0.5, 0.5])
+    assert not apart["equivalent"] and apart["difference_p_value"] == 0.0
+
+
+def test_tost_runs_rejects_bad_input():
+    with pytest.raises(SpecRLError, match=r"got 1 and 3"):
+        learning.tost_runs([0.5], [0.5, 0.6, 0.7])
+    with pytest.raises(SpecRLError, match=r"accuracies in \[0, 1\]"):
+        learning.tost_runs([0.5, 1.5], [0.5, 0.6])
+    with pytest.raises(SpecRLError, match="0 < margin < 1"):
+        learning.tost_runs([0.5, 0.6], [0.5, 0.6], margin=1.5)

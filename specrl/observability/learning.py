@@ -8,8 +8,11 @@ the groups with a non-zero GRPO advantage, per step and over the run (a group wh
 gradient); `accuracy_points` held-out accuracy at each evaluation with its binomial standard error, and
 `learning_line` the first and last of them; `tost_two_proportions` the two one-sided tests (TOST, normal
 approximation with unpooled standard error) that two proportions differ by less than a margin, which the overlay
-run applies to the arms' final held-out accuracies. compare.json carries these dicts; the plots are
-`specrl.observability.compare_plots`'.
+run applies to the arms' final held-out accuracies. That test covers the held-out questions' sampling only: it asks
+whether two trained policies score alike, not whether training runs of the two arms end alike, which also varies
+with the run's own samples. `tost_runs` tests that: Welch's TOST on the final accuracies of several training runs
+(seeds) per arm, so the spread between runs is in the standard error. compare.json carries these dicts; the plots
+are `specrl.observability.compare_plots`'.
 """
 
 from __future__ import annotations
@@ -141,3 +144,38 @@ def final_equivalence(validation: dict[str, Any], default_n: int | None = None) 
     s, a = last["speculative"], last["autoregressive"]
     out = tost_two_proportions(round(s["accuracy"] * s["n"]), s["n"], round(a["accuracy"] * a["n"]), a["n"])
     return {**out, "step": s["step"], "arms": ["speculative", "autoregressive"]}
+
+
+def tost_runs(a: list[float], b: list[float], margin: float = EQUIVALENCE_MARGIN,
+              alpha: float = EQUIVALENCE_ALPHA) -> dict[str, Any]:
+    """Welch's two one-sided t-tests that the mean final accuracies of two arms' training runs (one value per run,
+    e.g. per seed) differ by less than `margin`, with the spread between runs as the noise; `equivalent` when the
+    (1 − 2·alpha) interval of mean(a) − mean(b) lies inside (−margin, margin). Also Welch's two-sided t-test of a
+    difference (`difference_p_value`): a small one is evidence that the arms learn differently."""
+    from scipy.stats import t as student_t
+
+    if len(a) < 2 or len(b) < 2:
+        raise SpecRLError(f"TOST over training runs needs at least 2 runs per arm (a spread between runs), got "
+                          f"{len(a)} and {len(b)}: run the compare with more seeds")
+    if not all(0.0 <= x <= 1.0 for x in [*a, *b]):
+        raise SpecRLError(f"TOST over training runs takes accuracies in [0, 1], got {a} and {b}")
+    if not 0 < margin < 1 or not 0 < alpha < 0.5:
+        raise SpecRLError(f"TOST needs 0 < margin < 1 and 0 < alpha < 0.5, got margin {margin}, alpha {alpha}")
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1)
+    diff = ma - mb
+    se = math.sqrt(va / len(a) + vb / len(b))
+    if se == 0.0:  # every run of both arms ended at its arm's value: the difference is exact
+        df, p_value, p_diff, lo, hi = math.inf, (0.0 if abs(diff) < margin else 1.0), float(diff == 0.0), diff, diff
+    else:
+        terms = [v / n for v, n in ((va, len(a)), (vb, len(b)))]
+        df = se ** 4 / sum(x * x / (n - 1) for x, n in zip(terms, (len(a), len(b)), strict=True) if x > 0)
+        p_value = max(float(student_t.sf((diff + margin) / se, df)), float(student_t.cdf((diff - margin) / se, df)))
+        p_diff = float(2 * student_t.sf(abs(diff) / se, df))
+        q = float(student_t.ppf(1 - alpha, df))
+        lo, hi = diff - q * se, diff + q * se
+    return {"test": "Welch TOST over training runs (t, unequal variances)", "margin": margin, "alpha": alpha,
+            "mean_a": ma, "sd_a": math.sqrt(va), "n_a": len(a), "mean_b": mb, "sd_b": math.sqrt(vb), "n_b": len(b),
+            "difference": diff, "se": se, "df": df, "ci": [lo, hi], "ci_level": 1 - 2 * alpha, "p_value": p_value,
+            "equivalent": p_value < alpha, "difference_p_value": p_diff}

@@ -278,7 +278,8 @@ def _learning_detail(lrn: dict[str, Any] | None, same_weights: bool = False) -> 
         out += "; the final policies are the same weights (identical after every step), so their accuracies are equal"
     elif eq:
         out += (f"; final accuracies {'equivalent' if eq['equivalent'] else 'not shown equivalent'} within "
-                f"±{eq['margin']:.2f} (TOST, p = {eq['p_value']:.3f})")
+                f"±{eq['margin']:.2f} (TOST over the held-out questions, p = {eq['p_value']:.3f}; one training run "
+                "per arm: tools/overlay_seeds.py tests over seeds)")
     return out
 
 

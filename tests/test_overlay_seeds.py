@@ -1,0 +1,89 @@
+"""tools/overlay_seeds.py: several compares (one per run.seed) read together, and its refusals of bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specrl.errors import SpecRLError
+from specrl.observability.learning import tost_runs
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "overlay_seeds.py"
+
+
+@pytest.fixture(scope="module")
+def os_tool():
+    spec = importlib.util.spec_from_file_location("overlay_seeds", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _compare(root: Path, name: str, seed: int, acc: dict[str, dict[int, float]], seeds: dict | None = None) -> Path:
+    run = root / name
+    for arm, points in acc.items():
+        d = run / arm
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(yaml.safe_dump({"run": {"seed": (seeds or {}).get(arm, seed)}}))
+        (d / "validation.jsonl").write_text("".join(
+            json.dumps({"step": s, "accuracy": a, "val_questions": 100}) + "\n" for s, a in points.items()))
+        (d / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "reward_mean": a, "reward_std": 0.4, "response_lengths": [9] * 8}) + "\n"
+            for s, a in points.items() if s > 0))
+    return run
+
+
+def _three(tmp_path: Path) -> list[Path]:
+    finals = {0: (0.64, 0.91), 1: (0.85, 0.80), 2: (0.75, 0.70)}
+    return [_compare(tmp_path, f"s{s}", s, {"speculative": {0: 0.18, 30: 0.5, 60: sp},
+                                              "autoregressive": {0: 0.18, 30: 0.6, 60: ar}})
+            for s, (sp, ar) in finals.items()]
+
+
+def test_table_is_each_runs_final_accuracies_and_welch_tost_over_runs(os_tool, tmp_path, capsys):
+    runs = _three(tmp_path)
+    png = tmp_path / "seeds.png"
+    assert os_tool.main([*map(str, runs), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = [[c.strip() for c in x.strip().strip("|").split("|")] for x in out.splitlines() if x.startswith("| ")]
+    assert rows[0] == ["run", "seed", "speculative", "autoregressive", "difference"]
+    assert [r[1:] for r in rows[1:]] == [["0", "0.640 ± 0.048", "0.910 ± 0.029", "-0.270"],
+                                         ["1", "0.850 ± 0.036", "0.800 ± 0.040", "+0.050"],
+                                         ["2", "0.750 ± 0.043", "0.700 ± 0.046", "+0.050"]]
+    t = tost_runs([0.64, 0.85, 0.75], [0.91, 0.80, 0.70])
+    assert f"p = {t['p_value']:.3f}" in out and f"p = {t['difference_p_value']:.3f}" in out
+    assert png.stat().st_size > 10_000
+    assert os_tool.pick_step([os_tool.read_run(r) for r in runs], None) == 60
+    # an earlier evaluation, chosen
+    os_tool.main([*map(str, runs), "--step", "30"])
+    assert "0.500 ± 0.050" in capsys.readouterr().out
+
+
+def test_refuses_repeated_seeds_unfinished_runs_and_unknown_steps(os_tool, tmp_path):
+    runs = _three(tmp_path)
+    again = _compare(tmp_path / "b", "again", 1, {"speculative": {0: 0.2, 60: 0.5},
+                                                  "autoregressive": {0: 0.2, 60: 0.5}})
+    with pytest.raises(SpecRLError, match=r"share a run\.seed"):
+        os_tool.main([*map(str, runs), str(again)])
+    short = _compare(tmp_path / "c", "short", 7, {"speculative": {0: 0.2, 30: 0.5},
+                                                   "autoregressive": {0: 0.2, 30: 0.5}})
+    with pytest.raises(SpecRLError, match=r"one of \[0, 30\]"):
+        os_tool.main([*map(str, runs), str(short)])
+    os_tool.main([*map(str, runs), str(short), "--step", "30"])  # the step all of them reached
+    with pytest.raises(SpecRLError, match=r"steps: \[0, 30, 60\]"):
+        os_tool.main([*map(str, runs), "--step", "45"])
+    with pytest.raises(SpecRLError, match="at least 2 runs"):
+        os_tool.main([str(runs[0])])
+
+
+def test_refuses_a_directory_that_is_not_one_compare(os_tool, tmp_path):
+    with pytest.raises(SpecRLError, match=r"no validation\.jsonl"):
+        os_tool.main([str(tmp_path / "missing"), str(tmp_path / "missing2")])
+    mixed = _compare(tmp_path, "mixed", 3, {"speculative": {0: 0.2, 60: 0.5}, "autoregressive": {0: 0.2, 60: 0.5}},
+                     seeds={"autoregressive": 4})
+    with pytest.raises(SpecRLError, match=r"seed \(3 and 4\)"):
+        os_tool.main([str(mixed), str(mixed)])

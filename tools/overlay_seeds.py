@@ -1,0 +1,163 @@
+"""Several overlay runs (the same compare with different `run.seed`) read together: does speculation change what
+is learned, with the spread between training runs counted?
+
+One compare's TOST (compare.json, `learning.final_equivalence`) asks whether the two final policies score alike on
+the held-out questions; its standard error is the questions' sampling only. Two GRPO runs of the same arm with
+different samples can end far apart (a few prompts per step, a policy that finds short answers at step 10 or at
+step 40), so a gap between one pair of arms is not evidence about the decoder. This reads the compares RUN... (each
+holds autoregressive/ and speculative/ with `validation.jsonl`, `metrics.jsonl` and `config.yaml`), takes each
+arm's held-out accuracy at one evaluation step (the last one all runs reached, or --step), and prints a markdown
+table: per run its seed and both arms' accuracies, then each arm's mean and spread over runs against the mean
+binomial SE of one evaluation, and `learning.tost_runs`: Welch's TOST of the arms' mean final accuracies with the
+spread between runs as the noise, and Welch's test of a difference. `--plot PATH` draws both arms' reward (a
+5-step moving mean) and held-out accuracy per run (thin) and over runs (thick).
+
+    .venv/bin/python tools/overlay_seeds.py runs/overlay runs/overlay_s1 runs/overlay_s2 --plot seeds.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specrl.errors import SpecRLError  # noqa: E402
+from specrl.observability.learning import EQUIVALENCE_MARGIN, accuracy_points, reward_curve, tost_runs  # noqa: E402
+from specrl.observability.step_record import read_records  # noqa: E402
+
+ARMS = ("speculative", "autoregressive")
+SMOOTH = 5
+
+
+def read_run(run: Path) -> dict:
+    """{"seed", "acc": {arm: {step: point}}, "reward": {arm: reward_curve}} of one compare directory."""
+    out: dict = {"run": str(run), "acc": {}, "reward": {}}
+    for arm in ARMS:
+        d = run / arm
+        val, cfg = d / "validation.jsonl", d / "config.yaml"
+        if not val.exists() or not cfg.exists():
+            raise SpecRLError(f"{d} has no validation.jsonl or config.yaml: pass compare directories (`specrl run` "
+                              f"or `specrl train --compare`), each holding {' and '.join(ARMS)}/")
+        seed = ((yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}).get("run") or {}).get("seed", 0)
+        if out.setdefault("seed", seed) != seed:
+            raise SpecRLError(f"{run}: the arms ran with different run.seed ({out['seed']} and {seed}): not one "
+                              "compare")
+        out["acc"][arm] = {p["step"]: p for p in accuracy_points(read_records(val, strict=True))}
+        out["reward"][arm] = reward_curve(read_records(d / "metrics.jsonl"))
+    return out
+
+
+def pick_step(runs: list[dict], step: int | None) -> int:
+    """The evaluation step every run's arms reached: `step` if given, else the last one common to all."""
+    common = set.intersection(*(set(r["acc"][a]) for r in runs for a in ARMS))
+    if step is not None:
+        if step not in common:
+            raise SpecRLError(f"--step {step}: not an evaluation step of every run's arms; common steps: "
+                              f"{sorted(common) or 'none'}")
+        return step
+    last = {r["run"]: max(max(r["acc"][a]) for a in ARMS) for r in runs}
+    if len(set(last.values())) > 1 or not common:
+        raise SpecRLError(f"the runs' last evaluations differ ({last}): finish them (rerun each to continue it) or "
+                          f"pass --step with one of {sorted(common) or 'none (no common step)'}")
+    return max(common)
+
+
+def table(runs: list[dict], step: int, margin: float) -> tuple[str, dict]:
+    rows = ["| run | seed | speculative | autoregressive | difference |", "|---|---|---|---|---|"]
+    finals: dict[str, list[float]] = {a: [] for a in ARMS}
+    ses = []
+    for r in runs:
+        p = {a: r["acc"][a][step] for a in ARMS}
+        for a in ARMS:
+            finals[a].append(p[a]["accuracy"])
+            ses.append(p[a]["se"])
+        cell = {a: f"{p[a]['accuracy']:.3f} ± {p[a]['se']:.3f}" if p[a]["se"] is not None
+                else f"{p[a]['accuracy']:.3f}" for a in ARMS}
+        rows.append(f"| {r['run']} | {r['seed']} | {cell['speculative']} | {cell['autoregressive']} | "
+                    f"{p['speculative']['accuracy'] - p['autoregressive']['accuracy']:+.3f} |")
+    t = tost_runs(finals["speculative"], finals["autoregressive"], margin=margin)
+    lo, hi = t["ci"]
+    known = [s for s in ses if s is not None]
+    rows += ["", f"Held-out accuracy at step {step} over {len(runs)} runs per arm: speculative {t['mean_a']:.3f} "
+             f"(SD {t['sd_a']:.3f}), autoregressive {t['mean_b']:.3f} (SD {t['sd_b']:.3f}); one evaluation's "
+             f"binomial SE averages {sum(known) / len(known):.3f}." if known else "",
+             f"{t['test']}, margin ±{t['margin']:.2f}: difference {t['difference']:+.3f}, "
+             f"{t['ci_level']:.0%} CI [{lo:+.3f}, {hi:+.3f}], p = {t['p_value']:.3f} "
+             f"({'equivalent' if t['equivalent'] else 'not shown equivalent'}); Welch's t-test of a difference: "
+             f"p = {t['difference_p_value']:.3f}."]
+    return "\n".join(rows), t
+
+
+def _moving_mean(ys: list[float], w: int) -> list[float]:
+    return [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
+
+
+def plot(runs: list[dict], path: Path, step: int, t: dict) -> None:
+    from specrl.observability.compare_plots import COLORS
+    from specrl.observability.run_report import _plt
+
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
+    for arm in ARMS:
+        c = COLORS[arm]
+        curves = [{p["step"]: p["mean"] for p in r["reward"][arm]} for r in runs]
+        for cur in curves:
+            xs = sorted(cur)
+            a1.plot(xs, _moving_mean([cur[x] for x in xs], SMOOTH), color=c, alpha=0.35, lw=0.8)
+        shared = sorted(set.intersection(*(set(cur) for cur in curves)))
+        if shared:
+            mean = [sum(cur[x] for cur in curves) / len(curves) for x in shared]
+            a1.plot(shared, _moving_mean(mean, SMOOTH), color=c, lw=2.2, label=f"{arm}: mean of {len(runs)} runs")
+        acc = [r["acc"][arm] for r in runs]
+        for a in acc:
+            xs = sorted(a)
+            a2.plot(xs, [a[x]["accuracy"] for x in xs], "-o", ms=3, color=c, alpha=0.35, lw=0.8)
+        shared = sorted(set.intersection(*(set(a) for a in acc)))
+        a2.plot(shared, [sum(a[x]["accuracy"] for a in acc) / len(acc) for x in shared], "-s", ms=5, color=c,
+                lw=2.2, label=f"{arm}: mean of {len(runs)} runs")
+    a1.set_title(f"train reward ({SMOOTH}-step moving mean); thin: one run", fontsize=9)
+    a1.set_xlabel("GRPO step")
+    a1.set_ylim(0, 1)
+    a2.set_title(f"held-out accuracy; step {step}: Welch TOST ±{t['margin']:.2f}, p = {t['p_value']:.3f} "
+                 f"({'equivalent' if t['equivalent'] else 'not shown equivalent'})", fontsize=9)
+    a2.set_xlabel("GRPO step")
+    a2.set_ylim(0, 1)
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="compare directories, one per seed")
+    ap.add_argument("--step", type=int, default=None, help="the evaluation step to compare (default: the last)")
+    ap.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN, help="equivalence margin on accuracy")
+    ap.add_argument("--plot", type=Path, default=None, help="write the figure here (PNG)")
+    args = ap.parse_args(argv)
+    runs = [read_run(r) for r in args.runs]
+    seeds = [r["seed"] for r in runs]
+    if len(set(seeds)) < len(seeds):
+        raise SpecRLError(f"runs share a run.seed ({dict(zip(map(str, args.runs), seeds, strict=True))}): a run "
+                          "repeated with its seed is not a replicate; give each compare its own run.seed")
+    step = pick_step(runs, args.step)
+    text, t = table(runs, step, args.margin)
+    print(text)
+    if args.plot:
+        plot(runs, args.plot, step, t)
+        print(f"figure: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SpecRLError as e:
+        sys.exit(f"error: {e}")
