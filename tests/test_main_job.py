@@ -307,3 +307,36 @@ def test_specrl_run_continues_a_killed_compare_of_a_config_that_keeps_its_runs(t
     assert steps == [1, 2] and (run_dir / "speculative" / "final").is_dir()
     d["run"]["overwrite"] = True
     assert unfinished_compare(write_cfg(tmp_path / "k2.yaml", d)) is None
+
+
+def test_specrl_run_takes_set_overrides_and_continues_the_overridden_compare(tiny, tmp_path, monkeypatch):
+    """`specrl run --config C --set run.seed=3 --set run.name=N` (a seed of the overlay run) runs into runs/N with
+    seed 3; killed, the same command continues runs/N. --set with the generation demo is refused."""
+    import shutil
+
+    import yaml
+
+    from specrl.run.run_dir import unfinished_compare
+
+    monkeypatch.chdir(tmp_path)
+    d = cfg_dict(tiny, speculative__drafter="ngram", speculative__num_draft_tokens=2)
+    d["run"].update(steps=2, checkpoint_every=1, keep_checkpoints=3, overwrite=False)
+    cfg_path = write_cfg(tmp_path / "k.yaml", d)
+    sets = ["--set", "run.seed=3", "--set", "run.name=t_s3"]
+    r = runner.invoke(app, ["run", "--config", str(cfg_path), *sets])
+    assert r.exit_code == 0, r.output
+    run_dir = tmp_path / "runs" / "t_s3"
+    for arm in ARMS:
+        assert yaml.safe_load((run_dir / arm / "config.yaml").read_text())["run"]["seed"] == 3
+    assert not (tmp_path / "runs" / "t").exists()
+    for arm in ARMS:
+        shutil.rmtree(run_dir / arm / "final")
+    shutil.rmtree(run_dir / "speculative" / "checkpoints" / "step_000002")
+    assert unfinished_compare(cfg_path) is None  # without the overrides the config names another run
+    assert unfinished_compare(cfg_path, ["run.seed=3", "run.name=t_s3"]) == str(Path("runs") / "t_s3")
+    r = runner.invoke(app, ["run", "--config", str(cfg_path), *sets])
+    assert r.exit_code == 0, r.output
+    steps = [json.loads(x)["step"] for x in (run_dir / "speculative" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and (run_dir / "speculative" / "final").is_dir()
+    r = runner.invoke(app, ["run", "--demo", "--set", "run.seed=1"])
+    assert r.exit_code == 2 and "--set run.seed=1" in r.output

@@ -79,19 +79,24 @@ DEFAULT_CONFIG = "examples/default.yaml"
 
 @app.command()
 def run(config: str | None = typer.Option(None, help=f"Training config [default: {DEFAULT_CONFIG}]."),
+        set_: list[str] = typer.Option([], "--set", help="Override: key=value (repeatable), e.g. run.seed=1."),
         demo: bool = typer.Option(False, help="Only run the generation demo on built-in prompts.")):
     """The main job: the config's GRPO run with speculative rollouts, side by side with the same run decoded
     autoregressively (same seeds, steps interleaved); report.md leads with the speed-ups and the losslessness
     certificate (the speculative run's own probe at its end), then the identity evidence.
 
     The speculative arm (RUN_DIR/speculative) is the training run to keep. Arms that part numerically (seed_exact
-    on a CPU) are reported, not an error. Without --config and outside a checkout (no examples/default.yaml):
-    the generation demo."""
+    on a CPU) are reported, not an error. `--set` overrides the config as in `specrl train` (a killed compare of the
+    overridden config is continued by the same command). Without --config and outside a checkout (no
+    examples/default.yaml): the generation demo."""
     if not demo and config is None and not Path(DEFAULT_CONFIG).exists():
         typer.echo(f"[specrl] {DEFAULT_CONFIG} is not here (run from the checkout for the main job); running the "
                    "generation demo")
         demo = True
     if demo:
+        if set_:
+            fail(SpecRLError(f"--set {' '.join(set_)} with the generation demo: --set overrides a training config; "
+                             "drop --demo (and pass --config) to run the main job with it"))
         _demo()
         return
     from specrl.run.loop import train_main
@@ -101,8 +106,8 @@ def run(config: str | None = typer.Option(None, help=f"Training config [default:
         if config is not None and not Path(config).is_file():
             raise SpecRLError(f"--config {config} is not a file; pass a training config YAML (e.g. {DEFAULT_CONFIG})"
                               ", or --demo for the generation demo")
-        resume = unfinished_compare(config or DEFAULT_CONFIG)  # a killed run of a config that keeps its runs
-        run_dir = train_main(None if resume else config or DEFAULT_CONFIG, [], resume, None, compare=True,
+        resume = unfinished_compare(config or DEFAULT_CONFIG, list(set_))  # a killed run of a config that keeps it
+        run_dir = train_main(None if resume else config or DEFAULT_CONFIG, list(set_), resume, None, compare=True,
                              stop_on_divergence=False)
     except SpecRLError as e:
         fail(e)

@@ -258,11 +258,11 @@ def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], res
     return cfg, run_dir
 
 
-def unfinished_compare(config_path: str | Path) -> str | None:
-    """The run directory of `config_path`'s compare when it holds an unfinished one that may not be overwritten
-    (`run.overwrite: false`, an arm with checkpoints and no final policy: a killed run), so `specrl run` continues
-    it; None otherwise (a new run, or one `run.overwrite` starts over)."""
-    cfg = load_config(config_path)
+def unfinished_compare(config_path: str | Path, sets: list[str] | None = None) -> str | None:
+    """The run directory of `config_path`'s compare (with the `--set` overrides `sets`) when it holds an unfinished
+    one that may not be overwritten (`run.overwrite: false`, an arm with checkpoints and no final policy: a killed
+    run), so `specrl run` continues it; None otherwise (a new run, or one `run.overwrite` starts over)."""
+    cfg = load_config(config_path, sets)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     if cfg.run.overwrite or not (run_dir / "config.yaml").is_file():
         return None
