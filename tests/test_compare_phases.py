@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from specrl.errors import SpecRLError
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "compare_phases.py"
+from tests.bench import load_tool
 
 
 @pytest.fixture(scope="module")
 def cp():
-    spec = importlib.util.spec_from_file_location("compare_phases", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("compare_phases")
 
 
 def _rec(step: int, gen: float, train: float, lengths: list[int], al: float | None, nonzero: int) -> dict:

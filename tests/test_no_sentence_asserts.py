@@ -4,17 +4,15 @@ tests/. The checker is tested on synthetic code too, so the rule cannot pass bec
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from tests.bench import load_tool
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "sentence_asserts.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("sentence_asserts", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("sentence_asserts")
 
 
 def test_no_test_compares_a_sentence_or_a_line_position():

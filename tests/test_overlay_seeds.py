@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,19 +10,16 @@ import yaml
 
 from specrl.errors import SpecRLError
 from specrl.observability.learning import tost_runs
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "overlay_seeds.py"
+from tests.bench import load_tool
 
 
 @pytest.fixture(scope="module")
 def os_tool():
-    spec = importlib.util.spec_from_file_location("overlay_seeds", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("overlay_seeds")
 
 
-def _compare(root: Path, name: str, seed: int, acc: dict[str, dict[int, float]], seeds: dict | None = None) -> Path:
+def _compare(root: Path, name: str, seed: int, acc: dict[str, dict[int, float]], seeds: dict | None = None,
+             cls: str = "AVX512-BF16") -> Path:
     run = root / name
     for arm, points in acc.items():
         d = run / arm
@@ -32,7 +28,8 @@ def _compare(root: Path, name: str, seed: int, acc: dict[str, dict[int, float]],
         (d / "validation.jsonl").write_text("".join(
             json.dumps({"step": s, "accuracy": a, "val_questions": 100}) + "\n" for s, a in points.items()))
         (d / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": s, "reward_mean": a, "reward_std": 0.4, "response_lengths": [9] * 8}) + "\n"
+            json.dumps({"step": s, "reward_mean": a, "reward_std": 0.4, "response_lengths": [9] * 8,
+                        "processor_class": cls}) + "\n"
             for s, a in points.items() if s > 0))
     return run
 
@@ -87,3 +84,57 @@ def test_refuses_a_directory_that_is_not_one_compare(os_tool, tmp_path):
                      seeds={"autoregressive": 4})
     with pytest.raises(SpecRLError, match=r"seed \(3 and 4\)"):
         os_tool.main([str(mixed), str(mixed)])
+
+
+def _plan(tmp_path: Path, **change) -> Path:
+    plan = {"config": "examples/overlay.yaml", "seeds": [0, 1, 2], "step": 60, "margin": 0.15, "alpha": 0.025,
+            "processor_class": "AVX512-BF16", **change}
+    p = tmp_path / "plan.yaml"
+    p.write_text(yaml.safe_dump(plan))
+    return p
+
+
+def test_plan_reports_its_fixed_test_only_on_exactly_its_runs(os_tool, tmp_path, capsys):
+    runs = _three(tmp_path)
+    assert os_tool.main(["--plan", str(_plan(tmp_path)), *map(str, runs)]) == 0
+    out = capsys.readouterr().out
+    t = tost_runs([0.64, 0.85, 0.75], [0.91, 0.80, 0.70], alpha=0.025)
+    lo, hi = t["ci"]
+    assert "alpha 0.025" in out and "95% CI" in out and f"[{lo:+.3f}, {hi:+.3f}]" in out
+    assert f"p = {t['p_value']:.3f}" in out
+    # a planned seed missing, or a compare the plan does not hold
+    with pytest.raises(SpecRLError, match=r"missing \[2\], not planned \[\]"):
+        os_tool.main(["--plan", str(_plan(tmp_path)), *map(str, runs[:2])])
+    more = _compare(tmp_path / "m", "s7", 7, {"speculative": {0: 0.2, 60: 0.5}, "autoregressive": {0: 0.2, 60: 0.5}})
+    with pytest.raises(SpecRLError, match=r"missing \[\], not planned \[7\]"):
+        os_tool.main(["--plan", str(_plan(tmp_path)), *map(str, runs), str(more)])
+    # a run of another processor class
+    avx2 = _compare(tmp_path / "a", "s2", 2, {"speculative": {0: 0.2, 60: 0.5}, "autoregressive": {0: 0.2, 60: 0.5}},
+                    cls="AVX2")
+    with pytest.raises(SpecRLError, match=r"processor class \['AVX2'\]"):
+        os_tool.main(["--plan", str(_plan(tmp_path)), *map(str, runs[:2]), str(avx2)])
+    # the plan's step not reached by every run
+    with pytest.raises(SpecRLError, match=r"--step 45"):
+        os_tool.main(["--plan", str(_plan(tmp_path, step=45)), *map(str, runs)])
+    # the plan fixes step, margin and alpha
+    with pytest.raises(SpecRLError, match="drop --step"):
+        os_tool.main(["--plan", str(_plan(tmp_path)), "--alpha", "0.05", *map(str, runs)])
+
+
+def test_refuses_a_bad_plan(os_tool, tmp_path):
+    runs = list(map(str, _three(tmp_path)))
+    with pytest.raises(SpecRLError, match="not a file"):
+        os_tool.main(["--plan", str(tmp_path / "none.yaml"), *runs])
+    with pytest.raises(SpecRLError, match=r"exactly the keys"):
+        os_tool.main(["--plan", str(_plan(tmp_path, extra=1)), *runs])
+    with pytest.raises(SpecRLError, match=r"alpha is 'x'"):
+        os_tool.main(["--plan", str(_plan(tmp_path, alpha="x")), *runs])
+    with pytest.raises(SpecRLError, match=r"seeds \[1, 1\]"):
+        os_tool.main(["--plan", str(_plan(tmp_path, seeds=[1, 1])), *runs])
+    with pytest.raises(SpecRLError, match="margin 2"):
+        os_tool.main(["--plan", str(_plan(tmp_path, margin=2)), *runs])
+
+
+def test_the_shipped_plan_is_a_valid_plan(os_tool):
+    plan = os_tool.read_plan(os_tool.ROOT / "docs" / "plans" / "overlay_seeds.yaml")
+    assert (os_tool.ROOT / plan["config"]).is_file() and len(plan["seeds"]) >= 2

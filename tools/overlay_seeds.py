@@ -12,7 +12,12 @@ binomial SE of one evaluation, and `learning.tost_runs`: Welch's TOST of the arm
 spread between runs as the noise, and Welch's test of a difference. `--plot PATH` draws both arms' reward (a
 5-step moving mean) and held-out accuracy per run (thin) and over runs (thick).
 
+`--plan FILE` reads a test fixed before its runs (docs/plans/overlay_seeds.yaml: seeds, step, margin, alpha,
+processor class) and refuses to report it until the compares given are exactly the planned seeds, each arm's every
+step ran on the planned class and all reached the planned step: the number of runs cannot follow the p-value.
+
     .venv/bin/python tools/overlay_seeds.py runs/overlay runs/overlay_s1 runs/overlay_s2 --plot seeds.png
+    .venv/bin/python tools/overlay_seeds.py --plan docs/plans/overlay_seeds.yaml runs/overlay runs/overlay_s*
 """
 
 from __future__ import annotations
@@ -27,7 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specrl.errors import SpecRLError  # noqa: E402
-from specrl.observability.learning import EQUIVALENCE_MARGIN, accuracy_points, reward_curve, tost_runs  # noqa: E402
+from specrl.observability.learning import (  # noqa: E402
+    EQUIVALENCE_ALPHA,
+    EQUIVALENCE_MARGIN,
+    accuracy_points,
+    reward_curve,
+    tost_runs,
+)
 from specrl.observability.step_record import read_records  # noqa: E402
 
 ARMS = ("speculative", "autoregressive")
@@ -48,7 +59,9 @@ def read_run(run: Path) -> dict:
             raise SpecRLError(f"{run}: the arms ran with different run.seed ({out['seed']} and {seed}): not one "
                               "compare")
         out["acc"][arm] = {p["step"]: p for p in accuracy_points(read_records(val, strict=True))}
-        out["reward"][arm] = reward_curve(read_records(d / "metrics.jsonl"))
+        records = read_records(d / "metrics.jsonl")
+        out["reward"][arm] = reward_curve(records)
+        out.setdefault("classes", {})[arm] = sorted({str(r.processor_class) for r in records})
     return out
 
 
@@ -67,7 +80,43 @@ def pick_step(runs: list[dict], step: int | None) -> int:
     return max(common)
 
 
-def table(runs: list[dict], step: int, margin: float) -> tuple[str, dict]:
+PLAN_KEYS = {"config": str, "seeds": list, "step": int, "margin": float, "alpha": float, "processor_class": str}
+
+
+def read_plan(path: Path) -> dict:
+    """A fixed test over seeds (docs/plans/overlay_seeds.yaml), its every key checked."""
+    if not path.is_file():
+        raise SpecRLError(f"--plan {path}: not a file; pass a plan such as docs/plans/overlay_seeds.yaml")
+    plan = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(plan, dict) or set(plan) != set(PLAN_KEYS):
+        got = sorted(plan) if isinstance(plan, dict) else type(plan).__name__
+        raise SpecRLError(f"--plan {path}: holds {got}; a plan holds exactly the keys {sorted(PLAN_KEYS)}")
+    for key, kind in PLAN_KEYS.items():
+        ok = isinstance(plan[key], kind) or (kind is float and isinstance(plan[key], int))
+        if not ok or isinstance(plan[key], bool):
+            raise SpecRLError(f"--plan {path}: {key} is {plan[key]!r}; it must be a {kind.__name__}")
+    seeds = plan["seeds"]
+    if len(seeds) < 2 or len(set(seeds)) < len(seeds) or not all(type(x) is int for x in seeds):
+        raise SpecRLError(f"--plan {path}: seeds {seeds!r} must be at least 2 distinct integers")
+    return plan
+
+
+def check_plan(plan: dict, runs: list[dict]) -> None:
+    """The compares given are exactly the plan's seeds, and every step of every arm ran on the plan's class."""
+    have = {r["seed"] for r in runs}
+    missing, extra = sorted(set(plan["seeds"]) - have), sorted(have - set(plan["seeds"]))
+    if missing or extra:
+        raise SpecRLError(f"the plan's test reads the compares of seeds {plan['seeds']}; missing {missing}, not "
+                          f"planned {extra}: run each missing seed (`specrl run --config {plan['config']} --set "
+                          "run.seed=S --set run.name=overlay_sS`) and pass exactly the planned compares")
+    for r in runs:
+        for arm, classes in r["classes"].items():
+            if classes != [plan["processor_class"]]:
+                raise SpecRLError(f"{r['run']}/{arm}: its steps ran on processor class {classes}; the plan's test "
+                                  f"reads runs on {plan['processor_class']} only (run that seed on such a machine)")
+
+
+def table(runs: list[dict], step: int, margin: float, alpha: float = EQUIVALENCE_ALPHA) -> tuple[str, dict]:
     rows = ["| run | seed | speculative | autoregressive | difference |", "|---|---|---|---|---|"]
     finals: dict[str, list[float]] = {a: [] for a in ARMS}
     ses = []
@@ -80,13 +129,13 @@ def table(runs: list[dict], step: int, margin: float) -> tuple[str, dict]:
                 else f"{p[a]['accuracy']:.3f}" for a in ARMS}
         rows.append(f"| {r['run']} | {r['seed']} | {cell['speculative']} | {cell['autoregressive']} | "
                     f"{p['speculative']['accuracy'] - p['autoregressive']['accuracy']:+.3f} |")
-    t = tost_runs(finals["speculative"], finals["autoregressive"], margin=margin)
+    t = tost_runs(finals["speculative"], finals["autoregressive"], margin=margin, alpha=alpha)
     lo, hi = t["ci"]
     known = [s for s in ses if s is not None]
     rows += ["", f"Held-out accuracy at step {step} over {len(runs)} runs per arm: speculative {t['mean_a']:.3f} "
              f"(SD {t['sd_a']:.3f}), autoregressive {t['mean_b']:.3f} (SD {t['sd_b']:.3f}); one evaluation's "
              f"binomial SE averages {sum(known) / len(known):.3f}." if known else "",
-             f"{t['test']}, margin ±{t['margin']:.2f}: difference {t['difference']:+.3f}, "
+             f"{t['test']}, margin ±{t['margin']:.2f}, alpha {t['alpha']:g}: difference {t['difference']:+.3f}, "
              f"{t['ci_level']:.0%} CI [{lo:+.3f}, {hi:+.3f}], p = {t['p_value']:.3f} "
              f"({'equivalent' if t['equivalent'] else 'not shown equivalent'}); Welch's t-test of a difference: "
              f"p = {t['difference_p_value']:.3f}."]
@@ -139,16 +188,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="compare directories, one per seed")
     ap.add_argument("--step", type=int, default=None, help="the evaluation step to compare (default: the last)")
-    ap.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN, help="equivalence margin on accuracy")
+    ap.add_argument("--margin", type=float, default=None, help=f"equivalence margin (default {EQUIVALENCE_MARGIN})")
+    ap.add_argument("--alpha", type=float, default=None, help=f"TOST alpha (default {EQUIVALENCE_ALPHA})")
+    ap.add_argument("--plan", type=Path, default=None, help="a test fixed before its runs: its seeds, step, ...")
     ap.add_argument("--plot", type=Path, default=None, help="write the figure here (PNG)")
     args = ap.parse_args(argv)
+    plan = read_plan(args.plan) if args.plan else None
+    if plan and (args.step, args.margin, args.alpha) != (None, None, None):
+        raise SpecRLError("--plan fixes the step, margin and alpha; drop --step, --margin and --alpha, or the plan")
     runs = [read_run(r) for r in args.runs]
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) < len(seeds):
         raise SpecRLError(f"runs share a run.seed ({dict(zip(map(str, args.runs), seeds, strict=True))}): a run "
                           "repeated with its seed is not a replicate; give each compare its own run.seed")
-    step = pick_step(runs, args.step)
-    text, t = table(runs, step, args.margin)
+    if plan:
+        check_plan(plan, runs)
+        print(f"plan {args.plan}: {len(plan['seeds'])} runs per arm, step {plan['step']}, margin ±{plan['margin']}, "
+              f"alpha {plan['alpha']}, {plan['processor_class']}\n")
+        step, margin, alpha = pick_step(runs, plan["step"]), plan["margin"], plan["alpha"]
+    else:
+        step = pick_step(runs, args.step)
+        margin = EQUIVALENCE_MARGIN if args.margin is None else args.margin
+        alpha = EQUIVALENCE_ALPHA if args.alpha is None else args.alpha
+    text, t = table(runs, step, margin, alpha)
     print(text)
     if args.plot:
         plot(runs, args.plot, step, t)
