@@ -298,6 +298,11 @@ class RunConfig(_Section):
     that would end past it, predicted from the slowest step so far plus as long as step 0's validation took, and
     ends normally at that step (validation, checkpoint, final policy, report), saying that it stopped at step N of
     `steps`. None: every step runs."""
+    wall_budget_minutes: float | None = Field(None, gt=0)
+    """The whole command's wall clock, set-up included, from SPECRL_WALL_START (epoch seconds; `make run` sets it
+    before its set-up) or else from the run's start: the steps stop, as for time_budget_minutes, where the next
+    would end past it less the certificate's reserve (twice run.certificate.budget_seconds) and 30 s for the report,
+    and sizing plans with what is left of it when that is less (specrl.run.sizing.wall_deadline). None: no limit."""
     min_steps: int | None = Field(None, ge=1)
     """With run.time_budget_minutes: size the per-step work (generation.max_new_tokens, task.val_size) to the
     processor class measured at start so this many steps per arm fit the budget (specrl.run.sizing; what was sized

@@ -47,14 +47,16 @@ def shared_tokens(a: list[list[int]], b: list[list[int]]) -> dict[str, int]:
     return {"shared": common, "autoregressive": sum(map(len, a)), "speculative": sum(map(len, b))}
 
 
-def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True, resume: bool = False) -> Path:
+def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True, resume: bool = False,
+                started: float | None = None) -> Path:
     """Same config twice — autoregressive and speculative — steps interleaved; write report.md, compare.json/.md.
 
     The arms run in `run_dir/autoregressive` and `run_dir/speculative` (the latter is the training run to keep).
     With `stop_on_divergence`, a seed_exact compare whose arms parted raises `SpecRLError` after the reports are
     written; without it the run ends normally and the report says where they parted. With `resume`, each arm
     continues from its newest checkpoint (`run.checkpoint_every`); an arm that got further before the kill waits
-    until the other has caught up, and the steps go on in pairs from there."""
+    until the other has caught up, and the steps go on in pairs from there. `started`: when the command began, for
+    `run.wall_budget_minutes` (default: SPECRL_WALL_START, else now)."""
     if cfg.pipeline.mode != "sync":
         raise SpecRLError(f"{_COMPARE} runs the sync pipeline twice, got pipeline.mode={cfg.pipeline.mode!r}; set "
                           "pipeline.mode=sync, or run this config alone with `specrl train --config FILE` "
@@ -70,7 +72,7 @@ def run_compare(cfg: TrainConfig, run_dir: Path, stop_on_divergence: bool = True
     governor = governor_for(cfg)
     runs = {"autoregressive": Run(ar_cfg, run_dir / "autoregressive", resume, display),
             "speculative": Run(cfg, run_dir / "speculative", resume, display)}
-    budget = Budget(cfg.run.time_budget_minutes)
+    budget = Budget.for_run(cfg, started)
     for r in runs.values():
         (r.run_dir / "config.yaml").write_text(r.cfg.to_yaml())
     fresh = [r for r in runs.values() if r.trainer.step_count == 0]

@@ -30,6 +30,7 @@ from specrl.run import certificate
 from specrl.run.compare import run_compare, shared_tokens
 from specrl.run.run_dir import LOCK_FILE, RunLock, release_run, setup_run, warn
 from specrl.run.session import Budget, Run, TrainerFactory, certify_run, governor_for, sync_trainer
+from specrl.run.sizing import wall_start
 from specrl.trainer.weight_check import NonFiniteError
 
 __all__ = ["LOCK_FILE", "RunAborted", "RunInterrupted", "RunLock", "release_run", "run_compare", "run_training",
@@ -83,16 +84,17 @@ class _StopSignals:
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, resume: bool = False,
-                 make_trainer: TrainerFactory | None = None) -> Path:
+                 make_trainer: TrainerFactory | None = None, started: float | None = None) -> Path:
     """Train for cfg.run.steps (continuing from the newest good checkpoint when resuming). `make_trainer(cfg,
-    run_dir)` builds the trainer (default: the sync `GRPOTrainer`; the CLI passes one that also knows async)."""
+    run_dir)` builds the trainer (default: the sync `GRPOTrainer`; the CLI passes one that also knows async).
+    `started`: when the command began, for `run.wall_budget_minutes` (default: SPECRL_WALL_START, else now)."""
     display = ProgressDisplay(cfg.run.steps, cfg.run.progress, title=f"specrl train {cfg.run.name}")
     governor = governor_for(cfg)
     run = Run(cfg, run_dir, resume, display, make_trainer)
     stop = _StopSignals().install()
     try:
         try:
-            budget = Budget(cfg.run.time_budget_minutes)
+            budget = Budget.for_run(cfg, started)
             if run.trainer.step_count == 0:
                 v = run.validate(0)
                 budget.reserve = v["val_seconds"]
@@ -152,15 +154,17 @@ def train_main(config_path: str | Path | TrainConfig | None, sets: list[str] | N
                stop_on_divergence: bool = True) -> Path:
     """Entry point of `specrl train` and `specrl run` (and of `specrl.train`): returns the run directory, which
     holds report.md. `config_path` is a YAML file, a `TrainConfig` object, or None for the defaults. `compare` runs
-    the config's autoregressive and speculative arms side by side (`run_compare`; `stop_on_divergence` as there)."""
+    the config's autoregressive and speculative arms side by side (`run_compare`; `stop_on_divergence` as there).
+    `run.wall_budget_minutes` counts from SPECRL_WALL_START, else from this call (`specrl.run.sizing`)."""
+    started = wall_start()
     if compare:
-        cfg, run_dir = setup_run(config_path, sets or [], resume, None if resume else out)
+        cfg, run_dir = setup_run(config_path, sets or [], resume, None if resume else out, started)
         try:
-            return run_compare(cfg, run_dir, stop_on_divergence, resume=resume is not None)
+            return run_compare(cfg, run_dir, stop_on_divergence, resume=resume is not None, started=started)
         finally:
             release_run(run_dir)
-    cfg, run_dir = setup_run(config_path, sets or [], resume, out)
+    cfg, run_dir = setup_run(config_path, sets or [], resume, out, started)
     try:
-        return run_training(cfg, run_dir, resume=resume is not None, make_trainer=make_trainer)
+        return run_training(cfg, run_dir, resume=resume is not None, make_trainer=make_trainer, started=started)
     finally:
         release_run(run_dir)

@@ -193,7 +193,7 @@ def _migrate_saved_config(saved: Path) -> list[str]:
 
 
 def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], resume: str | None,
-              out: str | None) -> tuple[TrainConfig, Path]:
+              out: str | None, started: float | None = None) -> tuple[TrainConfig, Path]:
     """Resolve config (a YAML path or a `TrainConfig`) and run directory, lock the directory (`RunLock`), write the
     resolved config.yaml.
 
@@ -219,7 +219,8 @@ def setup_run(config_path: str | Path | TrainConfig | None, sets: list[str], res
             raise
         return cfg, run_dir
     cfg = resolve_hardware(_resolve_config(config_path, sets))  # config.yaml records what auto resolved to
-    cfg, sized = apply_sizing(cfg, hardware_fields(cfg)["processor_class"])  # run.min_steps: work sized to the CPU
+    # run.min_steps: the work sized to this CPU, within what `started`'s wall budget leaves
+    cfg, sized = apply_sizing(cfg, hardware_fields(cfg)["processor_class"], started=started)
     if sized is not None:
         print(f"[specrl] {sizing_line(sized)}", flush=True)
     print(f"[specrl] device {cfg.run.device} ({describe_class()}): rollouts in "

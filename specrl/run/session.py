@@ -1,8 +1,8 @@
 """One run around the trainer's step, the state a plain run and a compare share: `Run` (its directory, metrics and
-validation files, checkpoints, resume, the final policy and report), `Budget` (`run.time_budget_minutes`: whether
-another step fits), `governor_for` (the sync pipeline's torch threads), `certify_run` (the run's losslessness
-certificate next to its report) and `sync_trainer`, the default trainer factory. `specrl.run.loop` drives a run's
-steps with them, `specrl.run.compare` two arms' steps side by side.
+validation files, checkpoints, resume, the final policy and report), `Budget` (`run.time_budget_minutes` and
+`run.wall_budget_minutes`: whether another step fits), `governor_for` (the sync pipeline's torch threads),
+`certify_run` (the run's losslessness certificate next to its report) and `sync_trainer`, the default trainer
+factory. `specrl.run.loop` drives a run's steps with them, `specrl.run.compare` two arms' steps side by side.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from specrl.observability.run_report import write_report
 from specrl.observability.step_record import StepRecord, read_records, to_record
 from specrl.run import certificate
 from specrl.run.run_dir import warn
+from specrl.run.sizing import wall_deadline, wall_start
 from specrl.trainer.sync_trainer import GRPOTrainer, seed_everything
 from specrl.trainer.weight_check import NonFiniteError, check_weights
 
@@ -55,15 +56,23 @@ def _keep_until(path: Path, step: int) -> None:
 
 
 class Budget:
-    """`run.time_budget_minutes`: whether another step (in a compare, another pair of the arms' steps) fits in
-    the budget, predicted from the slowest one so far plus `reserve` seconds kept for the final validation (as
-    long as step 0's took). The first step always runs."""
+    """`run.time_budget_minutes` and `run.wall_budget_minutes`: whether another step (in a compare, another pair of
+    the arms' steps) fits, predicted from the slowest one so far plus `reserve` seconds kept for the final
+    validation (as long as step 0's took): within `minutes` of the steps' start, and ending before `deadline` (an
+    epoch second, `specrl.run.sizing.wall_deadline`). The first step always runs."""
 
-    def __init__(self, minutes: float | None) -> None:
-        self.minutes = minutes
+    def __init__(self, minutes: float | None, deadline: float | None = None, wall_minutes: float | None = None):
+        self.minutes, self.deadline, self.wall_minutes = minutes, deadline, wall_minutes
         self.start = self._t = time.perf_counter()
         self.slowest = 0.0
         self.reserve = 0.0
+        self.stopped_by: str | None = None
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, started: float | None = None) -> Budget:
+        """The run's budget; `started`: when the command began (epoch seconds; default `wall_start()`)."""
+        deadline = wall_deadline(cfg, wall_start() if started is None else started)
+        return cls(cfg.run.time_budget_minutes, deadline, cfg.run.wall_budget_minutes)
 
     def begin(self) -> None:
         self._t = time.perf_counter()
@@ -72,13 +81,20 @@ class Budget:
         self.slowest = max(self.slowest, time.perf_counter() - self._t)
 
     def fits_another(self) -> bool:
-        if self.minutes is None or self.slowest == 0.0:
+        if self.slowest == 0.0:
             return True
-        return time.perf_counter() - self.start + self.slowest + self.reserve <= self.minutes * 60.0
+        need = self.slowest + self.reserve
+        if self.minutes is not None and time.perf_counter() - self.start + need > self.minutes * 60.0:
+            self.stopped_by = "time"
+        elif self.deadline is not None and time.time() + need > self.deadline:
+            self.stopped_by = "wall"
+        return self.stopped_by is None
 
     def note(self, done: int, planned: int) -> str:
         """The sentence a run stopped by its budget reports."""
-        return (f"stopped by run.time_budget_minutes={self.minutes:g} after step {done} of {planned} (the next "
+        which = (f"run.wall_budget_minutes={self.wall_minutes:g} (the whole command: set-up, steps and certificate)"
+                 if self.stopped_by == "wall" else f"run.time_budget_minutes={self.minutes:g}")
+        return (f"stopped by {which} after step {done} of {planned} (the next "
                 f"would have ended past the budget: the slowest so far took {self.slowest:.0f} s, and "
                 f"{self.reserve:.0f} s are kept for the final validation)")
 

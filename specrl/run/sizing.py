@@ -1,25 +1,36 @@
 """Per-step work sized to this machine's measured speed, so a time-budgeted compare runs at least `run.min_steps` steps.
 
-`make run` has a fixed wall-clock budget (`run.time_budget_minutes`). With `run.min_steps` set, `size_run` picks the
-largest rung of `LADDER` (fractions of the config's `generation.max_new_tokens` and `task.val_size`) whose predicted
-time fits the budget: the validations (step 0 once, shared by both arms, which hold the same weights then; the end in
-each arm: `VALIDATIONS` validations of both arms' worth) plus `min_steps` pairs of steps. Seconds
-per class do not predict a step: two 2-core machines of one class ran the same plain decode step 2.5x apart (a
-shared host's memory bandwidth). So the prediction is in units of this machine's plain decode step, measured at
-start-up (`specrl.run.speed_probe`): the pair of steps, its generation share R and the validations of the main job
-at the reference work, each measured on a class as seconds and divided by the probe's step on the same machine
-(`COSTS`; the runs are in docs/results.md). A pair's generation scales with the response cap and the rest of the
-step is held fixed (a bound: training shrinks too): pair(f) = pair * (R * f + 1 - R); a greedy validation is
-generation only and scales with the cap and the question count. A class without its own measured units (another
-architecture) is planned with the measured class whose units ask the most of a probe step. The plan is not a promise:
-the run's budget check still stops before a step that would end past the budget. Both arms run the same sized
-config, so neither is handicapped. A CUDA device is not sized.
+`make run` has a fixed wall-clock budget for its steps (`run.time_budget_minutes`), and one for the whole command
+(`run.wall_budget_minutes`, below); the lesser of the first and what is left of the second is the budget
+planned with. With `run.min_steps` set, `size_run` picks the largest rung of `LADDER` (fractions of the config's
+`generation.max_new_tokens` and `task.val_size`) whose predicted time fits the budget: the validations (step 0 once,
+shared by both arms, which hold the same weights then; the end in each arm: `VALIDATIONS` validations of both arms'
+worth) plus `min_steps` pairs of steps. Seconds per class do not predict a step: two 2-core machines of one class ran
+the same plain decode step 2.5x apart (a shared host's memory bandwidth). So the prediction is in units of this
+machine's plain decode step, measured at start-up (`specrl.run.speed_probe`): the pair of steps, its generation share
+R and the validations of the main job at the reference work, each measured on a class as seconds and divided by the
+probe's step on the same machine (`COSTS`; the runs are in docs/results.md). A pair's generation scales with the
+response cap and the rest of the step is held fixed (a bound: training shrinks too):
+pair(f) = pair * (R * f + 1 - R); a greedy validation is generation only and scales with the cap and the question
+count. A class without its own measured units (another architecture) is planned with the measured class whose units
+ask the most of a probe step. The plan is not a promise: the run's budget check still stops before a step that would
+end past the budget. Both arms run the same sized config, so neither is handicapped. A CUDA device is not sized.
 The result (`sizing.json` beside the run's config, and compare.json's `sizing`) says what was sized, from what, why.
+
+The whole command's wall clock (`run.wall_budget_minutes`): `wall_deadline(cfg, start)` is the epoch second by which
+a run's steps (with its final validation) must end so that the command, set-up and certificate included, ends within
+the budget. The clock starts at SPECRL_WALL_START (epoch seconds, `date +%s`; `make run` sets it before it builds the
+venv) or, unset, when `specrl.run.loop.train_main` began (the caller passes the start on). The certificate is kept
+out of it as CERTIFICATE_OVERRUN times its seconds budget, since it is estimated at the run's own generation speed
+and took 1.5x that on an AVX2-only EPYC (docs/results.md), and the report, figures and exit as TAIL_SECONDS. Sizing
+plans with what is left, and `specrl.run.session.Budget` stops before a step that would end past the deadline.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +40,7 @@ from specrl.errors import SpecRLError
 
 MARGIN = 0.90  # plan within 90% of the budget: the probe's mean scatters by ~9% on a shared host (docs/results.md);
 # the run still stops before a step that would pass the budget
+WALL_FLOOR_MINUTES = 0.01  # a wall budget already spent plans the smallest rung (the first step still runs)
 VALIDATIONS = 1.5  # three single-arm validations (step 0 shared, the end in both arms), in units of both arms' one
 
 
@@ -132,10 +144,53 @@ def size_run(processor: str, budget_minutes: float, min_steps: int, max_new_toke
 FALLBACK = _fallback()
 
 
-def apply_sizing(cfg: Any, processor: str,
-                 probe: Callable[[Any], float] | None = None) -> tuple[Any, dict[str, Any] | None]:
+# The whole command's wall clock (run.wall_budget_minutes)
+WALL_START_ENV = "SPECRL_WALL_START"
+CERTIFICATE_OVERRUN = 2.0  # the certificate's reserve, in its seconds budgets (an estimate that ran 1.5x on AVX2)
+TAIL_SECONDS = 30.0  # the report, figures and exit after the certificate
+STALE_SECONDS = 24 * 3600.0  # a start older than this is a variable left over from another command
+
+
+def wall_start(now: float | None = None) -> float:
+    """SPECRL_WALL_START as epoch seconds, checked; `now` (default: this moment) where it is unset."""
+    now = time.time() if now is None else now
+    raw = os.environ.get(WALL_START_ENV)
+    if raw is None or not raw.strip():
+        return now
+    try:
+        start = float(raw)
+    except ValueError:
+        raise SpecRLError(f"{WALL_START_ENV}={raw!r} is not a time: set it to the epoch second the command started "
+                          f"(`{WALL_START_ENV}=$(date +%s)`), or unset it to count from the run's start") from None
+    if not now - STALE_SECONDS <= start <= now + 1.0:
+        raise SpecRLError(f"{WALL_START_ENV}={raw} is {start - now:+.0f} s from now, not the start of this command: "
+                          f"set it to the epoch second the command started (`{WALL_START_ENV}=$(date +%s)`), or "
+                          "unset it")
+    return start
+
+
+def wall_deadline(cfg: Any, start: float) -> float | None:
+    """The epoch second the steps must end by under `run.wall_budget_minutes` (None without one), for a command
+    that started at `start` (`wall_start()`)."""
+    r = cfg.run
+    if r.wall_budget_minutes is None:
+        return None
+    cert = 0.0
+    if r.certify and cfg.speculative.enabled:
+        b = r.certificate.budget_seconds
+        if not isinstance(b, int | float):
+            raise SpecRLError(f"run.wall_budget_minutes keeps the certificate's time out of the steps' budget, which "
+                              f"needs run.certificate.budget_seconds in seconds, got {b!r}: set it (e.g. 60), or "
+                              "run.certify=false, or run.wall_budget_minutes=null")
+        cert = CERTIFICATE_OVERRUN * float(b)
+    return start + r.wall_budget_minutes * 60.0 - cert - TAIL_SECONDS
+
+
+def apply_sizing(cfg: Any, processor: str, probe: Callable[[Any], float] | None = None,
+                 started: float | None = None) -> tuple[Any, dict[str, Any] | None]:
     """(the config with the sized work, the decision) where `run.min_steps` is set; (cfg, None) otherwise. `probe`
-    measures this machine's plain decode step for `cfg` (default `specrl.run.speed_probe.decode_step_seconds`)."""
+    measures this machine's plain decode step for `cfg` (default `specrl.run.speed_probe.decode_step_seconds`);
+    `started`, when the command began (epoch seconds, for `run.wall_budget_minutes`; default `wall_start()`)."""
     r = cfg.run
     if getattr(r, "min_steps", None) is None:
         return cfg, None
@@ -147,8 +202,19 @@ def apply_sizing(cfg: Any, processor: str,
         if probe is None:
             from specrl.run.speed_probe import decode_step_seconds as probe
         step = probe(cfg)
-    d = size_run(processor, r.time_budget_minutes, r.min_steps, cfg.generation.max_new_tokens, cfg.task.val_size,
-                 step, r.device)
+    budget, wall = r.time_budget_minutes, None
+    deadline = wall_deadline(cfg, wall_start() if started is None else started)
+    if deadline is not None:  # run.wall_budget_minutes: plan with what the set-up so far and the certificate leave
+        left = (deadline - time.time()) / 60.0
+        wall = {"wall_budget_minutes": r.wall_budget_minutes, "left_minutes": round(left, 2)}
+        budget = min(budget, max(left, WALL_FLOOR_MINUTES))
+    d = size_run(processor, budget, r.min_steps, cfg.generation.max_new_tokens, cfg.task.val_size, step, r.device)
+    if wall is not None:
+        d["wall"] = wall
+        if budget < r.time_budget_minutes:
+            d["reason"] += (f"; the budget is the {wall['left_minutes']:.1f} minutes left of run.wall_budget_minutes="
+                            f"{r.wall_budget_minutes:g} after the set-up so far and the certificate's reserve, less "
+                            f"than run.time_budget_minutes={r.time_budget_minutes:g}")
     data = cfg.model_dump(mode="json")
     data["generation"]["max_new_tokens"] = d["max_new_tokens"]
     data["task"]["val_size"] = d["val_size"]
