@@ -129,9 +129,9 @@ def size_run(processor: str, budget_minutes: float, min_steps: int, max_new_toke
             why = (f"{min_steps} steps per arm plus the validations (step 0 shared, the end in each arm) are "
                    f"predicted to take {secs:.0f} s "
                    f"({on}) at {tokens} new tokens and {vals} validation questions, within {MARGIN:.0%} of the "
-                   f"{budget_minutes:g}-minute budget" if fits else
+                   f"{budget_minutes:.3g}-minute budget" if fits else
                    f"even the smallest rung ({tokens} new tokens, {vals} questions) is predicted at {secs:.0f} s "
-                   f"({on}), past {MARGIN:.0%} of the {budget_minutes:g}-minute budget: fewer steps will run")
+                   f"({on}), past {MARGIN:.0%} of the {budget_minutes:.3g}-minute budget: fewer steps will run")
             if i == 0:
                 why = "full work: " + why
             if cls != processor:
