@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,19 @@ def test_refuses_a_bad_plan(os_tool, tmp_path):
 def test_the_shipped_plan_is_a_valid_plan(os_tool):
     plan = os_tool.read_plan(os_tool.ROOT / "docs" / "plans" / "overlay_seeds.yaml")
     assert (os_tool.ROOT / plan["config"]).is_file() and len(plan["seeds"]) >= 2
+
+
+def test_status_shows_where_each_planned_seed_stands_without_the_test(os_tool, tmp_path, capsys):
+    runs = _three(tmp_path)[:2]
+    short = _compare(tmp_path / "b", "s2", 2, {"speculative": {0: 0.2, 30: 0.5},
+                                               "autoregressive": {0: 0.2, 30: 0.6}})
+    plan = _plan(tmp_path, seeds=[0, 1, 2, 3])
+    assert os_tool.main(["--plan", str(plan), "--status", *map(str, runs), str(short)]) == 0
+    out = capsys.readouterr().out
+    rows = {r[0]: r for r in ([c.strip() for c in x.strip().strip("|").split("|")] for x in out.splitlines()
+                              if x.startswith("| ") and not x.startswith("| seed"))}
+    assert [rows[s][-1] for s in "0123"] == ["finished", "finished", "running or stopped", "not started"]
+    assert rows["2"][2:4] == ["1, 1", "30"] and "p = " not in out
+    assert re.search(r"\b2 of 4\b", out)
+    with pytest.raises(SpecRLError, match="--plan"):
+        os_tool.main(["--status", *map(str, runs)])

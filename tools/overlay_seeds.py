@@ -15,6 +15,7 @@ spread between runs as the noise, and Welch's test of a difference. `--plot PATH
 `--plan FILE` reads a test fixed before its runs (docs/plans/overlay_seeds.yaml: seeds, step, margin, alpha,
 processor class) and refuses to report it until the compares given are exactly the planned seeds, each arm's every
 step ran on the planned class and all reached the planned step: the number of runs cannot follow the p-value.
+`--plan FILE --status` shows where each planned seed stands (steps, last evaluation, class) without the test.
 
     .venv/bin/python tools/overlay_seeds.py runs/overlay runs/overlay_s1 runs/overlay_s2 --plot seeds.png
     .venv/bin/python tools/overlay_seeds.py --plan docs/plans/overlay_seeds.yaml runs/overlay runs/overlay_s*
@@ -108,12 +109,39 @@ def check_plan(plan: dict, runs: list[dict]) -> None:
     if missing or extra:
         raise SpecRLError(f"the plan's test reads the compares of seeds {plan['seeds']}; missing {missing}, not "
                           f"planned {extra}: run each missing seed (`specrl run --config {plan['config']} --set "
-                          "run.seed=S --set run.name=overlay_sS`) and pass exactly the planned compares")
+                          "run.seed=S --set run.name=overlay_sS`) and pass exactly the planned compares (--status "
+                          "shows where each stands)")
     for r in runs:
         for arm, classes in r["classes"].items():
             if classes != [plan["processor_class"]]:
                 raise SpecRLError(f"{r['run']}/{arm}: its steps ran on processor class {classes}; the plan's test "
                                   f"reads runs on {plan['processor_class']} only (run that seed on such a machine)")
+
+
+def status(plan: dict, runs: list[dict]) -> str:
+    """Where each planned seed stands (steps per arm, last evaluation, processor class), without the test."""
+    by_seed = {r["seed"]: r for r in runs}
+    rows = ["| seed | run | steps (speculative, autoregressive) | last evaluation | processor class | state |",
+            "|---|---|---|---|---|---|"]
+    done = 0
+    for seed in plan["seeds"]:
+        r = by_seed.get(seed)
+        if r is None:
+            rows.append(f"| {seed} | - | - | - | - | not started |")
+            continue
+        steps = [len(r["reward"][a]) for a in ARMS]
+        last = min(max(r["acc"][a]) for a in ARMS)
+        classes = sorted({c for a in ARMS for c in r["classes"][a]})
+        ok = classes == [plan["processor_class"]]
+        finished = last >= plan["step"] and ok
+        done += finished
+        state = "finished" if finished else ("another processor class" if not ok else "running or stopped")
+        rows.append(f"| {seed} | {r['run']} | {steps[0]}, {steps[1]} | {last} | {', '.join(classes)} | {state} |")
+    extra = sorted(set(by_seed) - set(plan["seeds"]))
+    rows += ["", f"{done} of {len(plan['seeds'])} planned runs finished at step {plan['step']} on "
+             f"{plan['processor_class']}" + (f"; not planned: seeds {extra}" if extra else "") +
+             "; the test is reported when all have (without --status)."]
+    return "\n".join(rows)
 
 
 def table(runs: list[dict], step: int, margin: float, alpha: float = EQUIVALENCE_ALPHA) -> tuple[str, dict]:
@@ -191,9 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--margin", type=float, default=None, help=f"equivalence margin (default {EQUIVALENCE_MARGIN})")
     ap.add_argument("--alpha", type=float, default=None, help=f"TOST alpha (default {EQUIVALENCE_ALPHA})")
     ap.add_argument("--plan", type=Path, default=None, help="a test fixed before its runs: its seeds, step, ...")
+    ap.add_argument("--status", action="store_true", help="with --plan: where each planned seed stands, no test")
     ap.add_argument("--plot", type=Path, default=None, help="write the figure here (PNG)")
     args = ap.parse_args(argv)
     plan = read_plan(args.plan) if args.plan else None
+    if args.status and not plan:
+        raise SpecRLError("--status reports a plan's progress: pass --plan docs/plans/overlay_seeds.yaml with it")
     if plan and (args.step, args.margin, args.alpha) != (None, None, None):
         raise SpecRLError("--plan fixes the step, margin and alpha; drop --step, --margin and --alpha, or the plan")
     runs = [read_run(r) for r in args.runs]
@@ -201,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(seeds)) < len(seeds):
         raise SpecRLError(f"runs share a run.seed ({dict(zip(map(str, args.runs), seeds, strict=True))}): a run "
                           "repeated with its seed is not a replicate; give each compare its own run.seed")
+    if plan and args.status:
+        print(status(plan, runs))
+        return 0
     if plan:
         check_plan(plan, runs)
         print(f"plan {args.plan}: {len(plan['seeds'])} runs per arm, step {plan['step']}, margin ±{plan['margin']}, "
