@@ -145,13 +145,19 @@ def test_status_shows_where_each_planned_seed_stands_without_the_test(os_tool, t
     runs = _three(tmp_path)[:2]
     short = _compare(tmp_path / "b", "s2", 2, {"speculative": {0: 0.2, 30: 0.5},
                                                "autoregressive": {0: 0.2, 30: 0.6}})
-    plan = _plan(tmp_path, seeds=[0, 1, 2, 3])
-    assert os_tool.main(["--plan", str(plan), "--status", *map(str, runs), str(short)]) == 0
+    plan = _plan(tmp_path, seeds=[0, 1, 2, 3, 4])
+    fresh = tmp_path / "s3"  # set up, not yet validated: config.yaml only
+    for arm in ("speculative", "autoregressive"):
+        (fresh / arm).mkdir(parents=True)
+        (fresh / arm / "config.yaml").write_text(yaml.safe_dump({"run": {"seed": 3}}))
+    assert os_tool.main(["--plan", str(plan), "--status", *map(str, runs), str(short), str(fresh)]) == 0
     out = capsys.readouterr().out
     rows = {r[0]: r for r in ([c.strip() for c in x.strip().strip("|").split("|")] for x in out.splitlines()
                               if x.startswith("| ") and not x.startswith("| seed"))}
-    assert [rows[s][-1] for s in "0123"] == ["finished", "finished", "running or stopped", "not started"]
+    assert [rows[s][-1] for s in "01234"] == ["finished", "finished", "running or stopped", "starting", "not started"]
     assert rows["2"][2:4] == ["1, 1", "30"] and "p = " not in out
-    assert re.search(r"\b2 of 4\b", out)
+    assert re.search(r"\b2 of 5\b", out)
+    with pytest.raises(SpecRLError, match=r"no validation\.jsonl"):  # without --status the test needs every file
+        os_tool.main(["--plan", str(plan), *map(str, runs), str(short), str(fresh)])
     with pytest.raises(SpecRLError, match="--plan"):
         os_tool.main(["--status", *map(str, runs)])

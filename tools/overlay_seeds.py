@@ -46,20 +46,23 @@ ARMS = ("speculative", "autoregressive")
 SMOOTH = 5
 
 
-def read_run(run: Path) -> dict:
-    """{"seed", "acc": {arm: {step: point}}, "reward": {arm: reward_curve}} of one compare directory."""
+def read_run(run: Path, started: bool = False) -> dict:
+    """{"seed", "acc": {arm: {step: point}}, "reward": {arm: reward_curve}} of one compare directory. `started`: a
+    compare set up but not yet validated (config.yaml, no validation.jsonl) reads with no evaluations."""
     out: dict = {"run": str(run), "acc": {}, "reward": {}}
     for arm in ARMS:
         d = run / arm
         val, cfg = d / "validation.jsonl", d / "config.yaml"
-        if not val.exists() or not cfg.exists():
+        if started and cfg.exists() and not val.exists():
+            val = None
+        elif not val.exists() or not cfg.exists():
             raise SpecRLError(f"{d} has no validation.jsonl or config.yaml: pass compare directories (`specrl run` "
                               f"or `specrl train --compare`), each holding {' and '.join(ARMS)}/")
         seed = ((yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}).get("run") or {}).get("seed", 0)
         if out.setdefault("seed", seed) != seed:
             raise SpecRLError(f"{run}: the arms ran with different run.seed ({out['seed']} and {seed}): not one "
                               "compare")
-        out["acc"][arm] = {p["step"]: p for p in accuracy_points(read_records(val, strict=True))}
+        out["acc"][arm] = {} if val is None else {p["step"]: p for p in accuracy_points(read_records(val, strict=True))}
         records = read_records(d / "metrics.jsonl")
         out["reward"][arm] = reward_curve(records)
         out.setdefault("classes", {})[arm] = sorted({str(r.processor_class) for r in records})
@@ -130,6 +133,9 @@ def status(plan: dict, runs: list[dict]) -> str:
             rows.append(f"| {seed} | - | - | - | - | not started |")
             continue
         steps = [len(r["reward"][a]) for a in ARMS]
+        if not all(r["acc"][a] for a in ARMS):
+            rows.append(f"| {seed} | {r['run']} | {steps[0]}, {steps[1]} | - | - | starting |")
+            continue
         last = min(max(r["acc"][a]) for a in ARMS)
         classes = sorted({c for a in ARMS for c in r["classes"][a]})
         ok = classes == [plan["processor_class"]]
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SpecRLError("--status reports a plan's progress: pass --plan docs/plans/overlay_seeds.yaml with it")
     if plan and (args.step, args.margin, args.alpha) != (None, None, None):
         raise SpecRLError("--plan fixes the step, margin and alpha; drop --step, --margin and --alpha, or the plan")
-    runs = [read_run(r) for r in args.runs]
+    runs = [read_run(r, started=bool(plan and args.status)) for r in args.runs]
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) < len(seeds):
         raise SpecRLError(f"runs share a run.seed ({dict(zip(map(str, args.runs), seeds, strict=True))}): a run "
