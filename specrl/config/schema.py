@@ -115,6 +115,14 @@ class TrainConfig(_Section):
                 "drafter.online_mode=on_stale trains the online drafter only in its staleness refreshes, which needs "
                 f"drafter.refresh_steps >= 1 (now {d.refresh_steps}); set it, or drafter.online_mode=every_step"
             )
+        r = self.run
+        if r.wall_budget_minutes is not None and r.certify and self.speculative.enabled and not isinstance(
+                r.certificate.budget_seconds, int | float):
+            raise ValueError(
+                "run.wall_budget_minutes keeps the certificate's time out of the steps' budget, which needs "
+                f"run.certificate.budget_seconds in seconds, got {r.certificate.budget_seconds!r}: set it (e.g. 60), "
+                "or run.certify=false, or run.wall_budget_minutes=null"
+            )
         ro = self.rollout
         if ro.backend == "vllm":
             if self.speculative.enabled and self.speculative.verify == "seed_exact":
