@@ -161,3 +161,33 @@ def test_status_shows_where_each_planned_seed_stands_without_the_test(os_tool, t
         os_tool.main(["--plan", str(plan), *map(str, runs), str(short), str(fresh)])
     with pytest.raises(SpecRLError, match="--plan"):
         os_tool.main(["--status", *map(str, runs)])
+
+
+def _signal_metrics(run: Path, arm: str, firsts: float, nonzero: list[int]) -> None:
+    """One arm's metrics.jsonl: the first step's train accuracy over 8 completions, then one group a step."""
+    (run / arm / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "reward_mean": 0.5, "reward_std": 0.4, "response_lengths": [9] * 8,
+                    "processor_class": "AVX512-BF16", "groups": 1, "groups_nonzero_advantage": nz,
+                    **({"train_accuracy": firsts} if i == 0 else {})}) + "\n" for i, nz in enumerate(nonzero)))
+
+
+def test_the_reward_signal_over_runs_is_step0_success_per_run_and_groups_with_an_advantage(os_tool, tmp_path,
+                                                                                          capsys):
+    runs = _three(tmp_path)
+    # per run, both arms' first 8 completions pooled: 0.25, 0.5 and 0.375
+    for run, (sp, ar) in zip(runs, [(0.25, 0.25), (0.5, 0.5), (0.25, 0.5)], strict=True):
+        _signal_metrics(run, "speculative", sp, [1, 1, 0])
+        _signal_metrics(run, "autoregressive", ar, [1, 0, 0])
+    sig = os_tool.signal_summary([os_tool.read_run(r) for r in runs])
+    sd = (((0.25 - 0.375) ** 2 + (0.5 - 0.375) ** 2) / 2) ** 0.5
+    assert sig["step0_success_rate"] == pytest.approx(0.375)
+    assert sig["step0_success_rate_se"] == pytest.approx(sd / 3 ** 0.5)
+    assert (sig["step0_runs"], sig["step0_completions"]) == (3, 48)
+    assert sig["groups_nonzero_advantage"] == {"speculative": 6, "autoregressive": 3}
+    assert sig["groups"] == {"speculative": 9, "autoregressive": 9}
+    assert os_tool.main([*map(str, runs)]) == 0
+    assert os_tool.signal_line(sig) in capsys.readouterr().out
+    # runs whose step records hold no signal: no rate, no groups (not zeros reported as a rate)
+    empty = os_tool.signal_summary([os_tool.read_run(r) for r in _three(tmp_path / "e")])
+    assert empty["step0_success_rate"] is None and sum(empty["groups"].values()) == 0
+    assert "step-0" not in os_tool.signal_line(empty)

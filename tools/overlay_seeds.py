@@ -9,7 +9,10 @@ holds autoregressive/ and speculative/ with `validation.jsonl`, `metrics.jsonl` 
 arm's held-out accuracy at one evaluation step (the last one all runs reached, or --step), and prints a markdown
 table: per run its seed and both arms' accuracies, then each arm's mean and spread over runs against the mean
 binomial SE of one evaluation, and `learning.tost_runs`: Welch's TOST of the arms' mean final accuracies with the
-spread between runs as the noise, and Welch's test of a difference. `--plot PATH` draws both arms' reward (a
+spread between runs as the noise, and Welch's test of a difference; then the reward signal over the runs
+(`learning.signal` of each arm's metrics): the untrained policy's step-0 success rate (each run's first rollouts of
+both arms, one mean per run, its SE from the spread between runs) and the share of groups with a non-zero
+advantage over all steps. `--plot PATH` draws both arms' reward (a
 5-step moving mean) and held-out accuracy per run (thin) and over runs (thick).
 
 `--plan FILE` reads a test fixed before its runs (docs/plans/overlay_seeds.yaml: seeds, step, margin, alpha,
@@ -38,6 +41,7 @@ from specrl.observability.learning import (  # noqa: E402
     EQUIVALENCE_MARGIN,
     accuracy_points,
     reward_curve,
+    signal,
     tost_runs,
 )
 from specrl.observability.step_record import read_records  # noqa: E402
@@ -65,6 +69,7 @@ def read_run(run: Path, started: bool = False) -> dict:
         out["acc"][arm] = {} if val is None else {p["step"]: p for p in accuracy_points(read_records(val, strict=True))}
         records = read_records(d / "metrics.jsonl")
         out["reward"][arm] = reward_curve(records)
+        out.setdefault("signal", {})[arm] = signal(records)
         out.setdefault("classes", {})[arm] = sorted({str(r.processor_class) for r in records})
     return out
 
@@ -176,6 +181,43 @@ def table(runs: list[dict], step: int, margin: float, alpha: float = EQUIVALENCE
     return "\n".join(rows), t
 
 
+def signal_summary(runs: list[dict]) -> dict:
+    """The reward signal over the runs: the step-0 success rate (per run, both arms' first completions pooled: the
+    same untrained policy on the same prompts; then the mean over runs, with the spread between runs as its SE, as
+    a run's prompts are few) and the groups with a non-zero advantage, over both arms and per arm."""
+    rates, completions, prompts = [], 0, 0
+    for r in runs:
+        firsts = [s for s in r["signal"].values() if s["step0_success_rate"] is not None and s["step0_completions"]]
+        n = sum(s["step0_completions"] for s in firsts)
+        if n:
+            rates.append(sum(s["step0_success_rate"] * s["step0_completions"] for s in firsts) / n)
+            completions += n
+            prompts += max(s["step0_prompts"] or 0 for s in firsts)
+    mean = sum(rates) / len(rates) if rates else None
+    se = (sum((x - mean) ** 2 for x in rates) / (len(rates) - 1) / len(rates)) ** 0.5 if len(rates) > 1 else None
+    groups = {a: (sum(r["signal"][a]["groups_nonzero_advantage"] for r in runs),
+                  sum(r["signal"][a]["groups"] for r in runs)) for a in ARMS}
+    return {"step0_success_rate": mean, "step0_success_rate_se": se, "step0_runs": len(rates),
+            "step0_completions": completions, "step0_prompts": prompts,
+            "groups_nonzero_advantage": {a: g[0] for a, g in groups.items()},
+            "groups": {a: g[1] for a, g in groups.items()}}
+
+
+def signal_line(sig: dict) -> str:
+    parts = []
+    if sig["step0_success_rate"] is not None:
+        se = sig["step0_success_rate_se"]
+        parts.append(f"step-0 success {sig['step0_success_rate']:.3f}" +
+                     (f" ± {se:.3f} (SE between runs)" if se is not None else "") +
+                     f" over {sig['step0_runs']} runs ({sig['step0_completions']} completions of the untrained "
+                     f"policy on {sig['step0_prompts']} prompts)")
+    nz, total = sum(sig["groups_nonzero_advantage"].values()), sum(sig["groups"].values())
+    if total:
+        parts.append(f"groups with a non-zero advantage {nz} of {total} ({nz / total:.2f}; " +
+                     ", ".join(f"{a} {sig['groups_nonzero_advantage'][a]} of {sig['groups'][a]}" for a in ARMS) + ")")
+    return "Reward signal: " + ("; ".join(parts) if parts else "none recorded in the step records") + "."
+
+
 def _moving_mean(ys: list[float], w: int) -> list[float]:
     return [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
 
@@ -252,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         alpha = EQUIVALENCE_ALPHA if args.alpha is None else args.alpha
     text, t = table(runs, step, margin, alpha)
     print(text)
+    print(signal_line(signal_summary(runs)))
     if args.plot:
         plot(runs, args.plot, step, t)
         print(f"figure: {args.plot}")
