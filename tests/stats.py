@@ -41,6 +41,7 @@ CHI_SQUARE_CASES = {
     "tests/test_seq_budget.py::test_rejection_with_budgets_keeps_the_exact_distribution": 2,
     "tests/test_spec_proof.py::test_exact_distribution_with_confidence_cut": 16,
     "tests/test_confidence_cut.py::test_rejection_with_the_cut_keeps_the_exact_distribution": 3,
+    "tests/test_spec_proof.py::test_exact_distribution_with_a_stop_token": 8,
 }
 N_CHI_SQUARE = sum(CHI_SQUARE_CASES.values())
 FAMILY_ALPHA = 1e-3  # the suite's false-alarm probability (over all chi-square cases together)
@@ -82,12 +83,32 @@ def exact_distribution(target, sp, length: int = 3, prompt: list[int] = DIST_PRO
     return dict(zip(conts, chosen.prod(-1).tolist(), strict=True))
 
 
+def stopped(cont: tuple[int, ...], stop_token_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """A continuation as the engine returns it: cut after its first stop token (which it keeps)."""
+    for i, t in enumerate(cont):
+        if t in stop_token_ids:
+            return cont[: i + 1]
+    return cont
+
+
+def exact_outcomes(target, sp, prompt: list[int] = DIST_PROMPT) -> dict:
+    """P(outcome) for every outcome of sampling `sp.max_new_tokens` tokens after `prompt`: with stop tokens, an
+    outcome is a continuation cut at its first stop token, whose probability is the sum over the full-length
+    continuations it begins (the tokens after a stop sum to 1)."""
+    out: dict = {}
+    for c, p in exact_distribution(target, sp, sp.max_new_tokens, prompt).items():
+        key = stopped(c, sp.stop_token_ids)
+        out[key] = out.get(key, 0.0) + p
+    return out
+
+
 def speculative_pvalue(engine, target, sp, prompt: list[int] = DIST_PROMPT) -> float:
-    """Draw N_SAMPLES speculative continuations of `prompt` and test them against the exact distribution;
+    """Draw N_SAMPLES speculative continuations of `prompt` and test them against the exact distribution (of the
+    outcomes cut at a stop token, where `sp` has any: `exact_outcomes`);
     returns the family-adjusted p-value (`adjusted`), to be compared with FAMILY_ALPHA (= 1e-3).
 
     Also asserts 0 < acceptance rate < 1, so both the accept and the reject paths ran."""
-    exact = exact_distribution(target, sp, sp.max_new_tokens, prompt)
+    exact = exact_outcomes(target, sp, prompt)
     outs = engine.generate([prompt] * N_SAMPLES, sp)
     m = outs.metrics
     assert 0 < m["acceptance_rate"] < 1, m
@@ -95,7 +116,9 @@ def speculative_pvalue(engine, target, sp, prompt: list[int] = DIST_PROMPT) -> f
     index = {c: i for i, c in enumerate(keys)}
     counts = [0] * len(keys)
     for o in outs:
-        counts[index[tuple(o.token_ids)]] += 1
+        out = tuple(o.token_ids)
+        assert out in index, f"{out} is no outcome of sampling {sp} (tokens after a stop token, or too many)"
+        counts[index[out]] += 1
     return adjusted(gof_pvalue(counts, [exact[c] for c in keys]))
 
 

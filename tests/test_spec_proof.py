@@ -5,8 +5,10 @@ length 3 gets its exact probability from plain forwards, and >= 20,000 speculati
 chi-square test (family-adjusted p > 1e-3: see tests/stats.py for the suite's family-wise error rate), with
 acceptance < 1 so the rejection path is exercised. The bonus-path cases use continuations of k + 2 tokens, so a
 row that accepts all k drafts in its first step emits its bonus token inside the tested continuation, and assert
-that many rows did. Plus identities: greedy == AR greedy, seed_exact == AR token for token, logprobs == a full
-forward, batch invariance. The verifier alone is tested with far more power in tests/test_verify_power.py.
+that many rows did. The stop-token cases make a likely token a stop token, so rows stop inside a speculative
+step, and test the outcomes cut at their first stop token. Plus identities: greedy == AR greedy, seed_exact == AR
+token for token, logprobs == a full forward, batch invariance. The verifier alone is tested with far more power
+in tests/test_verify_power.py.
 """
 
 import pytest
@@ -120,6 +122,52 @@ def test_bonus_path_exact_distribution(target, kind, mode):
     pvalue, bonus = bonus_path_case(target, kind, mode)
     assert bonus >= 0.01 * 20000, f"only {bonus} rows accepted all drafts and emitted a bonus token"
     assert pvalue > FAMILY_ALPHA
+
+
+def count_dropped_after_stop(engine) -> list[int]:
+    """Spy on the engine's speculative steps: the returned counter holds how many rows emitted a stop token with
+    more of the step's verified tokens (accepted drafts, a residual or a bonus token) after it, which the engine
+    must drop."""
+    import specrl.rollout.engine as engine_module
+
+    counter = [0]
+    step = engine._spec_step
+
+    def spied(active, k, *rest):
+        before = [len(s.out) for s in active]
+        real, seen = engine_module.verify, []
+        engine_module.verify = lambda *a: seen.append(real(*a)) or seen[-1]
+        try:
+            step(active, k, *rest)
+        finally:
+            engine_module.verify = real
+        verified = seen[0].num_emitted.tolist()
+        counter[0] += sum(s.finish_reason == "stop" and len(s.out) - b < v
+                          for s, b, v in zip(active, before, verified, strict=True))
+
+    engine._spec_step = spied
+    return counter
+
+
+@pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
+@pytest.mark.parametrize("kind", ["ngram", "draft-model", "eagle", "mtp"])
+def test_exact_distribution_with_a_stop_token(target, kind, mode):
+    """A stop token (the likeliest second token that every drafter here can propose, so it is drafted and
+    accepted) ends a row inside a speculative step: the step's verified tokens after it are dropped, and the
+    outcomes (continuations cut after their first stop token, or max_new_tokens long) keep the exact distribution,
+    as a row's length does in RL."""
+    from tests.stats import exact_distribution
+
+    prompt = dist_prompt(kind, target)
+    full = exact_distribution(target, SamplingParams(max_new_tokens=4, temperature=1.0), 4, prompt)
+    second = [sum(p for c, p in full.items() if c[1] == t) for t in range(8)]
+    stop = max([0, 2, 3, 5, 7], key=second.__getitem__)  # in the EAGLE head's draft vocabulary
+    sp = SamplingParams(max_new_tokens=4, seed=97531, temperature=1.0, stop_token_ids=(stop,))
+    engine = RolloutEngine(target, max_batch_size=2000, max_seq_len=48, drafter=make_small_drafter(kind, target),
+                           num_draft_tokens=2, verify=mode)
+    dropped = count_dropped_after_stop(engine)
+    assert speculative_pvalue(engine, target, sp, prompt) > FAMILY_ALPHA
+    assert dropped[0] >= 0.01 * 20000, f"only {dropped[0]} rows stopped before the end of their verified tokens"
 
 
 @pytest.mark.parametrize("cut", ["row", "column"])
