@@ -80,28 +80,34 @@ def make_small_drafter(kind, target):
     return make_drafter(kind)
 
 
-def count_bonus_emissions(engine, max_new_tokens: int) -> list[int]:
-    """Spy on the engine's speculative steps: the returned counter holds how many rows accepted all k drafts in a
-    step whose k + 1 tokens (so the bonus token too) fit within max_new_tokens, i.e. emitted a bonus token that is
-    part of the output. Uses whatever `specrl.rollout.engine.verify` is at call time."""
+def spy_spec_steps(engine, count) -> list[int]:
+    """Spy on the engine's speculative steps: after each, `count(active, k, before, result)` (the step's rows, its k,
+    each row's output length before it, and the verifier's result) is added to the returned counter. Uses whatever
+    `specrl.rollout.engine.verify` is at call time."""
     import specrl.rollout.engine as engine_module
 
     counter = [0]
     step = engine._spec_step
 
-    def spied(active, k, metrics):
+    def spied(active, k, *rest):
         before = [len(s.out) for s in active]
         real, seen = engine_module.verify, []
         engine_module.verify = lambda *a: seen.append(real(*a)) or seen[-1]
         try:
-            step(active, k, metrics)
+            step(active, k, *rest)
         finally:
             engine_module.verify = real
-        full = (seen[0].num_accepted == k).tolist()
-        counter[0] += sum(f and b + k + 1 <= max_new_tokens for b, f in zip(before, full, strict=True))
+        counter[0] += count(active, k, before, seen[0])
 
     engine._spec_step = spied
     return counter
+
+
+def count_bonus_emissions(engine, max_new_tokens: int) -> list[int]:
+    """The rows that accepted all k drafts in a step whose k + 1 tokens (so the bonus token too) fit within
+    max_new_tokens, i.e. emitted a bonus token that is part of the output (`spy_spec_steps`)."""
+    return spy_spec_steps(engine, lambda active, k, before, res: sum(
+        f and b + k + 1 <= max_new_tokens for b, f in zip(before, (res.num_accepted == k).tolist(), strict=True)))
 
 
 def bonus_path_case(target, kind, mode, k=2, drafter=None) -> tuple[float, int]:
@@ -125,28 +131,11 @@ def test_bonus_path_exact_distribution(target, kind, mode):
 
 
 def count_dropped_after_stop(engine) -> list[int]:
-    """Spy on the engine's speculative steps: the returned counter holds how many rows emitted a stop token with
-    more of the step's verified tokens (accepted drafts, a residual or a bonus token) after it, which the engine
-    must drop."""
-    import specrl.rollout.engine as engine_module
-
-    counter = [0]
-    step = engine._spec_step
-
-    def spied(active, k, *rest):
-        before = [len(s.out) for s in active]
-        real, seen = engine_module.verify, []
-        engine_module.verify = lambda *a: seen.append(real(*a)) or seen[-1]
-        try:
-            step(active, k, *rest)
-        finally:
-            engine_module.verify = real
-        verified = seen[0].num_emitted.tolist()
-        counter[0] += sum(s.finish_reason == "stop" and len(s.out) - b < v
-                          for s, b, v in zip(active, before, verified, strict=True))
-
-    engine._spec_step = spied
-    return counter
+    """The rows that emitted a stop token with more of the step's verified tokens (accepted drafts, a residual or a
+    bonus token) after it, which the engine must drop (`spy_spec_steps`)."""
+    return spy_spec_steps(engine, lambda active, k, before, res: sum(
+        s.finish_reason == "stop" and len(s.out) - b < v
+        for s, b, v in zip(active, before, res.num_emitted.tolist(), strict=True)))
 
 
 @pytest.mark.parametrize("mode", ["rejection", "seed_exact"])
